@@ -1,0 +1,147 @@
+//! Where the log lives: flags, `CHORUS_*` environment variables, a `chorus.toml`
+//! file, or the embedded default, in that order of precedence.
+//!
+//! Resolution is in two stages: [`StoreArgs`] (parsed input, no I/O) becomes a
+//! [`Location`] (validated URLs) in [`StoreArgs::resolve`]; opening the stores
+//! happens later, in the command.
+
+use std::path::{Path, PathBuf};
+
+use chorus::blob::StoreUrl;
+use chorus::register::RegisterUrl;
+use serde::Deserialize;
+
+/// Replicas of the embedded default.
+pub const DEFAULT_REPLICA_COUNT: usize = 3;
+
+/// The store options every log command takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StoreArgs {
+    /// Replica store URLs in order, comma-separated (1, 3 or 5).
+    #[arg(long, env = "CHORUS_REPLICAS", value_delimiter = ',')]
+    pub replicas: Vec<String>,
+
+    /// Register URL: sqlite:///abs/file.db, postgres://…, or a store URL.
+    #[arg(long, env = "CHORUS_REGISTER")]
+    pub register: Option<String>,
+
+    /// Directory of the embedded default (three local replicas and a SQLite
+    /// register), used for whatever --replicas / --register leave unset.
+    #[arg(long, env = "CHORUS_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Configuration file; `chorus.toml` in the current directory is read if present.
+    #[arg(long, env = "CHORUS_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+/// The contents of a `chorus.toml`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    replicas: Option<Vec<String>>,
+    register: Option<String>,
+    data_dir: Option<PathBuf>,
+}
+
+/// A validated log location.
+#[derive(Debug, Clone)]
+pub struct Location {
+    /// Replica stores, in order.
+    pub replicas: Vec<StoreUrl>,
+    /// The register.
+    pub register: RegisterUrl,
+}
+
+impl Location {
+    /// The replica identities the register binds, in order.
+    pub fn replica_identities(&self) -> Vec<String> {
+        self.replicas.iter().map(StoreUrl::identity).collect()
+    }
+}
+
+/// A configuration problem, with a message naming it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(String);
+
+impl StoreArgs {
+    /// Merges flags and environment (already in `self`) with the config file and
+    /// the embedded default, and validates every URL. Reads only the config file.
+    pub fn resolve(&self) -> Result<Location, ConfigError> {
+        let file = self.load_file()?;
+        let data_dir = self
+            .data_dir
+            .clone()
+            .or(file.data_dir)
+            .unwrap_or_else(|| PathBuf::from("chorus-data"));
+        let data_dir = absolute(&data_dir)?;
+        let replicas = match (self.replicas.is_empty(), file.replicas) {
+            (false, _) => parse_replicas(&self.replicas)?,
+            (true, Some(replicas)) => parse_replicas(&replicas)?,
+            (true, None) => (0..DEFAULT_REPLICA_COUNT)
+                .map(|i| StoreUrl::local(&data_dir.join(format!("replica-{i}"))))
+                .collect(),
+        };
+        check_replica_list(&replicas)?;
+        let register = match self.register.clone().or(file.register) {
+            Some(url) => url
+                .parse::<RegisterUrl>()
+                .map_err(|e| ConfigError(format!("register: {e}")))?,
+            None => RegisterUrl::sqlite(data_dir.join("register.db")),
+        };
+        Ok(Location { replicas, register })
+    }
+
+    fn load_file(&self) -> Result<FileConfig, ConfigError> {
+        let (path, required) = match &self.config {
+            Some(path) => (path.clone(), true),
+            None => (PathBuf::from("chorus.toml"), false),
+        };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(FileConfig::default());
+            }
+            Err(e) => {
+                return Err(ConfigError(format!(
+                    "cannot read config file {}: {e}",
+                    path.display()
+                )));
+            }
+        };
+        toml::from_str(&text)
+            .map_err(|e| ConfigError(format!("invalid config file {}: {e}", path.display())))
+    }
+}
+
+fn check_replica_list(replicas: &[StoreUrl]) -> Result<(), ConfigError> {
+    if ![1, 3, 5].contains(&replicas.len()) {
+        return Err(ConfigError(format!(
+            "replicas: {} given; Chorus runs on 1, 3 or 5 replicas",
+            replicas.len()
+        )));
+    }
+    for (position, replica) in replicas.iter().enumerate() {
+        if replicas[..position]
+            .iter()
+            .any(|r| r.identity() == replica.identity())
+        {
+            return Err(ConfigError(format!(
+                "replicas: {replica} is listed twice; each replica must be a distinct location"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn absolute(path: &Path) -> Result<PathBuf, ConfigError> {
+    std::path::absolute(path).map_err(|e| ConfigError(format!("data dir {}: {e}", path.display())))
+}
+
+fn parse_replicas(urls: &[String]) -> Result<Vec<StoreUrl>, ConfigError> {
+    urls.iter()
+        .map(|url| url.trim().parse::<StoreUrl>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ConfigError(format!("replicas: {e}")))
+}

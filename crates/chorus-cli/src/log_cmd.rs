@@ -1,0 +1,236 @@
+//! `chorus log …`: create and inspect logs.
+
+use chorus::blob::open_store;
+use chorus::register::{
+    Initialized, MAX_WINDOW, Manifest, ManifestStore, OpenMode, initialize, open_register,
+};
+use serde_json::json;
+
+use crate::CommandError;
+use crate::config::{Location, StoreArgs};
+
+/// Default per-replica fragment window of new logs.
+pub const DEFAULT_WINDOW: u32 = 4;
+
+/// The `log` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum LogCommand {
+    /// Create the register and bind the ordered replica list (idempotent).
+    Init(InitArgs),
+    /// Print the register's fields and the replica binding.
+    Inspect(InspectArgs),
+}
+
+/// Arguments of `log init`.
+#[derive(Debug, clap::Args)]
+pub struct InitArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+
+    /// Fragments each replica may have in flight; fixed for the log's lifetime.
+    #[arg(long, default_value_t = DEFAULT_WINDOW)]
+    window: u32,
+}
+
+/// Arguments of `log inspect`.
+#[derive(Debug, clap::Args)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+impl LogCommand {
+    /// Runs the command.
+    pub async fn run(self) -> Result<(), CommandError> {
+        match self {
+            LogCommand::Init(args) => init(args).await,
+            LogCommand::Inspect(args) => inspect(args).await,
+        }
+    }
+}
+
+async fn init(args: InitArgs) -> Result<(), CommandError> {
+    let location = args.store.resolve()?;
+    if !(1..=MAX_WINDOW).contains(&args.window) {
+        return Err(format!("--window {} is outside 1..={MAX_WINDOW}", args.window).into());
+    }
+    // Every replica must open and pass the probe before the register is touched.
+    for replica in &location.replicas {
+        open_store(replica)
+            .await
+            .map_err(|e| format!("cannot open replica {replica}: {e}"))?;
+    }
+    let register = open_register(&location.register, OpenMode::CreateIfMissing)
+        .await
+        .map_err(|e| format!("cannot open register {}: {e}", location.register))?;
+    let outcome = initialize(
+        register.as_ref(),
+        location.replica_identities(),
+        args.window,
+    )
+    .await
+    .map_err(|e| format!("cannot initialize register {}: {e}", location.register))?;
+    let (verb, committed) = match outcome {
+        Initialized::Created(committed) => ("initialized", committed),
+        Initialized::Existing(committed) => ("already initialized", committed),
+    };
+    let manifest = &committed.manifest;
+    println!(
+        "{verb} log: {} replicas (quorum {}), window {}, register {}",
+        manifest.replica_count(),
+        manifest.quorum(),
+        manifest.window,
+        location.register
+    );
+    Ok(())
+}
+
+async fn inspect(args: InspectArgs) -> Result<(), CommandError> {
+    let location = args.store.resolve()?;
+    let register = open_register(&location.register, OpenMode::MustExist)
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot open register {}: {e}; run `chorus log init` first",
+                location.register
+            )
+        })?;
+    let (manifest, version) = read_manifest(register.as_ref(), &location).await?;
+    if args.json {
+        println!("{}", inspect_json(&manifest, &version, &location));
+    } else {
+        print!("{}", inspect_text(&manifest, &version, &location));
+    }
+    Ok(())
+}
+
+async fn read_manifest(
+    register: &dyn ManifestStore,
+    location: &Location,
+) -> Result<(Manifest, String), CommandError> {
+    let current = register
+        .read()
+        .await
+        .map_err(|e| format!("cannot read register {}: {e}", location.register))?
+        .ok_or_else(|| {
+            format!(
+                "no log at register {}; run `chorus log init` first",
+                location.register
+            )
+        })?;
+    let manifest = Manifest::from_fields(&current.fields)
+        .map_err(|e| format!("malformed register {}: {e}", location.register))?;
+    Ok((manifest, current.version.to_string()))
+}
+
+fn inspect_json(manifest: &Manifest, version: &str, location: &Location) -> serde_json::Value {
+    let seal = manifest.seal.map(|seal| {
+        json!({
+            "id": seal.id.to_string(),
+            "base": seal.base.0,
+            "digest": seal.digest_hex(),
+        })
+    });
+    let segments: Vec<_> = manifest
+        .segments
+        .iter()
+        .enumerate()
+        .map(|(position, entry)| {
+            json!({
+                "id": entry.id.to_string(),
+                "base": entry.base.0,
+                "crc32c": format!("{:08x}", entry.crc32c),
+                "tombstone": manifest.is_tombstone(position),
+            })
+        })
+        .collect();
+    json!({
+        "register": location.register.to_string(),
+        "version": version,
+        "format": chorus::register::FORMAT,
+        "epoch": manifest.epoch.0,
+        "owner": owner(manifest),
+        "replicas": manifest.replicas,
+        "quorum": manifest.quorum(),
+        "window": manifest.window,
+        "tail": { "id": manifest.tail.to_string(), "base": manifest.tail_base.0 },
+        "pending": manifest.pending.map(|id| id.to_string()),
+        "seal": seal,
+        "trunc": manifest.trunc.0,
+        "segments": segments,
+    })
+}
+
+fn inspect_text(manifest: &Manifest, version: &str, location: &Location) -> String {
+    let mut out = String::new();
+    let mut line = |key: &str, value: String| out.push_str(&format!("{key:<10} {value}\n"));
+    line(
+        "register",
+        format!("{} (version {version})", location.register),
+    );
+    line("format", chorus::register::FORMAT.to_string());
+    line(
+        "epoch",
+        format!(
+            "{} (owner {})",
+            manifest.epoch,
+            owner(manifest).unwrap_or("none".into())
+        ),
+    );
+    line(
+        "replicas",
+        format!(
+            "{} (quorum {})",
+            manifest.replica_count(),
+            manifest.quorum()
+        ),
+    );
+    for (position, replica) in manifest.replicas.iter().enumerate() {
+        line("", format!("{position}  {replica}"));
+    }
+    line("window", manifest.window.to_string());
+    line(
+        "tail",
+        format!("{} base {}", manifest.tail, manifest.tail_base),
+    );
+    line(
+        "pending",
+        manifest.pending.map_or("none".into(), |id| id.to_string()),
+    );
+    line(
+        "seal",
+        manifest.seal.map_or("none".into(), |seal| {
+            format!(
+                "{} base {} sha256 {}",
+                seal.id,
+                seal.base,
+                seal.digest_hex()
+            )
+        }),
+    );
+    line("trunc", manifest.trunc.to_string());
+    line("directory", format!("{} entries", manifest.segments.len()));
+    for (position, entry) in manifest.segments.iter().enumerate() {
+        let tombstone = if manifest.is_tombstone(position) {
+            " (tombstone)"
+        } else {
+            ""
+        };
+        line(
+            "",
+            format!(
+                "{} base {} crc32c {:08x}{tombstone}",
+                entry.id, entry.base, entry.crc32c
+            ),
+        );
+    }
+    out
+}
+
+fn owner(manifest: &Manifest) -> Option<String> {
+    (manifest.owner != chorus::ids::OwnerId::NONE).then(|| manifest.owner.to_string())
+}

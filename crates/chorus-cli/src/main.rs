@@ -1,0 +1,70 @@
+//! `chorus`: the command-line tool. A thin layer over the `chorus` library:
+//! argument parsing and configuration, then one library call per command.
+
+mod config;
+mod log_cmd;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Chorus: a quorum-replicated write-ahead log over object storage.
+#[derive(Debug, Parser)]
+#[command(name = "chorus", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create and inspect logs.
+    #[command(subcommand)]
+    Log(log_cmd::LogCommand),
+}
+
+/// The error a command fails with; printed as one line with its causes.
+pub type CommandError = Box<dyn std::error::Error + Send + Sync>;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => return fail(&error),
+    };
+    let outcome = runtime.block_on(async {
+        match cli.command {
+            Command::Log(command) => command.run().await,
+        }
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(error.as_ref()),
+    }
+}
+
+/// Prints `chorus: <error>: <cause>: …` on one line and picks the exit code.
+/// A closed stdout (`chorus … | head`) is not an error.
+fn fail(error: &(dyn std::error::Error + 'static)) -> ExitCode {
+    let mut chain = Vec::new();
+    let mut current = Some(error);
+    while let Some(error) = current {
+        let text = error.to_string();
+        // Many errors repeat their source's message; print each part once.
+        if !chain
+            .last()
+            .is_some_and(|last: &String| last.contains(&text))
+        {
+            chain.push(text);
+        }
+        current = error.source();
+    }
+    if let Some(io) = error.downcast_ref::<std::io::Error>()
+        && io.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        return ExitCode::SUCCESS;
+    }
+    let _ = writeln!(std::io::stderr(), "chorus: {}", chain.join(": "));
+    ExitCode::FAILURE
+}

@@ -1,0 +1,202 @@
+//! A latency-injecting wrapper around any [`BlobStore`], for benchmarks and the
+//! simulator: each operation waits a fixed or randomly drawn time first.
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::{Blob, BlobError, BlobStore, DynBlobStore, ObjectMeta, Op, Version};
+
+/// A latency distribution.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Latency {
+    /// No added latency.
+    None,
+    /// Always this long.
+    Fixed(Duration),
+    /// Uniform in `[min, max]`.
+    Uniform {
+        /// Shortest delay.
+        min: Duration,
+        /// Longest delay.
+        max: Duration,
+    },
+    /// `min` plus an exponentially distributed extra with mean `mean_extra`: a
+    /// floor with a long tail, as real object stores show.
+    ShiftedExponential {
+        /// Shortest delay.
+        min: Duration,
+        /// Mean of the extra delay above `min`.
+        mean_extra: Duration,
+    },
+}
+
+impl Latency {
+    fn sample(&self, rng: &mut StdRng) -> Duration {
+        match *self {
+            Latency::None => Duration::ZERO,
+            Latency::Fixed(delay) => delay,
+            Latency::Uniform { min, max } => {
+                assert!(min <= max, "uniform latency needs min <= max");
+                rng.random_range(min..=max)
+            }
+            Latency::ShiftedExponential { min, mean_extra } => {
+                // Inverse-CDF sampling; 1 - u lies in (0, 1], so ln is finite.
+                let u: f64 = rng.random();
+                min + mean_extra.mul_f64(-(1.0 - u).ln())
+            }
+        }
+    }
+}
+
+/// The latency of each operation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatencyProfile {
+    /// Latency of `create`.
+    pub create: Latency,
+    /// Latency of `update`.
+    pub update: Latency,
+    /// Latency of `get` and `get_range`.
+    pub get: Latency,
+    /// Latency of `head`.
+    pub head: Latency,
+    /// Latency of `list`.
+    pub list: Latency,
+    /// Latency of `delete`.
+    pub delete: Latency,
+}
+
+impl LatencyProfile {
+    /// The same latency for every operation.
+    pub fn uniform(latency: Latency) -> LatencyProfile {
+        LatencyProfile {
+            create: latency,
+            update: latency,
+            get: latency,
+            head: latency,
+            list: latency,
+            delete: latency,
+        }
+    }
+
+    fn of(&self, op: Op) -> Latency {
+        match op {
+            Op::Create => self.create,
+            Op::Update => self.update,
+            Op::Get => self.get,
+            Op::Head => self.head,
+            Op::List => self.list,
+            Op::Delete => self.delete,
+        }
+    }
+}
+
+/// A [`BlobStore`] that delays each call according to a [`LatencyProfile`].
+#[derive(Debug, Clone)]
+pub struct LatencyStore {
+    inner: DynBlobStore,
+    profile: LatencyProfile,
+    rng: Arc<Mutex<StdRng>>,
+}
+
+impl LatencyStore {
+    /// Wraps `inner`; random latencies follow `seed`.
+    pub fn new(inner: DynBlobStore, profile: LatencyProfile, seed: u64) -> LatencyStore {
+        LatencyStore {
+            inner,
+            profile,
+            rng: Arc::new(Mutex::new(StdRng::seed_from_u64(seed))),
+        }
+    }
+
+    async fn wait(&self, op: Op) {
+        let delay = {
+            let mut rng = self.rng.lock().expect("latency rng poisoned");
+            self.profile.of(op).sample(&mut rng)
+        };
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+    }
+}
+
+#[async_trait]
+impl BlobStore for LatencyStore {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
+        self.wait(Op::Create).await;
+        self.inner.create(key, bytes).await
+    }
+
+    async fn update(
+        &self,
+        key: &str,
+        expected: &Version,
+        bytes: Bytes,
+    ) -> Result<Version, BlobError> {
+        self.wait(Op::Update).await;
+        self.inner.update(key, expected, bytes).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Blob, BlobError> {
+        self.wait(Op::Get).await;
+        self.inner.get(key).await
+    }
+
+    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, BlobError> {
+        self.wait(Op::Get).await;
+        self.inner.get_range(key, range).await
+    }
+
+    async fn head(&self, key: &str) -> Result<ObjectMeta, BlobError> {
+        self.wait(Op::Head).await;
+        self.inner.head(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, BlobError> {
+        self.wait(Op::List).await;
+        self.inner.list(prefix).await
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), BlobError> {
+        self.wait(Op::Delete).await;
+        self.inner.delete(key).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_stay_in_range_and_replay_from_the_seed() {
+        let uniform = Latency::Uniform {
+            min: Duration::from_millis(5),
+            max: Duration::from_millis(10),
+        };
+        let tail = Latency::ShiftedExponential {
+            min: Duration::from_millis(10),
+            mean_extra: Duration::from_millis(2),
+        };
+        let draw = |seed| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            (0..100)
+                .map(|_| (uniform.sample(&mut rng), tail.sample(&mut rng)))
+                .collect::<Vec<_>>()
+        };
+        let samples = draw(7);
+        assert_eq!(samples, draw(7));
+        for (u, t) in samples {
+            assert!(u >= Duration::from_millis(5) && u <= Duration::from_millis(10));
+            assert!(t >= Duration::from_millis(10));
+        }
+    }
+}

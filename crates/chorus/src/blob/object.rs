@@ -1,0 +1,224 @@
+//! [`BlobStore`] over any `object_store` backend (S3, GCS, Azure, in-memory).
+//!
+//! Provider quirks stay in here: `object_store` already maps each provider's
+//! precondition responses onto `AlreadyExists` / `Precondition`; we map those onto
+//! the blob contract. Its client retries 5xx and 429 responses even for
+//! conditional puts, so `AlreadyExists` or `Conflict` after a retried request may
+//! be our own earlier attempt: callers settle that with
+//! [`create_resolving`](super::create_resolving) / [`update_resolving`](super::update_resolving).
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{
+    GetOptions, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion,
+};
+
+use super::key::validate_prefix;
+use super::{Blob, BlobError, BlobStore, ObjectMeta, Op, Version, validate_key};
+
+/// A [`BlobStore`] backed by an `object_store::ObjectStore`, rooted at a prefix.
+#[derive(Debug, Clone)]
+pub struct ObjectStoreBlobs {
+    store: Arc<dyn ObjectStore>,
+    /// Root prefix inside the bucket, without leading or trailing `/`; may be empty.
+    prefix: String,
+    name: String,
+}
+
+impl ObjectStoreBlobs {
+    /// Wraps `store`, placing every key under `prefix` (may be empty).
+    /// `name` is used in errors and metrics and must not contain secrets.
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: &str, name: impl Into<String>) -> Self {
+        ObjectStoreBlobs {
+            store,
+            prefix: prefix.trim_matches('/').to_owned(),
+            name: name.into(),
+        }
+    }
+
+    fn path(&self, key: &str) -> Path {
+        if self.prefix.is_empty() {
+            Path::from(key)
+        } else {
+            Path::from(format!("{}/{key}", self.prefix))
+        }
+    }
+
+    /// The key of a listed path relative to our prefix.
+    fn key_of(&self, path: &Path) -> String {
+        let full = path.as_ref();
+        if self.prefix.is_empty() {
+            full.to_owned()
+        } else {
+            full.strip_prefix(&self.prefix)
+                .and_then(|rest| rest.strip_prefix('/'))
+                .unwrap_or(full)
+                .to_owned()
+        }
+    }
+
+    /// Maps an `object_store` error onto the blob contract.
+    fn error(&self, op: Op, key: &str, error: object_store::Error) -> BlobError {
+        use object_store::Error as E;
+        match error {
+            E::NotFound { .. } if op == Op::Update => BlobError::conflict(&self.name, key),
+            E::NotFound { .. } => BlobError::not_found(&self.name, key),
+            E::AlreadyExists { .. } => BlobError::already_exists(&self.name, key),
+            E::Precondition { .. } if op == Op::Create => {
+                BlobError::already_exists(&self.name, key)
+            }
+            E::Precondition { .. } => BlobError::conflict(&self.name, key),
+            // Configuration and capability problems do not clear up by retrying.
+            error @ (E::NotSupported { .. }
+            | E::NotImplemented { .. }
+            | E::InvalidPath { .. }
+            | E::UnknownConfigurationKey { .. }
+            | E::PermissionDenied { .. }
+            | E::Unauthenticated { .. }) => BlobError::backend(&self.name, op, key, error),
+            // Network failures and 5xx after the client's own retries: transient.
+            error => BlobError::unavailable(&self.name, op, key, error),
+        }
+    }
+
+    async fn put(
+        &self,
+        op: Op,
+        key: &str,
+        bytes: Bytes,
+        mode: PutMode,
+    ) -> Result<Version, BlobError> {
+        validate_key(key)?;
+        let options = PutOptions {
+            mode,
+            ..PutOptions::default()
+        };
+        let result = self
+            .store
+            .put_opts(&self.path(key), PutPayload::from(bytes), options)
+            .await
+            .map_err(|e| self.error(op, key, e))?;
+        Ok(Version {
+            e_tag: result.e_tag,
+            generation: result.version,
+        })
+    }
+}
+
+fn meta(key: String, meta: object_store::ObjectMeta) -> ObjectMeta {
+    ObjectMeta {
+        key,
+        size: meta.size,
+        version: Version {
+            e_tag: meta.e_tag,
+            generation: meta.version,
+        },
+    }
+}
+
+#[async_trait]
+impl BlobStore for ObjectStoreBlobs {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
+        self.put(Op::Create, key, bytes, PutMode::Create).await
+    }
+
+    async fn update(
+        &self,
+        key: &str,
+        expected: &Version,
+        bytes: Bytes,
+    ) -> Result<Version, BlobError> {
+        let expected = UpdateVersion {
+            e_tag: expected.e_tag.clone(),
+            version: expected.generation.clone(),
+        };
+        self.put(Op::Update, key, bytes, PutMode::Update(expected))
+            .await
+    }
+
+    async fn get(&self, key: &str) -> Result<Blob, BlobError> {
+        validate_key(key)?;
+        let err = |e| self.error(Op::Get, key, e);
+        let result = self
+            .store
+            .get_opts(&self.path(key), GetOptions::default())
+            .await
+            .map_err(err)?;
+        let version = Version {
+            e_tag: result.meta.e_tag.clone(),
+            generation: result.meta.version.clone(),
+        };
+        let bytes = result.bytes().await.map_err(err)?;
+        Ok(Blob { bytes, version })
+    }
+
+    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, BlobError> {
+        validate_key(key)?;
+        if range.is_empty() {
+            // object_store refuses empty ranges; an empty read needs no request
+            // beyond checking that the object exists.
+            self.head(key).await?;
+            return Ok(Bytes::new());
+        }
+        let expected = range.end - range.start;
+        let bytes = self
+            .store
+            .get_range(&self.path(key), range.clone())
+            .await
+            .map_err(|e| self.error(Op::Get, key, e))?;
+        if bytes.len() as u64 != expected {
+            return Err(BlobError::backend(
+                &self.name,
+                Op::Get,
+                key,
+                format!("range {range:?} outside object"),
+            ));
+        }
+        Ok(bytes)
+    }
+
+    async fn head(&self, key: &str) -> Result<ObjectMeta, BlobError> {
+        validate_key(key)?;
+        let found = self
+            .store
+            .head(&self.path(key))
+            .await
+            .map_err(|e| self.error(Op::Head, key, e))?;
+        Ok(meta(key.to_owned(), found))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, BlobError> {
+        validate_prefix(prefix)?;
+        let root = match (self.prefix.is_empty(), prefix.is_empty()) {
+            (true, true) => None,
+            (true, false) => Some(Path::from(prefix)),
+            (false, true) => Some(Path::from(self.prefix.as_str())),
+            (false, false) => Some(self.path(prefix)),
+        };
+        let mut listed: Vec<ObjectMeta> = self
+            .store
+            .list(root.as_ref())
+            .map_ok(|found| meta(self.key_of(&found.location), found))
+            .try_collect()
+            .await
+            .map_err(|e| self.error(Op::List, prefix, e))?;
+        listed.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(listed)
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), BlobError> {
+        validate_key(key)?;
+        match self.store.delete(&self.path(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.error(Op::Delete, key, e)),
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! Sealed segment objects: one consolidated, content-addressed object per sealed
+//! segment, stored under `sealed/<segment-id>-<crc32c, 8 hex>`.
+//!
+//! Header, 56 bytes, all little-endian:
+//!
+//! | offset | size | field                                  |
+//! |-------:|-----:|----------------------------------------|
+//! |      0 |    4 | magic `CHSG`                           |
+//! |      4 |    2 | format version (1)                     |
+//! |      6 |    2 | reserved, zero                         |
+//! |      8 |    8 | segment id: epoch                      |
+//! |     16 |    4 | segment id: counter                    |
+//! |     20 |    4 | reserved, zero                         |
+//! |     24 |    8 | base record index                      |
+//! |     32 |    8 | record count                           |
+//! |     40 |    8 | payload length in bytes                |
+//! |     48 |    4 | payload CRC32C                         |
+//! |     52 |    4 | header CRC32C of bytes 0..52           |
+//!
+//! Then the payload: the records as frames (see [`super::frame`]). Nothing else
+//! (no timestamp, no writer identity) goes in, so the bytes are a pure function
+//! of (segment id, base, records): every writer that seals the same committed
+//! content produces the same object and the same key.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use super::check;
+use super::error::{CodecError, Format};
+use super::frame::{decode_frames, framed_len, put_frames};
+use crate::ids::{Epoch, RecordIndex, SegmentId};
+
+/// The first four bytes of every sealed segment object.
+pub const SEALED_MAGIC: [u8; 4] = *b"CHSG";
+/// The sealed segment format version this build writes and reads.
+pub const SEALED_VERSION: u16 = 1;
+/// Length of the fixed sealed segment header.
+pub const SEALED_HEADER_BYTES: usize = 56;
+/// The largest sealed payload (frames) the codec encodes or decodes. A sealed
+/// object is held in memory whole, so segments must rotate well below this.
+pub const MAX_SEALED_PAYLOAD_BYTES: u64 = 4 << 30;
+
+const FIRST_RESERVED_OFFSET: usize = 6;
+const SECOND_RESERVED_OFFSET: usize = 20;
+const FORMAT: Format = Format::Sealed;
+/// Hex digits of the checksum in a sealed object's key name.
+const NAME_CRC_DIGITS: usize = 8;
+
+/// The content of one sealed segment: records `base .. base + records.len()`.
+/// Never empty (an empty segment has nothing to seal, and a directory entry must
+/// end after it begins).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealedSegment {
+    /// The segment sealed.
+    pub id: SegmentId,
+    /// The log index of `records[0]`.
+    pub base: RecordIndex,
+    /// The record payloads, in index order.
+    pub records: Vec<Bytes>,
+}
+
+impl SealedSegment {
+    /// The index after the last record.
+    ///
+    /// # Panics
+    /// If that index overflows `u64` (decode refuses such a segment).
+    pub fn end(&self) -> RecordIndex {
+        let count = self.records.len() as u64;
+        RecordIndex(
+            self.base
+                .0
+                .checked_add(count)
+                .expect("record indices overflow"),
+        )
+    }
+
+    /// The object bytes. Compute the key with [`object_crc32c`] and
+    /// [`sealed_key_name`].
+    ///
+    /// # Panics
+    /// With no records, a record above
+    /// [`MAX_RECORD_BYTES`](super::MAX_RECORD_BYTES), frames above
+    /// [`MAX_SEALED_PAYLOAD_BYTES`], or record indices that overflow `u64`.
+    pub fn encode(&self) -> Bytes {
+        let mut header = Header::of(self);
+        let payload_len =
+            usize::try_from(header.payload_len).expect("sealed payload fits in memory");
+        let mut out = BytesMut::with_capacity(SEALED_HEADER_BYTES + payload_len);
+        out.resize(SEALED_HEADER_BYTES, 0);
+        put_frames(&mut out, &self.records);
+        assert_eq!(out.len(), SEALED_HEADER_BYTES + payload_len);
+        header.payload_crc = crc32c::crc32c(&out[SEALED_HEADER_BYTES..]);
+        header.write(&mut out[..SEALED_HEADER_BYTES]);
+        out.freeze()
+    }
+
+    /// Decodes and fully validates a sealed object, in the order: length, magic,
+    /// version, header checksum, reserved fields, header consistency, exact
+    /// length, payload checksum, frames. Records are zero-copy slices of `bytes`.
+    pub fn decode(bytes: &Bytes) -> Result<SealedSegment, CodecError> {
+        check::header_present(FORMAT, bytes, SEALED_HEADER_BYTES)?;
+        check::magic(FORMAT, bytes, SEALED_MAGIC)?;
+        let header = Header::read(&bytes[..SEALED_HEADER_BYTES]);
+        check::version(FORMAT, header.version, SEALED_VERSION)?;
+        check::header_checksum(FORMAT, &bytes[..SEALED_HEADER_BYTES])?;
+        check::reserved(FORMAT, FIRST_RESERVED_OFFSET, header.first_reserved.into())?;
+        check::reserved(
+            FORMAT,
+            SECOND_RESERVED_OFFSET,
+            header.second_reserved.into(),
+        )?;
+        header.check_consistent()?;
+        check::exact_length(FORMAT, bytes.len(), SEALED_HEADER_BYTES, header.payload_len)?;
+        let payload = bytes.slice(SEALED_HEADER_BYTES..);
+        check::payload_checksum(FORMAT, &payload, header.payload_crc)?;
+        header.into_segment(&payload)
+    }
+
+    /// Decodes an object read from the key that the directory entry
+    /// `id:base:object_crc32c` names, and checks it is exactly that content:
+    /// valid, matching the key's checksum, and naming the same segment and base.
+    pub fn decode_verified(
+        bytes: &Bytes,
+        id: SegmentId,
+        base: RecordIndex,
+        object_crc32c: u32,
+    ) -> Result<SealedSegment, CodecError> {
+        let segment = SealedSegment::decode(bytes)?;
+        let actual = self::object_crc32c(bytes);
+        if actual != object_crc32c {
+            return Err(CodecError::ObjectChecksum {
+                expected: object_crc32c,
+                actual,
+            });
+        }
+        if segment.id != id {
+            return Err(CodecError::SegmentMismatch {
+                expected: id,
+                actual: segment.id,
+            });
+        }
+        if segment.base != base {
+            return Err(CodecError::BaseMismatch {
+                expected: base,
+                actual: segment.base,
+            });
+        }
+        Ok(segment)
+    }
+}
+
+/// The CRC32C of a whole encoded sealed object: the checksum its key carries.
+pub fn object_crc32c(encoded: &[u8]) -> u32 {
+    crc32c::crc32c(encoded)
+}
+
+/// The last key component of a sealed object: `<segment-id>-<crc32c, 8 hex>`,
+/// lowercase, so each object has exactly one name.
+pub fn sealed_key_name(id: SegmentId, object_crc32c: u32) -> String {
+    format!("{id}-{object_crc32c:08x}")
+}
+
+/// Parses a name built by [`sealed_key_name`]; any other spelling is refused.
+pub fn parse_sealed_key_name(name: &str) -> Result<(SegmentId, u32), CodecError> {
+    let bad = || CodecError::BadSealedName {
+        name: name.chars().take(80).collect(),
+    };
+    let (id, crc) = name.rsplit_once('-').ok_or_else(bad)?;
+    let id: SegmentId = id.parse().map_err(|_| bad())?;
+    let lower_hex = crc.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if crc.len() != NAME_CRC_DIGITS || !lower_hex {
+        return Err(bad());
+    }
+    let crc = u32::from_str_radix(crc, 16).map_err(|_| bad())?;
+    Ok((id, crc))
+}
+
+/// The header fields, as written or as read (before validation).
+#[derive(Debug)]
+struct Header {
+    version: u16,
+    first_reserved: u16,
+    epoch: u64,
+    counter: u32,
+    second_reserved: u32,
+    base: u64,
+    count: u64,
+    payload_len: u64,
+    payload_crc: u32,
+}
+
+impl Header {
+    /// The header for `segment`, with the payload checksum still to fill in.
+    /// Asserts everything `decode` would reject.
+    fn of(segment: &SealedSegment) -> Header {
+        let count = segment.records.len() as u64;
+        assert!(
+            count > 0,
+            "sealed segment without records: id={}",
+            segment.id
+        );
+        let payload_len = framed_len(&segment.records);
+        assert!(
+            payload_len <= MAX_SEALED_PAYLOAD_BYTES,
+            "sealed payload too large: id={} payload_bytes={payload_len} max_bytes={MAX_SEALED_PAYLOAD_BYTES}",
+            segment.id
+        );
+        assert!(
+            segment.base.0.checked_add(count).is_some(),
+            "record indices overflow: id={} base={}",
+            segment.id,
+            segment.base
+        );
+        Header {
+            version: SEALED_VERSION,
+            first_reserved: 0,
+            epoch: segment.id.epoch.0,
+            counter: segment.id.counter,
+            second_reserved: 0,
+            base: segment.base.0,
+            count,
+            payload_len,
+            payload_crc: 0,
+        }
+    }
+
+    /// Writes the header, including its checksum, into `out` (exactly
+    /// [`SEALED_HEADER_BYTES`] long).
+    fn write(&self, out: &mut [u8]) {
+        let mut cursor = &mut out[..];
+        cursor.put_slice(&SEALED_MAGIC);
+        cursor.put_u16_le(self.version);
+        cursor.put_u16_le(self.first_reserved);
+        cursor.put_u64_le(self.epoch);
+        cursor.put_u32_le(self.counter);
+        cursor.put_u32_le(self.second_reserved);
+        cursor.put_u64_le(self.base);
+        cursor.put_u64_le(self.count);
+        cursor.put_u64_le(self.payload_len);
+        cursor.put_u32_le(self.payload_crc);
+        let covered = SEALED_HEADER_BYTES - check::CHECKSUM_BYTES;
+        let crc = crc32c::crc32c(&out[..covered]);
+        out[covered..].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Reads the fields of a header of exactly [`SEALED_HEADER_BYTES`].
+    fn read(header: &[u8]) -> Header {
+        assert_eq!(header.len(), SEALED_HEADER_BYTES);
+        let mut fields = &header[SEALED_MAGIC.len()..];
+        Header {
+            version: fields.get_u16_le(),
+            first_reserved: fields.get_u16_le(),
+            epoch: fields.get_u64_le(),
+            counter: fields.get_u32_le(),
+            second_reserved: fields.get_u32_le(),
+            base: fields.get_u64_le(),
+            count: fields.get_u64_le(),
+            payload_len: fields.get_u64_le(),
+            payload_crc: fields.get_u32_le(),
+        }
+    }
+
+    fn check_consistent(&self) -> Result<(), CodecError> {
+        if self.count == 0 {
+            return Err(CodecError::Inconsistent {
+                format: FORMAT,
+                reason: format!("sealed segment holds no records: id={}", self.id()),
+            });
+        }
+        check::payload_limit(FORMAT, self.payload_len, MAX_SEALED_PAYLOAD_BYTES)?;
+        check::count_fits_payload(FORMAT, self.count, self.payload_len)?;
+        check::end_index_fits(FORMAT, self.base, self.count)
+    }
+
+    fn id(&self) -> SegmentId {
+        SegmentId::new(Epoch(self.epoch), self.counter)
+    }
+
+    /// Builds the segment from a header that passed every check and its
+    /// checksum-verified payload.
+    fn into_segment(self, payload: &Bytes) -> Result<SealedSegment, CodecError> {
+        let records = decode_frames(payload, self.count)?;
+        Ok(SealedSegment {
+            id: self.id(),
+            base: RecordIndex(self.base),
+            records,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

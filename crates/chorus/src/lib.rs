@@ -1,0 +1,15 @@
+//! Chorus: a quorum-replicated write-ahead log over object storage, controlled by
+//! one compare-and-swap manifest register, with writer leases and fenced snapshot
+//! publication.
+//!
+//! The modules are layered; each depends only on those listed before it:
+//!
+//! 1. [`ids`] and [`codec`]: identifiers and the byte formats of stored objects.
+//! 2. [`blob`]: object stores named by URL, with create-if-absent and CAS update.
+//! 3. [`register`]: the manifest register, its record type and its backends.
+#![warn(missing_docs)]
+
+pub mod blob;
+pub mod codec;
+pub mod ids;
+pub mod register;

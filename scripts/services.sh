@@ -1,0 +1,296 @@
+#!/usr/bin/env bash
+# Test services for Chorus: three moto S3 servers (one per "zone") and a
+# throwaway PostgreSQL cluster, all on loopback.
+#
+#   bash scripts/services.sh start   # idempotent; writes .ci/state/env
+#   bash scripts/services.sh stop    # kills everything, removes the pg data dir
+#   bash scripts/services.sh env     # prints the export lines
+#   bash scripts/services.sh status
+#
+# Everything needed is installed by this script (CI runs on a fresh machine):
+# moto goes into a virtualenv under .ci/state/venv (gitignored), PostgreSQL
+# comes from Debian's packages if no initdb/pg_ctl is found.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STATE="$ROOT/.ci/state"
+VENV="$STATE/venv"
+ENV_FILE="$STATE/env"
+
+# Exact pin: newest moto 5.x verified to enforce If-None-Match / If-Match on
+# PutObject. Its deps (flask, werkzeug, boto3) need no pins for this.
+MOTO_VERSION="5.2.5"
+
+MOTO_HOST="127.0.0.1"
+ZONES=(a b c)
+MOTO_PORTS=(5101 5102 5103)
+BUCKET_PREFIX="chorus-zone-"
+
+PG_PORT=5499
+PG_DB="chorus_test"
+PG_OS_USER="postgres"
+# Outside the repo on purpose: initdb refuses to run as root, and the
+# postgres OS user may not be able to traverse the directory CI clones into.
+PG_ROOT="/tmp/chorus-ci-pg-$PG_PORT"
+PG_DATA="$PG_ROOT/data"
+PG_LOG="$PG_ROOT/postgres.log"
+
+WAIT_SECS="${CHORUS_SERVICES_WAIT_SECS:-60}"
+
+log() { printf '[services] %s\n' "$*" >&2; }
+die() { printf '[services] ERROR: %s\n' "$*" >&2; exit 1; }
+
+port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+pid_alive() { [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null; }
+
+joined() { local IFS=,; echo "$*"; }
+
+endpoints() {
+  local out=() p
+  for p in "${MOTO_PORTS[@]}"; do out+=("http://$MOTO_HOST:$p"); done
+  joined "${out[@]}"
+}
+
+buckets() {
+  local out=() z
+  for z in "${ZONES[@]}"; do out+=("$BUCKET_PREFIX$z"); done
+  joined "${out[@]}"
+}
+
+env_lines() {
+  cat <<EOF
+export CHORUS_TEST_S3_ENDPOINTS="$(endpoints)"
+export CHORUS_TEST_S3_BUCKETS="$(buckets)"
+export AWS_ACCESS_KEY_ID="testing"
+export AWS_SECRET_ACCESS_KEY="testing"
+export AWS_DEFAULT_REGION="us-east-1"
+export CHORUS_TEST_POSTGRES_URL="postgresql://postgres@127.0.0.1:$PG_PORT/$PG_DB"
+EOF
+}
+
+# ---------------------------------------------------------------- moto ----
+
+ensure_venv() {
+  local marker="$VENV/.moto-$MOTO_VERSION"
+  if [[ -x "$VENV/bin/moto_server" && -f "$marker" ]]; then
+    return
+  fi
+  log "creating virtualenv $VENV with moto[server]==$MOTO_VERSION"
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-input \
+    "moto[server]==$MOTO_VERSION"
+  touch "$marker"
+}
+
+start_moto() {
+  local i zone port pidfile logf pid bucket code
+  for i in "${!ZONES[@]}"; do
+    zone="${ZONES[$i]}"; port="${MOTO_PORTS[$i]}"
+    pidfile="$STATE/moto-$zone.pid"; logf="$STATE/moto-$zone.log"
+    pid="$(cat "$pidfile" 2>/dev/null || true)"
+    if pid_alive "$pid" && port_open "$MOTO_HOST" "$port"; then
+      log "moto zone $zone already running (pid $pid, port $port)"
+    else
+      port_open "$MOTO_HOST" "$port" &&
+        die "port $port is taken by a process not started by this script"
+      log "starting moto zone $zone on $MOTO_HOST:$port (log $logf)"
+      # setsid: detach from the caller's process group so the server outlives
+      # the shell that started it (developers keep them running).
+      setsid "$VENV/bin/moto_server" -H "$MOTO_HOST" -p "$port" \
+        >"$logf" 2>&1 </dev/null &
+      echo $! >"$pidfile"
+    fi
+  done
+
+  for i in "${!ZONES[@]}"; do
+    zone="${ZONES[$i]}"; port="${MOTO_PORTS[$i]}"
+    wait_for "moto zone $zone" "$STATE/moto-$zone.log" \
+      curl -sf -o /dev/null "http://$MOTO_HOST:$port/"
+    # Create the zone's bucket if missing. Unsigned requests are fine for
+    # moto (signatures are not checked); HEAD first keeps this idempotent.
+    bucket="$BUCKET_PREFIX$zone"
+    if ! curl -sf -o /dev/null -I "http://$MOTO_HOST:$port/$bucket"; then
+      code="$(curl -s -o /dev/null -w '%{http_code}' -X PUT \
+        "http://$MOTO_HOST:$port/$bucket")"
+      [[ "$code" == 200 ]] || die "creating bucket $bucket on port $port: HTTP $code"
+      log "created bucket $bucket on port $port"
+    fi
+  done
+}
+
+stop_moto() {
+  local zone pidfile pid
+  for zone in "${ZONES[@]}"; do
+    pidfile="$STATE/moto-$zone.pid"
+    pid="$(cat "$pidfile" 2>/dev/null || true)"
+    # Only kill the pid if it still is a moto server (pids get reused).
+    if pid_alive "$pid" && grep -q moto_server "/proc/$pid/cmdline" 2>/dev/null; then
+      log "stopping moto zone $zone (pid $pid)"
+      kill_wait "$pid"
+    fi
+    rm -f "$pidfile"
+  done
+}
+
+# ----------------------------------------------------------- postgres ----
+
+find_pg_bin() {
+  local d
+  if d="$(command -v initdb 2>/dev/null)" && [[ -x "$(dirname "$(readlink -f "$d")")/pg_ctl" ]]; then
+    dirname "$(readlink -f "$d")"; return 0
+  fi
+  # Debian keeps the server binaries off PATH, in /usr/lib/postgresql/N/bin.
+  d="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)"
+  [[ -n "$d" && -x "$d/initdb" && -x "$d/pg_ctl" ]] && { echo "$d"; return 0; }
+  return 1
+}
+
+ensure_postgres() {
+  if PG_BIN="$(find_pg_bin)"; then return; fi
+  [[ "$(id -u)" == 0 ]] || die "PostgreSQL is not installed and we are not root to apt-get it"
+  log "PostgreSQL not found; installing it from Debian packages"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq postgresql >/dev/null
+  PG_BIN="$(find_pg_bin)" || die "postgresql installed but initdb/pg_ctl not found"
+}
+
+# Run a command as the postgres OS user (initdb/postgres refuse to run as root).
+as_pg() {
+  if [[ "$(id -u)" == 0 ]]; then
+    (cd "$PG_ROOT" && runuser -u "$PG_OS_USER" -- "$@")
+  else
+    (cd "$PG_ROOT" && "$@")
+  fi
+}
+
+pg_psql() {
+  "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PG_PORT" -U postgres "$@"
+}
+
+start_postgres() {
+  ensure_postgres
+  if [[ "$(id -u)" == 0 ]] && ! id "$PG_OS_USER" >/dev/null 2>&1; then
+    useradd --system --home-dir /var/lib/postgresql --shell /bin/bash "$PG_OS_USER"
+  fi
+
+  if [[ -f "$PG_DATA/PG_VERSION" ]] && as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" status >/dev/null 2>&1; then
+    log "postgres already running ($PG_DATA, port $PG_PORT)"
+  else
+    port_open 127.0.0.1 "$PG_PORT" &&
+      die "port $PG_PORT is taken by a process not started by this script"
+    # Throwaway cluster: anything left from an earlier run is discarded.
+    rm -rf "$PG_ROOT"
+    mkdir -p "$PG_ROOT"
+    [[ "$(id -u)" == 0 ]] && chown "$PG_OS_USER": "$PG_ROOT"
+    chmod 700 "$PG_ROOT"
+    log "initdb $PG_DATA ($PG_BIN)"
+    as_pg "$PG_BIN/initdb" -D "$PG_DATA" -U postgres --auth=trust \
+      -E UTF8 --no-locale --no-sync >"$STATE/initdb.log" 2>&1 ||
+      { cat "$STATE/initdb.log" >&2; die "initdb failed"; }
+    log "starting postgres on 127.0.0.1:$PG_PORT (log $PG_LOG)"
+    # fsync etc. off: a test cluster that is thrown away needs no durability.
+    # setsid: keep the postmaster out of the caller's process group.
+    as_pg setsid "$PG_BIN/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t "$WAIT_SECS" -o \
+      "-c listen_addresses=127.0.0.1 -p $PG_PORT -c unix_socket_directories='$PG_ROOT' -c fsync=off -c synchronous_commit=off -c full_page_writes=off" \
+      start >/dev/null ||
+      { tail -n 30 "$PG_LOG" >&2 || true; die "postgres failed to start"; }
+  fi
+
+  wait_for "postgres" "$PG_LOG" "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"
+  if [[ "$(pg_psql -d postgres -tAc "select 1 from pg_database where datname = '$PG_DB'")" != 1 ]]; then
+    pg_psql -d postgres -c "create database $PG_DB"
+    log "created database $PG_DB"
+  fi
+  [[ "$(pg_psql -d "$PG_DB" -tAc 'select 1')" == 1 ]] || die "cannot query $PG_DB"
+}
+
+stop_postgres() {
+  local pid
+  PG_BIN="$(find_pg_bin || true)"
+  if [[ -f "$PG_DATA/postmaster.pid" ]]; then
+    log "stopping postgres ($PG_DATA)"
+    if [[ -n "$PG_BIN" ]]; then
+      as_pg "$PG_BIN/pg_ctl" -D "$PG_DATA" -m fast -w -t 30 stop >/dev/null 2>&1 || true
+    fi
+    # Fallback if pg_ctl could not stop it.
+    pid="$(head -n 1 "$PG_DATA/postmaster.pid" 2>/dev/null || true)"
+    if pid_alive "$pid"; then kill_wait "$pid"; fi
+  fi
+  rm -rf "$PG_ROOT"
+}
+
+# ------------------------------------------------------------- helpers ----
+
+# wait_for NAME LOGFILE CMD...: retry CMD until it succeeds or WAIT_SECS pass.
+wait_for() {
+  local name="$1" logf="$2"; shift 2
+  local deadline=$((SECONDS + WAIT_SECS))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      log "last lines of $logf:"; tail -n 30 "$logf" >&2 2>/dev/null || true
+      die "$name did not answer within ${WAIT_SECS}s"
+    fi
+    sleep 0.5
+  done
+}
+
+kill_wait() {
+  local pid="$1" i
+  kill "$pid" 2>/dev/null || return 0
+  for i in $(seq 1 50); do pid_alive "$pid" || return 0; sleep 0.2; done
+  log "pid $pid ignored SIGTERM, sending SIGKILL"
+  kill -9 "$pid" 2>/dev/null || true
+}
+
+# ---------------------------------------------------------------- main ----
+
+cmd_start() {
+  mkdir -p "$STATE"
+  ensure_venv
+  start_moto
+  start_postgres
+  env_lines >"$ENV_FILE"
+  # Chorus relies on S3 conditional writes; fail now if the fake S3 does not
+  # enforce them rather than letting tests pass vacuously.
+  log "checking moto's S3 semantics (conditional PUTs, ranges, listing)"
+  "$VENV/bin/python" "$ROOT/scripts/check_moto_conditions.py" \
+    --endpoints "$(endpoints)" --buckets "$(buckets)" ||
+    die "moto does not behave as Chorus needs (see above)"
+  log "all services up; env in $ENV_FILE"
+}
+
+cmd_stop() {
+  stop_moto
+  stop_postgres
+  rm -f "$ENV_FILE"
+  log "all services stopped"
+}
+
+cmd_status() {
+  local i rc=0 pid
+  for i in "${!ZONES[@]}"; do
+    pid="$(cat "$STATE/moto-${ZONES[$i]}.pid" 2>/dev/null || true)"
+    if pid_alive "$pid" && port_open "$MOTO_HOST" "${MOTO_PORTS[$i]}"; then
+      echo "moto zone ${ZONES[$i]}: running (pid $pid, port ${MOTO_PORTS[$i]})"
+    else
+      echo "moto zone ${ZONES[$i]}: down"; rc=1
+    fi
+  done
+  if port_open 127.0.0.1 "$PG_PORT" && [[ -f "$PG_DATA/postmaster.pid" ]]; then
+    echo "postgres: running (port $PG_PORT, data $PG_DATA)"
+  else
+    echo "postgres: down"; rc=1
+  fi
+  return "$rc"
+}
+
+case "${1:-}" in
+  start) cmd_start ;;
+  stop) cmd_stop ;;
+  env) env_lines ;;
+  status) cmd_status ;;
+  *) echo "usage: $0 start|stop|env|status" >&2; exit 2 ;;
+esac
