@@ -110,8 +110,17 @@ impl StoreArgs {
                 )));
             }
         };
-        toml::from_str(&text)
-            .map_err(|e| ConfigError(format!("invalid config file {}: {e}", path.display())))
+        toml::from_str(&text).map_err(|e| {
+            // toml's own message spans several lines; errors here are one line.
+            let line = e
+                .span()
+                .map_or(1, |span| text[..span.start].matches('\n').count() + 1);
+            ConfigError(format!(
+                "invalid config file {} line {line}: {}",
+                path.display(),
+                e.message()
+            ))
+        })
     }
 }
 

@@ -61,3 +61,136 @@ async fn probe_key(store: &dyn BlobStore, key: &str) -> Result<(), BlobError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::ops::Range;
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::blob::{Blob, ObjectMeta, Version};
+
+    /// A store that accepts conditional writes and ignores the conditions it
+    /// is told to ignore, like some "S3-compatible" servers.
+    #[derive(Debug, Default)]
+    struct CarelessStore {
+        objects: Mutex<BTreeMap<String, (Bytes, u64)>>,
+        ignores_create_condition: bool,
+        ignores_update_condition: bool,
+    }
+
+    impl CarelessStore {
+        fn put(&self, key: &str, bytes: Bytes) -> Version {
+            let mut objects = self.objects.lock().unwrap();
+            let generation = objects.get(key).map_or(1, |(_, g)| g + 1);
+            objects.insert(key.to_owned(), (bytes, generation));
+            version(generation)
+        }
+    }
+
+    fn version(generation: u64) -> Version {
+        Version {
+            e_tag: None,
+            generation: Some(generation.to_string()),
+        }
+    }
+
+    #[async_trait]
+    impl BlobStore for CarelessStore {
+        fn name(&self) -> &str {
+            "careless"
+        }
+
+        async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
+            let exists = self.objects.lock().unwrap().contains_key(key);
+            if exists && !self.ignores_create_condition {
+                return Err(BlobError::already_exists("careless", key));
+            }
+            Ok(self.put(key, bytes))
+        }
+
+        async fn update(
+            &self,
+            key: &str,
+            expected: &Version,
+            bytes: Bytes,
+        ) -> Result<Version, BlobError> {
+            let current = self
+                .objects
+                .lock()
+                .unwrap()
+                .get(key)
+                .map(|(_, g)| version(*g));
+            if current.as_ref() != Some(expected) && !self.ignores_update_condition {
+                return Err(BlobError::conflict("careless", key));
+            }
+            Ok(self.put(key, bytes))
+        }
+
+        async fn get(&self, key: &str) -> Result<Blob, BlobError> {
+            let objects = self.objects.lock().unwrap();
+            let (bytes, generation) = objects
+                .get(key)
+                .ok_or_else(|| BlobError::not_found("careless", key))?;
+            Ok(Blob {
+                bytes: bytes.clone(),
+                version: version(*generation),
+            })
+        }
+
+        async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, BlobError> {
+            let blob = self.get(key).await?;
+            Ok(blob.bytes.slice(range.start as usize..range.end as usize))
+        }
+
+        async fn head(&self, key: &str) -> Result<ObjectMeta, BlobError> {
+            let blob = self.get(key).await?;
+            Ok(ObjectMeta {
+                key: key.to_owned(),
+                size: blob.bytes.len() as u64,
+                version: blob.version,
+            })
+        }
+
+        async fn list(&self, _prefix: &str) -> Result<Vec<ObjectMeta>, BlobError> {
+            Ok(Vec::new())
+        }
+
+        async fn delete(&self, key: &str) -> Result<(), BlobError> {
+            self.objects.lock().unwrap().remove(key);
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn refuses_a_store_that_ignores_create_if_absent() {
+        let store = CarelessStore {
+            ignores_create_condition: true,
+            ..CarelessStore::default()
+        };
+        let error = probe(&store).await.unwrap_err().to_string();
+        assert!(error.contains("ignores create-if-absent"), "{error}");
+        assert!(
+            store.objects.lock().unwrap().is_empty(),
+            "probe object left behind"
+        );
+    }
+
+    #[tokio::test]
+    async fn refuses_a_store_that_ignores_cas() {
+        let store = CarelessStore {
+            ignores_update_condition: true,
+            ..CarelessStore::default()
+        };
+        let error = probe(&store).await.unwrap_err().to_string();
+        assert!(error.contains("ignores CAS"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn accepts_a_store_that_enforces_conditions() {
+        probe(&CarelessStore::default()).await.unwrap();
+    }
+}

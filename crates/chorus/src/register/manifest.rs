@@ -345,3 +345,594 @@ fn decode_entry(entry: &str) -> Option<DirectoryEntry> {
 pub(crate) fn directory_bytes(segments: &[DirectoryEntry]) -> usize {
     encode_segments(segments).len()
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    //! Record encoding: round trips (fixed and generated records) and every
+    //! malformed encoding refused with an error naming the field. Shared
+    //! fixtures for the other register unit tests live here too.
+
+    use std::fmt::Debug;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::ids::{Epoch, OwnerId, RecordIndex, SegmentId};
+    use crate::register::MAX_WINDOW;
+
+    pub(crate) fn seg(epoch: u64, counter: u32) -> SegmentId {
+        SegmentId::new(Epoch(epoch), counter)
+    }
+
+    pub(crate) fn entry(id: SegmentId, base: u64, crc32c: u32) -> DirectoryEntry {
+        DirectoryEntry {
+            id,
+            base: RecordIndex(base),
+            crc32c,
+        }
+    }
+
+    /// `n` distinct replica identities.
+    pub(crate) fn replicas(n: usize) -> Vec<String> {
+        (0..n)
+            .map(|i| format!("file:///tmp/chorus/zone-{i}"))
+            .collect()
+    }
+
+    /// A valid record that uses every field: a claimed epoch with its owner,
+    /// three directory entries (the first a tombstone below `trunc`), a seal
+    /// naming the last entry, and a pending successor.
+    pub(crate) fn rich() -> Manifest {
+        let mut digest = [0u8; 32];
+        for (i, byte) in digest.iter_mut().enumerate() {
+            *byte = (i as u8).wrapping_mul(37).wrapping_add(5);
+        }
+        Manifest {
+            epoch: Epoch(7),
+            owner: OwnerId(0x0123_4567_89ab_cdef_fedc_ba98_7654_3210),
+            tail: seg(7, 1),
+            tail_base: RecordIndex(300),
+            pending: Some(seg(7, 2)),
+            seal: Some(Seal {
+                id: seg(7, 0),
+                base: RecordIndex(250),
+                digest,
+            }),
+            trunc: RecordIndex(120),
+            segments: vec![
+                entry(seg(2, 0), 0, 0xdead_beef),
+                entry(seg(3, 5), 100, 0x0000_0001),
+                entry(seg(7, 0), 250, 0),
+            ],
+            replicas: replicas(3),
+            window: 8,
+        }
+    }
+
+    /// Asserts that `result` failed about `field`, both in [`ManifestError::field`]
+    /// and in the message.
+    #[track_caller]
+    pub(crate) fn assert_field<T: Debug>(
+        result: Result<T, ManifestError>,
+        field: &str,
+    ) -> ManifestError {
+        let error = match result {
+            Ok(value) => panic!("expected an error naming {field}, got Ok({value:?})"),
+            Err(error) => error,
+        };
+        assert_eq!(error.field(), field, "wrong field in: {error}");
+        let message = error.to_string();
+        assert!(
+            message.contains(field),
+            "message does not name {field}: {message}"
+        );
+        error
+    }
+
+    fn rich_fields() -> Fields {
+        rich().to_fields().expect("rich record is valid")
+    }
+
+    /// Decodes the rich record's fields with `field` set to `value`.
+    fn decode_with(field: &str, value: &str) -> Result<Manifest, ManifestError> {
+        let mut fields = rich_fields();
+        assert!(
+            fields.contains_key(field),
+            "{field} is not a field of the format"
+        );
+        fields.insert(field.to_owned(), value.to_owned());
+        Manifest::from_fields(&fields)
+    }
+
+    /// Decodes the initial record's fields with `field` set to `value`.
+    fn decode_initial_with(field: &str, value: &str) -> Result<Manifest, ManifestError> {
+        let mut fields = Manifest::initial(replicas(3), 4).to_fields().unwrap();
+        fields.insert(field.to_owned(), value.to_owned());
+        Manifest::from_fields(&fields)
+    }
+
+    fn round_trip(manifest: &Manifest) {
+        let fields = manifest.to_fields().expect("valid record encodes");
+        let keys: Vec<&str> = fields.keys().map(String::as_str).collect();
+        let mut expected = ALL_FIELDS.to_vec();
+        expected.sort_unstable();
+        assert_eq!(
+            keys, expected,
+            "encoding writes exactly the format's fields"
+        );
+        assert_eq!(&Manifest::from_fields(&fields).expect("decodes"), manifest);
+        // Backends store the fields as a JSON object of strings.
+        let stored = serde_json::to_string(&fields).unwrap();
+        let loaded: Fields = serde_json::from_str(&stored).unwrap();
+        assert_eq!(&Manifest::from_fields(&loaded).expect("decodes"), manifest);
+    }
+
+    #[test]
+    fn initial_record_round_trips_with_its_exact_encoding() {
+        for n in [1, 3, 5] {
+            round_trip(&Manifest::initial(replicas(n), 1));
+            round_trip(&Manifest::initial(replicas(n), MAX_WINDOW));
+        }
+        let fields = Manifest::initial(vec!["s3://b/p".into()], 16)
+            .to_fields()
+            .unwrap();
+        let expected: Fields = [
+            ("chorus.format", "1"),
+            ("chorus.epoch", "0"),
+            ("chorus.owner", "00000000000000000000000000000000"),
+            ("chorus.tail_id", "0000000000000000-00000000"),
+            ("chorus.tail_base", "0"),
+            ("chorus.pending_id", "0000000000000000-00000001"),
+            ("chorus.seal_id", ""),
+            ("chorus.seal_base", ""),
+            ("chorus.seal_digest", ""),
+            ("chorus.trunc", "0"),
+            ("chorus.segments", ""),
+            ("chorus.replicas", r#"["s3://b/p"]"#),
+            ("chorus.window", "16"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        assert_eq!(fields, expected);
+    }
+
+    #[test]
+    fn rich_record_round_trips_with_its_exact_encoding() {
+        let manifest = rich();
+        round_trip(&manifest);
+        let fields = manifest.to_fields().unwrap();
+        let get = |field: &str| fields[field].as_str();
+        assert_eq!(get("chorus.epoch"), "7");
+        assert_eq!(get("chorus.owner"), "0123456789abcdeffedcba9876543210");
+        assert_eq!(get("chorus.tail_id"), "0000000000000007-00000001");
+        assert_eq!(get("chorus.tail_base"), "300");
+        assert_eq!(get("chorus.pending_id"), "0000000000000007-00000002");
+        assert_eq!(get("chorus.seal_id"), "0000000000000007-00000000");
+        assert_eq!(get("chorus.seal_base"), "250");
+        assert_eq!(
+            get("chorus.seal_digest"),
+            manifest.seal.unwrap().digest_hex()
+        );
+        assert_eq!(get("chorus.seal_digest").len(), 64);
+        assert_eq!(get("chorus.trunc"), "120");
+        assert_eq!(
+            get("chorus.segments"),
+            "0000000000000002-00000000:0:deadbeef \
+             0000000000000003-00000005:100:00000001 \
+             0000000000000007-00000000:250:00000000"
+        );
+        assert_eq!(
+            get("chorus.replicas"),
+            r#"["file:///tmp/chorus/zone-0","file:///tmp/chorus/zone-1","file:///tmp/chorus/zone-2"]"#
+        );
+        assert_eq!(get("chorus.window"), "8");
+        assert_eq!(
+            directory_bytes(&manifest.segments),
+            get("chorus.segments").len()
+        );
+    }
+
+    #[test]
+    fn record_without_pending_and_with_extreme_values_round_trips() {
+        let mut manifest = rich();
+        manifest.pending = None;
+        manifest.epoch = Epoch(u64::MAX);
+        manifest.owner = OwnerId(u128::MAX);
+        manifest.tail = seg(u64::MAX, u32::MAX);
+        manifest.tail_base = RecordIndex(u64::MAX);
+        manifest.trunc = RecordIndex(u64::MAX);
+        manifest.segments[2].crc32c = u32::MAX;
+        manifest.replicas = vec!["ä \"quoted\" \\ zone".into()];
+        manifest.window = MAX_WINDOW;
+        round_trip(&manifest);
+    }
+
+    #[test]
+    fn accessors_follow_the_directory() {
+        let manifest = rich();
+        assert_eq!(manifest.replica_count(), 3);
+        assert_eq!(manifest.quorum(), 2);
+        assert_eq!(Manifest::initial(replicas(1), 1).quorum(), 1);
+        assert_eq!(Manifest::initial(replicas(5), 1).quorum(), 3);
+        assert_eq!(manifest.entry_end(0), RecordIndex(100));
+        assert_eq!(manifest.entry_end(1), RecordIndex(250));
+        assert_eq!(manifest.entry_end(2), RecordIndex(300));
+        assert!(manifest.is_tombstone(0));
+        assert!(!manifest.is_tombstone(1));
+        assert!(!manifest.is_tombstone(2));
+    }
+
+    #[test]
+    fn unknown_format_is_refused() {
+        for found in ["2", "0", "01", "1.0", "", "one"] {
+            let error = assert_field(decode_with("chorus.format", found), "chorus.format");
+            assert_eq!(
+                error,
+                ManifestError::UnsupportedFormat {
+                    found: found.to_owned(),
+                    supported: FORMAT,
+                }
+            );
+        }
+        // A future format may add fields: the format check comes first.
+        let mut fields = rich_fields();
+        fields.insert("chorus.format".into(), "2".into());
+        fields.insert("chorus.novelty".into(), "x".into());
+        fields.remove("chorus.window");
+        assert!(matches!(
+            Manifest::from_fields(&fields),
+            Err(ManifestError::UnsupportedFormat { .. })
+        ));
+    }
+
+    #[test]
+    fn every_missing_field_is_named() {
+        for field in ALL_FIELDS {
+            let mut fields = rich_fields();
+            fields.remove(field);
+            let error = assert_field(Manifest::from_fields(&fields), field);
+            assert!(error.to_string().contains("missing"), "{error}");
+        }
+        assert_field(Manifest::from_fields(&Fields::new()), "chorus.format");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        for unknown in ["chorus.colour", "colour", "chorus.Epoch", ""] {
+            let mut fields = rich_fields();
+            fields.insert(unknown.to_owned(), "x".to_owned());
+            let error = assert_field(Manifest::from_fields(&fields), unknown);
+            assert_eq!(
+                error,
+                ManifestError::UnknownField {
+                    field: unknown.to_owned()
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_numbers_are_named() {
+        let cases = [
+            ("chorus.epoch", "seven"),
+            ("chorus.epoch", ""),
+            ("chorus.epoch", "-7"),
+            ("chorus.epoch", "7.0"),
+            ("chorus.epoch", " 7"),
+            ("chorus.epoch", "18446744073709551616"),
+            ("chorus.tail_base", "3e2"),
+            ("chorus.tail_base", ""),
+            ("chorus.trunc", "0x78"),
+            ("chorus.trunc", ""),
+            ("chorus.window", "8 "),
+            ("chorus.window", "4294967296"),
+            ("chorus.window", ""),
+            ("chorus.seal_base", "two-fifty"),
+            ("chorus.seal_base", "-250"),
+        ];
+        for (field, value) in cases {
+            let error = assert_field(decode_with(field, value), field);
+            assert!(
+                error.to_string().contains("malformed"),
+                "{field}={value:?}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn plus_signs_are_refused() {
+        let cases = [
+            ("chorus.epoch", "+7"),
+            ("chorus.tail_base", "+300"),
+            ("chorus.trunc", "+120"),
+            ("chorus.window", "+8"),
+            ("chorus.seal_base", "+250"),
+            ("chorus.owner", "+123456789abcdeffedcba9876543210"),
+        ];
+        for (field, value) in cases {
+            assert_field(decode_with(field, value), field);
+        }
+        let segments = rich_fields()["chorus.segments"].replacen(":100:", ":+100:", 1);
+        assert_field(decode_with("chorus.segments", &segments), "chorus.segments");
+    }
+
+    #[test]
+    fn bad_hex_is_named() {
+        let owner_cases = [
+            "",
+            "0",
+            "0123456789abcdeffedcba987654321",
+            "0123456789abcdeffedcba98765432100",
+            "0123456789abcdeffedcba987654321g",
+            "0123456789abcdef-edcba9876543210",
+        ];
+        for value in owner_cases {
+            assert_field(decode_with("chorus.owner", value), "chorus.owner");
+        }
+        let digest = rich_fields()["chorus.seal_digest"].clone();
+        let digest_cases = [
+            digest[..62].to_owned(),
+            format!("{digest}00"),
+            digest.to_uppercase(),
+            format!("{}zz", &digest[..62]),
+            format!("0x{}", &digest[2..]),
+        ];
+        for value in digest_cases {
+            assert_field(
+                decode_with("chorus.seal_digest", &value),
+                "chorus.seal_digest",
+            );
+        }
+        let segments = rich_fields()["chorus.segments"].clone();
+        let crc_cases = [
+            segments.replacen(":deadbeef", ":DEADBEEF", 1),
+            segments.replacen(":deadbeef", ":deadbee", 1),
+            segments.replacen(":deadbeef", ":0deadbeef", 1),
+            segments.replacen(":deadbeef", ":deadbeeg", 1),
+            segments.replacen(":deadbeef", ":+eadbeef", 1),
+            segments.replacen(":deadbeef", "", 1),
+        ];
+        for value in crc_cases {
+            assert_field(decode_with("chorus.segments", &value), "chorus.segments");
+        }
+    }
+
+    #[test]
+    fn bad_segment_ids_are_named() {
+        let bad_ids = [
+            "",
+            "7-1",
+            "0000000000000007_00000001",
+            "000000000000000A-00000001",
+            "0000000000000007-0000001",
+            "0000000000000007-00000001 ",
+        ];
+        for bad in bad_ids {
+            // Empty is "no tail" for nothing: tail_id is required.
+            assert_field(decode_with("chorus.tail_id", bad), "chorus.tail_id");
+            if !bad.is_empty() {
+                assert_field(decode_with("chorus.pending_id", bad), "chorus.pending_id");
+                assert_field(decode_with("chorus.seal_id", bad), "chorus.seal_id");
+                let segments =
+                    rich_fields()["chorus.segments"].replacen("0000000000000003-00000005", bad, 1);
+                assert_field(decode_with("chorus.segments", &segments), "chorus.segments");
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_directory_entries_are_named() {
+        let good = rich_fields()["chorus.segments"].clone();
+        let cases = [
+            " ".to_owned(),
+            format!("{good} "),
+            format!(" {good}"),
+            good.replacen(' ', "  ", 1),
+            good.replacen(' ', ",", 1),
+            "0000000000000002-00000000:0".to_owned(),
+            "0000000000000002-00000000:0:deadbeef:1".to_owned(),
+            "0000000000000002-00000000::deadbeef".to_owned(),
+            "0000000000000002-00000000:-1:deadbeef".to_owned(),
+        ];
+        for value in cases {
+            let error = assert_field(decode_with("chorus.segments", &value), "chorus.segments");
+            assert!(error.to_string().contains("entry"), "{value:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn partially_set_seal_fields_are_named() {
+        let fields = rich_fields();
+        let digest = fields["chorus.seal_digest"].clone();
+        // (seal_id, seal_base, seal_digest) -> the field named
+        let cases = [
+            ("", "250", digest.as_str(), "chorus.seal_id"),
+            ("", "250", "", "chorus.seal_id"),
+            ("", "", digest.as_str(), "chorus.seal_id"),
+            (
+                "0000000000000007-00000000",
+                "",
+                digest.as_str(),
+                "chorus.seal_base",
+            ),
+            ("0000000000000007-00000000", "", "", "chorus.seal_base"),
+            ("0000000000000007-00000000", "250", "", "chorus.seal_digest"),
+        ];
+        for (id, base, digest, field) in cases {
+            let mut fields = fields.clone();
+            fields.insert("chorus.seal_id".into(), id.into());
+            fields.insert("chorus.seal_base".into(), base.into());
+            fields.insert("chorus.seal_digest".into(), digest.into());
+            assert_field(Manifest::from_fields(&fields), field);
+        }
+    }
+
+    #[test]
+    fn replicas_that_are_not_a_json_string_array_are_named() {
+        let cases = [
+            "",
+            "a,b,c",
+            "[a, b, c]",
+            r#"["a","b","c""#,
+            "[1,2,3]",
+            r#"["a",null,"c"]"#,
+            r#"{"0":"a"}"#,
+            r#""a""#,
+            "null",
+        ];
+        for value in cases {
+            let error = assert_field(decode_with("chorus.replicas", value), "chorus.replicas");
+            assert!(error.to_string().contains("JSON"), "{value:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn decoding_checks_the_invariants() {
+        // One representative per validation step; validate.rs covers each fully.
+        let cases = [
+            ("chorus.replicas", r#"["a","b","a"]"#, "chorus.replicas"),
+            ("chorus.replicas", r#"["a","b"]"#, "chorus.replicas"),
+            ("chorus.replicas", r#"["a","b","c","d"]"#, "chorus.replicas"),
+            ("chorus.replicas", "[]", "chorus.replicas"),
+            ("chorus.window", "0", "chorus.window"),
+            ("chorus.window", "65", "chorus.window"),
+            (
+                "chorus.owner",
+                "00000000000000000000000000000000",
+                "chorus.owner",
+            ),
+            (
+                "chorus.tail_id",
+                "0000000000000008-00000000",
+                "chorus.tail_id",
+            ),
+            (
+                "chorus.pending_id",
+                "0000000000000008-00000000",
+                "chorus.pending_id",
+            ),
+            (
+                "chorus.pending_id",
+                "0000000000000007-00000001",
+                "chorus.pending_id",
+            ),
+            ("chorus.tail_base", "250", "chorus.segments"),
+            ("chorus.seal_base", "100", "chorus.seal_id"),
+        ];
+        for (field, value, named) in cases {
+            assert_field(decode_with(field, value), named);
+        }
+        assert_field(
+            decode_initial_with("chorus.owner", "0123456789abcdeffedcba9876543210"),
+            "chorus.owner",
+        );
+        assert_field(decode_initial_with("chorus.epoch", "3"), "chorus.owner");
+        // The initial record retains from tail_base 0: a floor below it is a hole.
+        assert_field(decode_initial_with("chorus.tail_base", "5"), "chorus.trunc");
+        assert_field(
+            decode_initial_with("chorus.segments", "0000000000000000-00000000:0:00000000"),
+            "chorus.tail_id",
+        );
+    }
+
+    #[test]
+    fn encoding_refuses_an_invalid_record() {
+        let mut manifest = rich();
+        manifest.window = 0;
+        assert_field(manifest.to_fields(), "chorus.window");
+        let mut manifest = rich();
+        manifest.seal = None;
+        assert_field(manifest.to_fields(), "chorus.seal_id");
+    }
+
+    /// Valid records built constructively: `sealed` directory entries, the
+    /// tail and (maybe) the pending segment take strictly increasing ids named
+    /// by granted epochs; directory bases strictly increase below `tail_base`;
+    /// the seal names the last entry; `trunc` is at or above the lowest
+    /// retained index.
+    pub(crate) fn valid_manifest() -> impl Strategy<Value = Manifest> {
+        let epoch = prop_oneof![Just(0u64), 1..=20u64, any::<u64>()];
+        (epoch, 0usize..6, any::<bool>())
+            .prop_flat_map(|(epoch, sealed, has_pending)| {
+                let owner = if epoch == 0 {
+                    Just(0u128).boxed()
+                } else {
+                    (1..=u128::MAX).boxed()
+                };
+                let ids = prop::collection::btree_set(
+                    (0..=epoch, any::<u32>()),
+                    sealed + 1 + usize::from(has_pending),
+                );
+                let bases = prop::collection::btree_set(any::<u64>(), sealed + 1);
+                let crcs = prop::collection::vec(any::<u32>(), sealed);
+                let trunc_above = prop_oneof![Just(0u64), 0..1000u64, any::<u64>()];
+                let replicas = prop::sample::select(vec![1usize, 3, 5]).prop_flat_map(|n| {
+                    prop::collection::btree_set("\\PC{1,12}", n)
+                        .prop_map(|set| set.into_iter().collect::<Vec<_>>())
+                        .prop_shuffle()
+                });
+                (
+                    (Just(epoch), owner, Just(has_pending), ids, bases),
+                    (
+                        crcs,
+                        any::<[u8; 32]>(),
+                        trunc_above,
+                        replicas,
+                        1..=MAX_WINDOW,
+                    ),
+                )
+            })
+            .prop_map(
+                |(
+                    (epoch, owner, has_pending, ids, bases),
+                    (crcs, digest, trunc_above, replicas, window),
+                )| {
+                    let mut ids: Vec<SegmentId> = ids.into_iter().map(|(e, c)| seg(e, c)).collect();
+                    let pending = if has_pending { ids.pop() } else { None };
+                    let tail = ids.pop().expect("one id per tail");
+                    let mut bases: Vec<u64> = bases.into_iter().collect();
+                    let tail_base = bases.pop().expect("one base per tail");
+                    let segments: Vec<DirectoryEntry> = ids
+                        .iter()
+                        .zip(&bases)
+                        .zip(&crcs)
+                        .map(|((id, base), crc)| entry(*id, *base, *crc))
+                        .collect();
+                    let seal = segments.last().map(|last| Seal {
+                        id: last.id,
+                        base: last.base,
+                        digest,
+                    });
+                    let lowest = segments.first().map_or(tail_base, |first| first.base.0);
+                    Manifest {
+                        epoch: Epoch(epoch),
+                        owner: OwnerId(owner),
+                        tail,
+                        tail_base: RecordIndex(tail_base),
+                        pending,
+                        seal,
+                        trunc: RecordIndex(lowest.saturating_add(trunc_above)),
+                        segments,
+                        replicas,
+                        window,
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn generated_valid_records_round_trip(manifest in valid_manifest()) {
+            prop_assert!(validate(&manifest).is_ok(), "{:?}", validate(&manifest));
+            round_trip(&manifest);
+        }
+
+        #[test]
+        fn a_dropped_field_is_always_named(manifest in valid_manifest(), which in 0..ALL_FIELDS.len()) {
+            let mut fields = manifest.to_fields().unwrap();
+            fields.remove(ALL_FIELDS[which]);
+            assert_field(Manifest::from_fields(&fields), ALL_FIELDS[which]);
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! End-to-end tests of `chorus log init` and `chorus log inspect` through the
+//! real binary.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn chorus(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(args)
+        .current_dir(dir)
+        // Configuration must come from the arguments, not the caller's shell.
+        .env_remove("CHORUS_REPLICAS")
+        .env_remove("CHORUS_REGISTER")
+        .env_remove("CHORUS_DATA_DIR")
+        .env_remove("CHORUS_CONFIG")
+        .output()
+        .expect("chorus runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8(output.stderr.clone()).unwrap()
+}
+
+/// Asserts a failure with exactly one line on stderr containing `expected`.
+fn assert_fails_with(output: &Output, expected: &str) {
+    assert!(
+        !output.status.success(),
+        "unexpected success: {}",
+        stdout(output)
+    );
+    let stderr = stderr(output);
+    assert_eq!(stderr.lines().count(), 1, "not one line: {stderr}");
+    assert!(stderr.starts_with("chorus: "), "{stderr}");
+    assert!(
+        stderr.contains(expected),
+        "expected {expected:?} in: {stderr}"
+    );
+}
+
+#[test]
+fn init_then_inspect_on_the_embedded_default() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let init = chorus(dir.path(), &["log", "init"]);
+    assert!(init.status.success(), "{}", stderr(&init));
+    assert!(stdout(&init).starts_with("initialized log: 3 replicas (quorum 2), window 4"));
+    for replica in 0..3 {
+        assert!(
+            dir.path()
+                .join(format!("chorus-data/replica-{replica}"))
+                .is_dir()
+        );
+    }
+    assert!(dir.path().join("chorus-data/register.db").is_file());
+
+    let again = chorus(dir.path(), &["log", "init"]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(stdout(&again).starts_with("already initialized log"));
+
+    let inspect = chorus(dir.path(), &["log", "inspect", "--json"]);
+    assert!(inspect.status.success(), "{}", stderr(&inspect));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&inspect)).unwrap();
+    assert_eq!(json["epoch"], 0);
+    assert_eq!(json["window"], 4);
+    assert_eq!(json["quorum"], 2);
+    assert_eq!(json["trunc"], 0);
+    assert_eq!(json["tail"]["base"], 0);
+    let replicas = json["replicas"].as_array().unwrap();
+    assert_eq!(replicas.len(), 3);
+    assert!(
+        replicas[1]
+            .as_str()
+            .unwrap()
+            .ends_with("chorus-data/replica-1")
+    );
+
+    let text = chorus(dir.path(), &["log", "inspect"]);
+    assert!(text.status.success());
+    assert!(
+        stdout(&text).contains("replicas   3 (quorum 2)"),
+        "{}",
+        stdout(&text)
+    );
+}
+
+#[test]
+fn init_with_explicit_urls_and_window() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let replica = format!("file://{}/only", dir.path().display());
+    let register = format!("sqlite://{}/r.db?name=orders", dir.path().display());
+    let init = chorus(
+        dir.path(),
+        &[
+            "log",
+            "init",
+            "--replicas",
+            &replica,
+            "--register",
+            &register,
+            "--window",
+            "8",
+        ],
+    );
+    assert!(init.status.success(), "{}", stderr(&init));
+    assert!(stdout(&init).starts_with("initialized log: 1 replicas (quorum 1), window 8"));
+    let inspect = chorus(
+        dir.path(),
+        &[
+            "log",
+            "inspect",
+            "--json",
+            "--register",
+            &register,
+            "--replicas",
+            &replica,
+        ],
+    );
+    let json: serde_json::Value = serde_json::from_str(&stdout(&inspect)).unwrap();
+    assert_eq!(json["window"], 8);
+}
+
+#[test]
+fn a_config_file_supplies_the_location() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let config = format!(
+        "replicas = [\"file://{0}/a\", \"file://{0}/b\", \"file://{0}/c\"]\nregister = \"sqlite://{0}/reg.db\"\n",
+        dir.path().display()
+    );
+    std::fs::write(dir.path().join("chorus.toml"), config).unwrap();
+    let init = chorus(dir.path(), &["log", "init"]);
+    assert!(init.status.success(), "{}", stderr(&init));
+    assert!(dir.path().join("a").is_dir() && dir.path().join("reg.db").is_file());
+    assert!(!dir.path().join("chorus-data").exists());
+
+    std::fs::write(dir.path().join("chorus.toml"), "replica = []\n").unwrap();
+    assert_fails_with(
+        &chorus(dir.path(), &["log", "inspect"]),
+        "unknown field `replica`",
+    );
+}
+
+#[test]
+fn a_bad_url_fails_and_creates_nothing() {
+    let dir = tempfile::TempDir::new().unwrap();
+    assert_fails_with(
+        &chorus(dir.path(), &["log", "init", "--replicas", "ftp://x/y"]),
+        "unsupported scheme \"ftp\"",
+    );
+    assert_fails_with(
+        &chorus(
+            dir.path(),
+            &["log", "init", "--register", "sqlite://relative/x.db"],
+        ),
+        "invalid register URL",
+    );
+    assert_fails_with(
+        &chorus(
+            dir.path(),
+            &["log", "init", "--replicas", "memory://a,memory://b"],
+        ),
+        "2 given; Chorus runs on 1, 3 or 5 replicas",
+    );
+    assert_fails_with(
+        &chorus(
+            dir.path(),
+            &[
+                "log",
+                "init",
+                "--replicas",
+                "memory://a,memory://a,memory://b",
+            ],
+        ),
+        "listed twice",
+    );
+    assert_fails_with(
+        &chorus(dir.path(), &["log", "init", "--window", "0"]),
+        "--window 0",
+    );
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "something was created"
+    );
+}
+
+#[test]
+fn an_unreachable_store_fails_and_creates_no_register() {
+    let dir = tempfile::TempDir::new().unwrap();
+    // Nothing listens on port 9: connections are refused at once.
+    let unreachable =
+        "s3://bucket/log?endpoint=http://127.0.0.1:9&allow_http=true&region=us-east-1";
+    let output = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(["log", "init", "--replicas", unreachable])
+        .current_dir(dir.path())
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .output()
+        .unwrap();
+    assert_fails_with(&output, "cannot open replica s3://bucket/log");
+    assert!(!dir.path().join("chorus-data/register.db").exists());
+}
+
+#[test]
+fn inspect_without_a_log_says_to_init() {
+    let dir = tempfile::TempDir::new().unwrap();
+    assert_fails_with(
+        &chorus(dir.path(), &["log", "inspect"]),
+        "run `chorus log init` first",
+    );
+    assert!(!dir.path().join("chorus-data/register.db").exists());
+}
+
+#[test]
+fn a_changed_replica_list_is_refused() {
+    let dir = tempfile::TempDir::new().unwrap();
+    assert!(chorus(dir.path(), &["log", "init"]).status.success());
+    let data = dir.path().join("chorus-data");
+    let reordered = format!(
+        "file://{0}/replica-1,file://{0}/replica-0,file://{0}/replica-2",
+        data.display()
+    );
+    assert_fails_with(
+        &chorus(dir.path(), &["log", "init", "--replicas", &reordered]),
+        "field=chorus.replicas: replica 0 is bound to",
+    );
+}
+
+#[test]
+fn a_malformed_register_is_reported_and_left_alone() {
+    let dir = tempfile::TempDir::new().unwrap();
+    assert!(chorus(dir.path(), &["log", "init"]).status.success());
+    let db = dir.path().join("chorus-data/register.db");
+    let connection = rusqlite::Connection::open(&db).unwrap();
+    let fields: String = connection
+        .query_row("SELECT fields FROM chorus_register", [], |row| row.get(0))
+        .unwrap();
+    let broken = fields.replace("\"chorus.window\":\"4\"", "\"chorus.window\":\"0\"");
+    assert_ne!(broken, fields);
+    connection
+        .execute("UPDATE chorus_register SET fields = ?1", [&broken])
+        .unwrap();
+
+    assert_fails_with(
+        &chorus(dir.path(), &["log", "inspect"]),
+        "field=chorus.window",
+    );
+    assert_fails_with(&chorus(dir.path(), &["log", "init"]), "field=chorus.window");
+    let after: String = connection
+        .query_row("SELECT fields FROM chorus_register", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(after, broken, "a malformed register was modified");
+
+    connection
+        .execute(
+            "UPDATE chorus_register SET fields = '{\"chorus.format\":\"9\"}'",
+            [],
+        )
+        .unwrap();
+    assert_fails_with(
+        &chorus(dir.path(), &["log", "inspect"]),
+        "unsupported register format",
+    );
+}
