@@ -4,12 +4,20 @@
 //!
 //! The modules are layered; each depends only on those listed before it:
 //!
-//! 1. [`ids`] and [`codec`]: identifiers and the byte formats of stored objects.
+//! 1. [`ids`] and [`codec`]: identifiers and the byte formats of stored objects;
+//!    [`clock`]: injectable wall-clock and monotonic time.
 //! 2. [`blob`]: object stores named by URL, with create-if-absent and CAS update.
 //! 3. [`register`]: the manifest register, its record type and its backends.
+//! 5. [`lease`]: the writer lease, whose `(term, generation)` is a fencing token.
+//! 6. [`snapshot`]: snapshot payloads under immutable keys and the `HEAD.json`
+//!    pointer, advanced only by CAS under a lease (fenced publication).
 #![warn(missing_docs)]
 
 pub mod blob;
+pub mod clock;
 pub mod codec;
 pub mod ids;
+pub mod lease;
+pub mod log;
 pub mod register;
+pub mod snapshot;

@@ -9,9 +9,10 @@
 //! - [`LocalDirStore`]: `file:///abs/dir`, durable (fsync) and atomic across
 //!   processes, including CAS update, which `object_store`'s local store lacks.
 //!
-//! Wrappers that work around any store: [`FaultyStore`] (fault injection) and
-//! [`LatencyStore`] (latency injection). [`open_store`] opens a store by URL and
-//! refuses it unless it passes the capability [`probe`].
+//! Wrappers that work around any store: [`FaultyStore`] (fault injection),
+//! [`LatencyStore`] (latency injection) and [`TimeoutStore`] (a bound on every
+//! call). [`open_store`] opens a store by URL and refuses it unless it passes the
+//! capability [`probe`].
 
 mod error;
 mod faulty;
@@ -21,6 +22,7 @@ mod local;
 mod object;
 mod probe;
 mod resolve;
+mod timeout;
 mod url;
 
 use std::fmt;
@@ -38,6 +40,7 @@ pub use local::LocalDirStore;
 pub use object::ObjectStoreBlobs;
 pub use probe::probe;
 pub use resolve::{create_resolving, update_resolving};
+pub use timeout::TimeoutStore;
 pub use url::{StoreUrl, StoreUrlError, open_store, open_store_unprobed};
 
 /// A shared, dynamically typed blob store.

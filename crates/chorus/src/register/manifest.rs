@@ -709,7 +709,7 @@ pub(crate) mod tests {
             "0000000000000007-00000001 ",
         ];
         for bad in bad_ids {
-            // Empty is "no tail" for nothing: tail_id is required.
+            // tail_id has no empty spelling; the optional ids treat "" as unset.
             assert_field(decode_with("chorus.tail_id", bad), "chorus.tail_id");
             if !bad.is_empty() {
                 assert_field(decode_with("chorus.pending_id", bad), "chorus.pending_id");

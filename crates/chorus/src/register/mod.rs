@@ -32,6 +32,7 @@ use crate::blob;
 pub use error::{ManifestError, RegisterError};
 pub use faulty::{FaultyRegister, REGISTER_FAULT_KEY};
 pub use init::{InitError, Initialized, initialize};
+pub(crate) use manifest::directory_bytes;
 pub use manifest::{DirectoryEntry, FORMAT, Manifest, Seal};
 pub use memory::MemoryRegister;
 pub use object::ObjectRegister;

@@ -1,0 +1,194 @@
+//! Strict decoding of the small JSON documents the lease and snapshot layers
+//! keep in object stores (`lease.json`, `HEAD.json`): every field is required,
+//! typed and named in errors, and unknown fields are refused, so a document
+//! written by a newer format or by hand fails loudly instead of being half-read.
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+/// Largest lease or HEAD document accepted, in bytes; real ones are < 1 KiB.
+pub const MAX_DOCUMENT_BYTES: usize = 16 * 1024;
+
+/// A stored document that is malformed or breaks an invariant; names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {document} document: key={key} field={field}: {reason}")]
+pub struct DocumentError {
+    document: &'static str,
+    key: String,
+    field: &'static str,
+    reason: String,
+}
+
+impl DocumentError {
+    pub(crate) fn new(
+        document: &'static str,
+        key: &str,
+        field: &'static str,
+        reason: impl Into<String>,
+    ) -> DocumentError {
+        DocumentError {
+            document,
+            key: key.to_owned(),
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    /// The offending field (`document` when the whole document is unreadable).
+    pub fn field(&self) -> &str {
+        self.field
+    }
+
+    /// The key of the offending document.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+/// The fields of one document being decoded; each accessor consumes a field.
+pub(crate) struct Fields {
+    document: &'static str,
+    key: String,
+    map: Map<String, Value>,
+}
+
+impl Fields {
+    /// Parses `bytes` as a JSON object of at most [`MAX_DOCUMENT_BYTES`].
+    pub(crate) fn parse(
+        document: &'static str,
+        key: &str,
+        bytes: &Bytes,
+    ) -> Result<Fields, DocumentError> {
+        let mut fields = Fields {
+            document,
+            key: key.to_owned(),
+            map: Map::new(),
+        };
+        if bytes.len() > MAX_DOCUMENT_BYTES {
+            let reason = format!("size_bytes={} exceeds {MAX_DOCUMENT_BYTES}", bytes.len());
+            return Err(fields.invalid("document", reason));
+        }
+        match serde_json::from_slice::<Value>(bytes) {
+            Ok(Value::Object(map)) => fields.map = map,
+            Ok(_) => return Err(fields.invalid("document", "not a JSON object")),
+            Err(error) => return Err(fields.invalid("document", format!("not JSON: {error}"))),
+        }
+        Ok(fields)
+    }
+
+    /// An error about `field` of this document.
+    pub(crate) fn invalid(&self, field: &'static str, reason: impl Into<String>) -> DocumentError {
+        DocumentError::new(self.document, &self.key, field, reason)
+    }
+
+    fn take(&mut self, field: &'static str) -> Result<Value, DocumentError> {
+        self.map
+            .remove(field)
+            .ok_or_else(|| self.invalid(field, "missing"))
+    }
+
+    /// An unsigned integer field.
+    pub(crate) fn u64(&mut self, field: &'static str) -> Result<u64, DocumentError> {
+        let value = self.take(field)?;
+        value
+            .as_u64()
+            .ok_or_else(|| self.invalid(field, format!("expected an unsigned integer, found {value}")))
+    }
+
+    /// An unsigned integer field that must be at least 1.
+    pub(crate) fn positive(&mut self, field: &'static str) -> Result<u64, DocumentError> {
+        match self.u64(field)? {
+            0 => Err(self.invalid(field, "must be at least 1")),
+            value => Ok(value),
+        }
+    }
+
+    /// A string field.
+    pub(crate) fn string(&mut self, field: &'static str) -> Result<String, DocumentError> {
+        match self.take(field)? {
+            Value::String(text) => Ok(text),
+            other => Err(self.invalid(field, format!("expected a string, found {other}"))),
+        }
+    }
+
+    /// A boolean field.
+    pub(crate) fn bool(&mut self, field: &'static str) -> Result<bool, DocumentError> {
+        let value = self.take(field)?;
+        value
+            .as_bool()
+            .ok_or_else(|| self.invalid(field, format!("expected true or false, found {value}")))
+    }
+
+    /// The `format` field, which must equal `supported`.
+    pub(crate) fn format(&mut self, supported: u64) -> Result<(), DocumentError> {
+        match self.u64("format")? {
+            found if found == supported => Ok(()),
+            found => Err(self.invalid(
+                "format",
+                format!("unsupported format={found} (this build reads {supported})"),
+            )),
+        }
+    }
+
+    /// Fails if any field was not consumed.
+    pub(crate) fn finish(self) -> Result<(), DocumentError> {
+        match self.map.keys().next() {
+            None => Ok(()),
+            Some(unknown) => Err(self.invalid("document", format!("unknown field {unknown:?}"))),
+        }
+    }
+}
+
+/// Encodes a document (a JSON object) for storage.
+pub(crate) fn encode(document: &Value) -> Bytes {
+    debug_assert!(document.is_object());
+    Bytes::from(serde_json::to_vec_pretty(document).expect("JSON values encode"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(text: &str) -> Result<Fields, DocumentError> {
+        Fields::parse("test", "db/doc.json", &Bytes::copy_from_slice(text.as_bytes()))
+    }
+
+    #[test]
+    fn fields_are_typed_and_named() {
+        let mut doc = fields(r#"{"n": 3, "s": "x", "b": true, "z": 0, "neg": -1}"#).unwrap();
+        assert_eq!(doc.u64("n").unwrap(), 3);
+        assert_eq!(doc.string("s").unwrap(), "x");
+        assert!(doc.bool("b").unwrap());
+        let zero = doc.positive("z").unwrap_err();
+        assert_eq!(zero.field(), "z");
+        let negative = doc.u64("neg").unwrap_err();
+        assert_eq!(
+            negative.to_string(),
+            "invalid test document: key=db/doc.json field=neg: expected an unsigned integer, found -1"
+        );
+        let missing = doc.string("s").unwrap_err();
+        assert_eq!(missing.field(), "s");
+        assert!(missing.to_string().ends_with("field=s: missing"));
+        doc.finish().unwrap();
+    }
+
+    #[test]
+    fn unknown_fields_and_non_objects_are_refused() {
+        let doc = fields(r#"{"extra": 1}"#).unwrap();
+        let error = doc.finish().unwrap_err();
+        assert!(error.to_string().contains("unknown field \"extra\""), "{error}");
+        for bad in ["[]", "nope", "", "{\"a\":"] {
+            let error = fields(bad).err().expect("refused");
+            assert_eq!(error.field(), "document", "{bad:?}");
+        }
+        let huge = format!("{{\"a\": \"{}\"}}", "x".repeat(MAX_DOCUMENT_BYTES));
+        assert!(fields(&huge).err().unwrap().to_string().contains("exceeds"));
+    }
+
+    #[test]
+    fn format_must_match() {
+        let mut doc = fields(r#"{"format": 2}"#).unwrap();
+        let error = doc.format(1).unwrap_err();
+        assert!(error.to_string().contains("unsupported format=2"), "{error}");
+    }
+}

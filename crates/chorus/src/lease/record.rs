@@ -1,0 +1,196 @@
+//! The lease document, `<db>/lease.json` (DESIGN 8).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::json;
+
+use super::document::{self, DocumentError, Fields};
+use super::{DatabaseKey, FencingToken, Generation, HolderId, Term};
+
+/// The lease document format this build writes and reads.
+pub const LEASE_FORMAT: u64 = 1;
+
+/// The key of a database's lease document: `<db>/lease.json`.
+pub fn lease_key(database: &DatabaseKey) -> String {
+    database.child("lease.json")
+}
+
+/// One state of a database's lease document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// The database the lease guards.
+    pub database_key: DatabaseKey,
+    /// Who acquired it (and, once released, who released it).
+    pub holder_id: HolderId,
+    /// The holder's term.
+    pub term: Term,
+    /// The acquisition's generation; kept by refresh and release.
+    pub generation: Generation,
+    /// Holder's wall clock when it acquired the lease, in ms since the epoch.
+    pub acquired_at_ms: u64,
+    /// Holder's wall clock plus the lease duration at the last acquire or
+    /// refresh (the release time once released), in ms since the epoch.
+    pub expires_at_ms: u64,
+    /// Whether the holder released the lease; anyone may acquire it then.
+    pub released: bool,
+}
+
+impl LeaseRecord {
+    /// The fencing token `(term, generation)`.
+    pub fn token(&self) -> FencingToken {
+        FencingToken {
+            term: self.term,
+            generation: self.generation,
+        }
+    }
+
+    /// Whether the lease still binds others at wall time `wall_ms`.
+    pub fn is_live(&self, wall_ms: u64) -> bool {
+        !self.released && wall_ms < self.expires_at_ms
+    }
+
+    /// How long until the lease expires at wall time `wall_ms` (zero if it has).
+    pub fn expires_in(&self, wall_ms: u64) -> Duration {
+        Duration::from_millis(self.expires_at_ms.saturating_sub(wall_ms))
+    }
+
+    /// Whether `other` is the same incarnation: same holder, term and generation.
+    pub fn same_incarnation(&self, other: &LeaseRecord) -> bool {
+        self.holder_id == other.holder_id
+            && self.term == other.term
+            && self.generation == other.generation
+    }
+
+    /// This lease extended to `wall_ms + ttl`.
+    pub(crate) fn refreshed(&self, wall_ms: u64, ttl: Duration) -> LeaseRecord {
+        LeaseRecord {
+            expires_at_ms: expiry(wall_ms, ttl),
+            ..self.clone()
+        }
+    }
+
+    /// This lease released at `wall_ms`, keeping its generation.
+    pub(crate) fn released_at(&self, wall_ms: u64) -> LeaseRecord {
+        LeaseRecord {
+            expires_at_ms: wall_ms.max(self.acquired_at_ms),
+            released: true,
+            ..self.clone()
+        }
+    }
+
+    /// Encodes the document.
+    pub(crate) fn encode(&self) -> Bytes {
+        document::encode(&json!({
+            "format": LEASE_FORMAT,
+            "database_key": self.database_key.as_str(),
+            "holder_id": self.holder_id.as_str(),
+            "term": self.term.0,
+            "generation": self.generation.0,
+            "acquired_at_ms": self.acquired_at_ms,
+            "expires_at_ms": self.expires_at_ms,
+            "released": self.released,
+        }))
+    }
+
+    /// Decodes and validates the lease document of `database` stored at `key`.
+    pub(crate) fn decode(
+        database: &DatabaseKey,
+        key: &str,
+        bytes: &Bytes,
+    ) -> Result<LeaseRecord, DocumentError> {
+        let mut fields = Fields::parse("lease", key, bytes)?;
+        fields.format(LEASE_FORMAT)?;
+        let database_key = fields.string("database_key")?;
+        if database_key != database.as_str() {
+            let reason = format!("names database={database_key:?}, expected {database}");
+            return Err(fields.invalid("database_key", reason));
+        }
+        let holder_id = fields.string("holder_id")?;
+        let holder_id =
+            HolderId::new(&holder_id).map_err(|e| fields.invalid("holder_id", e.to_string()))?;
+        let record = LeaseRecord {
+            database_key: database.clone(),
+            holder_id,
+            term: Term(fields.positive("term")?),
+            generation: Generation(fields.positive("generation")?),
+            acquired_at_ms: fields.u64("acquired_at_ms")?,
+            expires_at_ms: fields.u64("expires_at_ms")?,
+            released: fields.bool("released")?,
+        };
+        fields.finish()?;
+        Ok(record)
+    }
+}
+
+/// `wall_ms + ttl`, saturating.
+pub(crate) fn expiry(wall_ms: u64, ttl: Duration) -> u64 {
+    wall_ms.saturating_add(ttl.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn record() -> LeaseRecord {
+        LeaseRecord {
+            database_key: DatabaseKey::new("db").unwrap(),
+            holder_id: HolderId::new("node-a").unwrap(),
+            term: Term(2),
+            generation: Generation(7),
+            acquired_at_ms: 1_000,
+            expires_at_ms: 11_000,
+            released: false,
+        }
+    }
+
+    fn decode(bytes: &Bytes) -> Result<LeaseRecord, DocumentError> {
+        LeaseRecord::decode(&DatabaseKey::new("db").unwrap(), "db/lease.json", bytes)
+    }
+
+    fn with(field: &str, value: serde_json::Value) -> Bytes {
+        let mut doc: serde_json::Value = serde_json::from_slice(&record().encode()).unwrap();
+        doc[field] = value;
+        Bytes::from(serde_json::to_vec(&doc).unwrap())
+    }
+
+    #[test]
+    fn round_trips() {
+        let record = record();
+        assert_eq!(decode(&record.encode()).unwrap(), record);
+        let released = record.released_at(5_000);
+        assert_eq!(decode(&released.encode()).unwrap(), released);
+        assert_eq!(released.generation, record.generation);
+        assert!(!released.is_live(0));
+    }
+
+    #[test]
+    fn liveness_follows_the_wall_clock() {
+        let record = record();
+        assert!(record.is_live(10_999));
+        assert!(!record.is_live(11_000));
+        assert_eq!(record.expires_in(10_000), Duration::from_secs(1));
+        assert_eq!(record.expires_in(20_000), Duration::ZERO);
+        assert_eq!(record.refreshed(50_000, Duration::from_secs(3)).expires_at_ms, 53_000);
+    }
+
+    #[test]
+    fn decode_names_the_bad_field() {
+        let cases = [
+            ("format", json!(9), "format"),
+            ("database_key", json!("other"), "database_key"),
+            ("holder_id", json!("two words"), "holder_id"),
+            ("holder_id", json!(5), "holder_id"),
+            ("term", json!(0), "term"),
+            ("generation", json!("7"), "generation"),
+            ("expires_at_ms", json!(-1), "expires_at_ms"),
+            ("released", json!("no"), "released"),
+            ("surprise", json!(1), "document"),
+        ];
+        for (field, value, named) in cases {
+            let error = decode(&with(field, value)).unwrap_err();
+            assert_eq!(error.field(), named, "{field}: {error}");
+            assert_eq!(error.key(), "db/lease.json");
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! Writer settings, with validated defaults. Each setting names its unit and says
+//! what it trades.
+
+use std::time::Duration;
+
+use crate::codec::{FRAME_HEADER_BYTES, MAX_FRAGMENT_PAYLOAD_BYTES};
+
+const MIB: u64 = 1024 * 1024;
+
+/// Settings of a log writer. The per-replica `window` is not here: it is fixed
+/// in the register when the log is created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogConfig {
+    /// Largest fragment payload. Bigger fragments mean fewer store requests
+    /// (cost) and more throughput per request, at the price of more memory per
+    /// in-flight fragment. Default 4 MiB.
+    pub max_fragment_bytes: u64,
+    /// Largest record accepted by `append`. Default 1 MiB.
+    pub max_record_bytes: u64,
+    /// Bytes admitted but not yet durable; `append` refuses beyond it
+    /// (backpressure), bounding memory. Default 64 MiB.
+    pub max_inflight_bytes: u64,
+    /// Records admitted but not yet durable; bounds per-record bookkeeping
+    /// independently of record size. Default 1,048,576.
+    pub max_inflight_records: u64,
+    /// How far (in fragment bytes) one replica may fall behind the others before
+    /// it is shed for the rest of the segment. Default 64 MiB.
+    pub max_replica_lag_bytes: u64,
+    /// A replica that makes no progress for this long while it has work is shed
+    /// for the rest of the segment. Default 5 s.
+    pub lane_stall_timeout: Duration,
+    /// A segment is rotated (sealed into one object) once it holds this many
+    /// record bytes. Larger segments mean fewer directory entries and seals;
+    /// smaller ones bound recovery reads and seal memory. Default 64 MiB.
+    pub max_segment_bytes: u64,
+    /// While the previous segment is still being sealed, the active segment may
+    /// grow to this many bytes before `append` refuses with `ActiveSegmentFull`.
+    /// Default 1 GiB.
+    pub max_active_segment_bytes: u64,
+    /// How long the batcher waits for more records before cutting a fragment
+    /// that is not full. Zero gives the lowest latency; a few milliseconds
+    /// saves requests (cost) under moderate load. Default 0.
+    pub linger: Duration,
+    /// First delay before retrying a failed store request; doubles per attempt.
+    pub retry_backoff_min: Duration,
+    /// Longest delay between retries of one store request.
+    pub retry_backoff_max: Duration,
+    /// Rounds of the register CAS loop per transition.
+    pub register_rounds: u32,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            max_fragment_bytes: 4 * MIB,
+            max_record_bytes: MIB,
+            max_inflight_bytes: 64 * MIB,
+            max_inflight_records: 1 << 20,
+            max_replica_lag_bytes: 64 * MIB,
+            lane_stall_timeout: Duration::from_secs(5),
+            max_segment_bytes: 64 * MIB,
+            max_active_segment_bytes: 1024 * MIB,
+            linger: Duration::ZERO,
+            retry_backoff_min: Duration::from_millis(10),
+            retry_backoff_max: Duration::from_secs(1),
+            register_rounds: crate::register::DEFAULT_MAX_ROUNDS,
+        }
+    }
+}
+
+/// A setting out of range; the message names the knob.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid log setting: knob={knob}: {reason}")]
+pub struct ConfigError {
+    /// The offending setting.
+    pub knob: &'static str,
+    /// Why it is invalid.
+    pub reason: String,
+}
+
+fn check(ok: bool, knob: &'static str, reason: impl FnOnce() -> String) -> Result<(), ConfigError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError {
+            knob,
+            reason: reason(),
+        })
+    }
+}
+
+impl LogConfig {
+    /// Checks every setting and the relations between them.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let frame = FRAME_HEADER_BYTES as u64;
+        check(
+            self.max_fragment_bytes > frame
+                && self.max_fragment_bytes <= MAX_FRAGMENT_PAYLOAD_BYTES,
+            "max_fragment_bytes",
+            || {
+                format!(
+                    "{} is outside {}..={MAX_FRAGMENT_PAYLOAD_BYTES}",
+                    self.max_fragment_bytes,
+                    frame + 1
+                )
+            },
+        )?;
+        check(
+            self.max_record_bytes + frame <= self.max_fragment_bytes,
+            "max_record_bytes",
+            || {
+                format!(
+                    "{} plus a {frame}-byte frame exceeds max_fragment_bytes {}",
+                    self.max_record_bytes, self.max_fragment_bytes
+                )
+            },
+        )?;
+        check(
+            self.max_inflight_bytes >= self.max_record_bytes,
+            "max_inflight_bytes",
+            || {
+                format!(
+                    "{} is below max_record_bytes {}",
+                    self.max_inflight_bytes, self.max_record_bytes
+                )
+            },
+        )?;
+        check(
+            self.max_inflight_records > 0,
+            "max_inflight_records",
+            || "must be positive".into(),
+        )?;
+        check(
+            self.max_replica_lag_bytes >= self.max_fragment_bytes,
+            "max_replica_lag_bytes",
+            || {
+                format!(
+                    "{} is below max_fragment_bytes {}",
+                    self.max_replica_lag_bytes, self.max_fragment_bytes
+                )
+            },
+        )?;
+        check(
+            !self.lane_stall_timeout.is_zero(),
+            "lane_stall_timeout",
+            || "must be positive".into(),
+        )?;
+        check(self.max_segment_bytes > 0, "max_segment_bytes", || {
+            "must be positive".into()
+        })?;
+        check(
+            self.max_active_segment_bytes >= self.max_segment_bytes,
+            "max_active_segment_bytes",
+            || {
+                format!(
+                    "{} is below max_segment_bytes {}",
+                    self.max_active_segment_bytes, self.max_segment_bytes
+                )
+            },
+        )?;
+        check(
+            !self.retry_backoff_min.is_zero() && self.retry_backoff_min <= self.retry_backoff_max,
+            "retry_backoff_min",
+            || "must be positive and at most retry_backoff_max".into(),
+        )?;
+        check(self.register_rounds > 0, "register_rounds", || {
+            "must be positive".into()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        LogConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn each_bad_setting_is_named() {
+        type Breaker = Box<dyn Fn(&mut LogConfig)>;
+        let cases: Vec<(&str, Breaker)> = vec![
+            ("max_fragment_bytes", Box::new(|c| c.max_fragment_bytes = 0)),
+            (
+                "max_record_bytes",
+                Box::new(|c| c.max_record_bytes = c.max_fragment_bytes),
+            ),
+            ("max_inflight_bytes", Box::new(|c| c.max_inflight_bytes = 1)),
+            (
+                "max_inflight_records",
+                Box::new(|c| c.max_inflight_records = 0),
+            ),
+            (
+                "max_replica_lag_bytes",
+                Box::new(|c| c.max_replica_lag_bytes = 1),
+            ),
+            (
+                "lane_stall_timeout",
+                Box::new(|c| c.lane_stall_timeout = Duration::ZERO),
+            ),
+            ("max_segment_bytes", Box::new(|c| c.max_segment_bytes = 0)),
+            (
+                "max_active_segment_bytes",
+                Box::new(|c| c.max_active_segment_bytes = 1),
+            ),
+            (
+                "retry_backoff_min",
+                Box::new(|c| c.retry_backoff_min = Duration::ZERO),
+            ),
+            ("register_rounds", Box::new(|c| c.register_rounds = 0)),
+        ];
+        for (knob, break_it) in cases {
+            let mut config = LogConfig::default();
+            break_it(&mut config);
+            let error = config.validate().unwrap_err();
+            assert_eq!(error.knob, knob, "{error}");
+            assert!(error.to_string().contains(knob));
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! The log's metrics, through the `metrics` facade (DESIGN 12). Names carry the
+//! `chorus_` prefix; replica labels are positions in the replica list.
+
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+
+/// An append was admitted.
+pub fn append_admitted(bytes: usize) {
+    counter!("chorus_append_records_total").increment(1);
+    counter!("chorus_append_bytes_total").increment(bytes as u64);
+}
+
+/// An append was refused or failed; `reason` is a short label.
+pub fn append_failed(reason: &'static str) {
+    counter!("chorus_append_failures_total", "reason" => reason).increment(1);
+}
+
+/// A record became durable `latency` after admission.
+pub fn commit_latency(latency: Duration) {
+    histogram!("chorus_commit_latency_seconds").record(latency.as_secs_f64());
+}
+
+/// A fragment of `bytes` was written to replica `replica`.
+pub fn fragment_written(replica: usize, bytes: usize) {
+    let replica = replica.to_string();
+    counter!("chorus_fragments_total", "replica" => replica.clone()).increment(1);
+    counter!("chorus_fragment_bytes_total", "replica" => replica).increment(bytes as u64);
+}
+
+/// A lane retried a request.
+pub fn lane_retry(replica: usize) {
+    counter!("chorus_lane_retries_total", "replica" => replica.to_string()).increment(1);
+}
+
+/// A lane was shed for the rest of its segment.
+pub fn lane_shed(replica: usize, reason: &'static str) {
+    counter!("chorus_lane_sheds_total", "replica" => replica.to_string(), "reason" => reason)
+        .increment(1);
+}
+
+/// The rotation state: 0 idle, 1 draining, 2 sealing.
+pub fn rotation_state(state: u8) {
+    gauge!("chorus_rotation_state").set(f64::from(state));
+}
+
+/// A segment was sealed and folded (or sealing failed).
+pub fn seal_finished(ok: bool, degraded: bool) {
+    let outcome = match (ok, degraded) {
+        (false, _) => "failed",
+        (true, true) => "degraded",
+        (true, false) => "ok",
+    };
+    counter!("chorus_seals_total", "outcome" => outcome).increment(1);
+}
+
+/// A recovery started.
+pub fn recovery_started() {
+    counter!("chorus_recovery_runs_total").increment(1);
+}
+
+/// A recovery finished after `elapsed`.
+pub fn recovery_finished(elapsed: Duration, ok: bool) {
+    let outcome = if ok { "ok" } else { "failed" };
+    histogram!("chorus_recovery_seconds", "outcome" => outcome).record(elapsed.as_secs_f64());
+}

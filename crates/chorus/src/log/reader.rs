@@ -1,0 +1,241 @@
+//! Readers (DESIGN 6): read committed records from any index without claiming,
+//! fencing or writing anything.
+//!
+//! A reader serves sealed segments from the directory, then the active
+//! segment's *committed* fragments: present and identical on a quorum of
+//! replicas, in an unbroken prefix. Recovery keeps every such fragment, so
+//! nothing a reader returns can later disappear. It follows rotation into the
+//! pending segment when that continues exactly where the tail's committed
+//! prefix ends.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::join_all;
+
+use super::LogStores;
+use super::error::LogError;
+use super::quorum::quorum;
+use super::replay::read_sealed_from_any;
+use super::replica::Replica;
+use crate::codec::Fragment;
+use crate::ids::{FragmentIndex, RecordIndex, SegmentId};
+use crate::register::{Manifest, ManifestStore};
+
+/// Default pause between polls when a reader has caught up.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Where scanning of an active segment resumes: fragment `fragment` of
+/// `segment` starts at record `first`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cursor {
+    segment: SegmentId,
+    fragment: u64,
+    first: RecordIndex,
+}
+
+/// Reads committed records in index order, starting anywhere at or above the
+/// truncation floor.
+#[derive(Debug)]
+pub struct Reader {
+    register: Arc<dyn ManifestStore>,
+    replicas: Vec<Replica>,
+    next: RecordIndex,
+    buffered: VecDeque<(RecordIndex, Bytes)>,
+    cursor: Option<Cursor>,
+    poll_interval: Duration,
+}
+
+impl Reader {
+    /// A reader of the log in `stores` whose first record will be `from`.
+    pub fn new(stores: &LogStores, from: RecordIndex) -> Reader {
+        Reader {
+            register: Arc::clone(&stores.register),
+            replicas: stores.replicas(),
+            next: from,
+            buffered: VecDeque::new(),
+            cursor: None,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+        }
+    }
+
+    /// Sets the pause between polls of [`Reader::next`].
+    pub fn with_poll_interval(mut self, interval: Duration) -> Reader {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// The index of the next record this reader returns.
+    pub fn position(&self) -> RecordIndex {
+        self.next
+    }
+
+    /// Waits until the next committed record exists and returns it.
+    pub async fn next(&mut self) -> Result<(RecordIndex, Bytes), LogError> {
+        loop {
+            if let Some(record) = self.try_next().await? {
+                return Ok(record);
+            }
+            tokio::time::sleep(self.poll_interval).await;
+        }
+    }
+
+    /// The next record if it is committed now, `None` if the reader has caught up.
+    pub async fn try_next(&mut self) -> Result<Option<(RecordIndex, Bytes)>, LogError> {
+        if self.buffered.is_empty() {
+            self.fill().await?;
+        }
+        let record = self.buffered.pop_front();
+        if let Some((index, _)) = &record {
+            self.next = RecordIndex(index.0 + 1);
+        }
+        Ok(record)
+    }
+
+    async fn fill(&mut self) -> Result<(), LogError> {
+        let manifest = self.read_manifest().await?;
+        if self.next < manifest.trunc {
+            return Err(LogError::Truncated {
+                requested: self.next,
+                floor: manifest.trunc,
+            });
+        }
+        if self.next < manifest.tail_base {
+            return self.fill_sealed(&manifest).await;
+        }
+        self.fill_active(&manifest).await
+    }
+
+    async fn read_manifest(&self) -> Result<Manifest, LogError> {
+        let current = self
+            .register
+            .read()
+            .await?
+            .ok_or_else(|| LogError::Transition("register not initialized".into()))?;
+        Ok(Manifest::from_fields(&current.fields)?)
+    }
+
+    async fn fill_sealed(&mut self, manifest: &Manifest) -> Result<(), LogError> {
+        let position = manifest
+            .segments
+            .iter()
+            .rposition(|entry| entry.base <= self.next)
+            .expect("the directory covers everything from the floor to tail_base");
+        let entry = manifest.segments[position];
+        let records = read_sealed_from_any(&self.replicas, &entry).await?;
+        let skip = (self.next.0 - entry.base.0) as usize;
+        self.buffered = records
+            .into_iter()
+            .enumerate()
+            .skip(skip)
+            .map(|(offset, record)| (RecordIndex(entry.base.0 + offset as u64), record))
+            .collect();
+        Ok(())
+    }
+
+    /// Scans the tail's committed fragments, then the pending segment's if
+    /// they continue the tail's committed prefix.
+    async fn fill_active(&mut self, manifest: &Manifest) -> Result<(), LogError> {
+        let mut cursor = match self.cursor {
+            Some(cursor)
+                if Some(cursor.segment) == manifest.pending || cursor.segment == manifest.tail =>
+            {
+                cursor
+            }
+            _ => Cursor {
+                segment: manifest.tail,
+                fragment: 0,
+                first: manifest.tail_base,
+            },
+        };
+        loop {
+            self.scan(&mut cursor).await?;
+            let into_pending = cursor.segment == manifest.tail && manifest.pending.is_some();
+            if !self.buffered.is_empty() || !into_pending {
+                break;
+            }
+            let pending = manifest.pending.expect("checked");
+            let candidate = Cursor {
+                segment: pending,
+                fragment: 0,
+                first: cursor.first,
+            };
+            match self.committed_fragment(pending, FragmentIndex(0)).await? {
+                Some(fragment) if first_record(&fragment) == cursor.first => cursor = candidate,
+                _ => break,
+            }
+        }
+        self.cursor = Some(cursor);
+        Ok(())
+    }
+
+    /// Buffers records from committed fragments at the cursor, advancing it.
+    async fn scan(&mut self, cursor: &mut Cursor) -> Result<(), LogError> {
+        while let Some(fragment) = self
+            .committed_fragment(cursor.segment, FragmentIndex(cursor.fragment))
+            .await?
+        {
+            let Fragment::Data { first, records, .. } = fragment else {
+                unreachable!("committed fragments hold data");
+            };
+            if first != cursor.first {
+                return Err(LogError::corrupt(
+                    format!("segment {} fragment {}", cursor.segment, cursor.fragment),
+                    format!("starts at record {first}, expected {}", cursor.first),
+                ));
+            }
+            cursor.fragment += 1;
+            cursor.first = RecordIndex(first.0 + records.len() as u64);
+            for (offset, record) in records.into_iter().enumerate() {
+                let index = RecordIndex(first.0 + offset as u64);
+                if index >= self.next {
+                    self.buffered.push_back((index, record));
+                }
+            }
+            if !self.buffered.is_empty() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The fragment at `index` if a quorum of replicas holds identical valid
+    /// data copies of it written by the segment's own epoch.
+    async fn committed_fragment(
+        &self,
+        segment: SegmentId,
+        index: FragmentIndex,
+    ) -> Result<Option<Fragment>, LogError> {
+        let reads = join_all(
+            self.replicas
+                .iter()
+                .map(|r| r.read_fragment(segment, index)),
+        )
+        .await;
+        let copies: Vec<Fragment> = reads
+            .into_iter()
+            .filter_map(|read| match read {
+                Ok(Some(Ok(fragment @ Fragment::Data { .. })))
+                    if fragment.epoch() == segment.epoch =>
+                {
+                    Some(fragment)
+                }
+                _ => None,
+            })
+            .collect();
+        let needed = quorum(self.replicas.len());
+        Ok(copies
+            .iter()
+            .find(|candidate| copies.iter().filter(|c| c == candidate).count() >= needed)
+            .cloned())
+    }
+}
+
+fn first_record(fragment: &Fragment) -> RecordIndex {
+    match fragment {
+        Fragment::Data { first, .. } => *first,
+        Fragment::Fence { .. } => RecordIndex(u64::MAX),
+    }
+}

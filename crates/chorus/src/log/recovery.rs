@@ -1,0 +1,484 @@
+//! Recovery: opening a writer (DESIGN 5).
+//!
+//! 1. Claim epoch + 1 with a fresh owner id (CAS), after checking the replica binding.
+//! 2. Fence the tail and pending segments on every reachable replica, then read
+//!    them; at least Q replicas must be fenced and read ("observed").
+//! 3. Choose the committed prefix ([`choose_recovered`]).
+//! 4. Seal each non-empty candidate on every replica (needs Q).
+//! 5. Commit the view in one CAS guarded by our epoch.
+//!
+//! Replay and `start` follow on the returned [`Recovery`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::future::join_all;
+
+use super::LogStores;
+use super::config::LogConfig;
+use super::error::LogError;
+use super::layout::fragment_key;
+use super::metrics;
+use super::quorum::{Recovered, choose_recovered, quorum};
+use super::replay::Replay;
+use super::replica::{FenceOutcome, Replica, first_missing};
+use super::seal::{PreparedSeal, write_seal};
+use super::transitions::{Ownership, SealedEntry, View, claim, commit_view};
+use super::write::Writer;
+use crate::blob::BlobError;
+use crate::codec::Fragment;
+use crate::ids::{Epoch, FragmentIndex, OwnerId, RecordIndex, SegmentId};
+use crate::register::{Manifest, check_binding, transform};
+
+/// Fragment reads in flight per replica while observing a segment.
+const READ_CONCURRENCY: usize = 32;
+
+/// A recovered log, ready to replay and then [`start`](Recovery::start) writing.
+#[derive(Debug)]
+pub struct Recovery {
+    pub(super) stores: LogStores,
+    pub(super) config: LogConfig,
+    pub(super) ownership: Ownership,
+    /// The register as the view commit left it.
+    pub(super) manifest: Manifest,
+    pub(super) replicas: Vec<Replica>,
+    replayed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Recovery {
+    /// Recovers the log in `stores`: claims a new epoch, fences the previous
+    /// writer and commits the recovered view. Racing recoveries: exactly one
+    /// ends up writing; the others fail with `Fenced`.
+    pub async fn run(stores: LogStores, config: LogConfig) -> Result<Recovery, LogError> {
+        config.validate()?;
+        let started = Instant::now();
+        metrics::recovery_started();
+        let outcome = Self::run_steps(stores, config).await;
+        metrics::recovery_finished(started.elapsed(), outcome.is_ok());
+        outcome
+    }
+
+    async fn run_steps(stores: LogStores, config: LogConfig) -> Result<Recovery, LogError> {
+        let owner = OwnerId::random();
+        let identities = stores.identities();
+        let claimed = transform(
+            stores.register.as_ref(),
+            config.register_rounds,
+            |current| {
+                check_binding(&current.replicas, &identities)?;
+                Ok::<_, LogError>(claim(current, owner)?)
+            },
+        )
+        .await?;
+        let manifest = claimed.manifest;
+        let ownership = Ownership {
+            epoch: manifest.epoch,
+            owner,
+        };
+        let replicas = stores.replicas();
+        tracing::info!(epoch = %ownership.epoch, tail = %manifest.tail, "recovery claimed epoch");
+
+        let observed = observe_all(&replicas, &manifest, ownership.epoch).await?;
+        let view = build_view(&manifest, ownership.epoch, &observed)?;
+        for (seal, _) in &view.seals {
+            write_seal(
+                &replicas,
+                seal,
+                quorum(replicas.len()),
+                (config.retry_backoff_min, config.retry_backoff_max),
+            )
+            .await?;
+        }
+        let committed = transform(
+            stores.register.as_ref(),
+            config.register_rounds,
+            |current| Ok::<_, LogError>(commit_view(current, ownership, &view.view)?),
+        )
+        .await?;
+        tracing::info!(
+            epoch = %ownership.epoch,
+            end = %committed.manifest.tail_base,
+            sealed = view.seals.len(),
+            "recovery committed its view"
+        );
+        delete_recovered_fragments(&replicas, &view.view);
+        Ok(Recovery {
+            stores,
+            config,
+            ownership,
+            manifest: committed.manifest,
+            replicas,
+            replayed: Arc::default(),
+        })
+    }
+
+    /// The epoch this recovery claimed.
+    pub fn epoch(&self) -> Epoch {
+        self.ownership.epoch
+    }
+
+    /// The index after the last recovered record: where appends continue.
+    pub fn end(&self) -> RecordIndex {
+        self.manifest.tail_base
+    }
+
+    /// The truncation floor: the first retained index.
+    pub fn floor(&self) -> RecordIndex {
+        self.manifest.trunc
+    }
+
+    /// The register record after recovery.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Replays the records from `checkpoint` (at least the floor) to the end.
+    /// [`start`](Recovery::start) is refused until this stream was consumed.
+    pub fn replay(&self, checkpoint: RecordIndex) -> Result<Replay, LogError> {
+        Replay::new(
+            self.replicas.clone(),
+            &self.manifest,
+            checkpoint,
+            Arc::clone(&self.replayed),
+        )
+    }
+
+    /// Begins appending, after the replay reached its end and the register
+    /// still names us.
+    pub async fn start(self) -> Result<Writer, LogError> {
+        if !self.replayed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(LogError::RecoveryIncomplete { end: self.end() });
+        }
+        let current = self
+            .stores
+            .register
+            .read()
+            .await?
+            .ok_or_else(|| LogError::Transition("register vanished".into()))?;
+        let current = Manifest::from_fields(&current.fields)?;
+        self.ownership.check(&current)?;
+        Ok(Writer::spawn(self))
+    }
+}
+
+/// One replica's view of one segment after fencing.
+type SegmentCopies = BTreeMap<FragmentIndex, Fragment>;
+
+/// What one observed replica holds of the tail and pending segments.
+#[derive(Debug)]
+struct Observation {
+    tail: SegmentCopies,
+    pending: SegmentCopies,
+}
+
+/// Fences and reads every replica; fails with `NoQuorum` if fewer than Q succeed.
+async fn observe_all(
+    replicas: &[Replica],
+    manifest: &Manifest,
+    epoch: Epoch,
+) -> Result<Vec<Observation>, LogError> {
+    let window = u64::from(manifest.window);
+    let outcomes = join_all(replicas.iter().map(|replica| async move {
+        let tail = observe_segment(replica, manifest.tail, epoch, window).await?;
+        let pending = match manifest.pending {
+            Some(pending) => observe_segment(replica, pending, epoch, window).await?,
+            None => SegmentCopies::new(),
+        };
+        Ok::<_, BlobError>(Observation { tail, pending })
+    }))
+    .await;
+    let mut observed = Vec::new();
+    let mut failures = Vec::new();
+    for (replica, outcome) in replicas.iter().zip(outcomes) {
+        match outcome {
+            Ok(observation) => observed.push(observation),
+            Err(error) => {
+                tracing::warn!(?replica, %error, "recovery could not observe replica");
+                failures.push(format!("{replica:?}: {error}"));
+            }
+        }
+    }
+    let needed = quorum(replicas.len());
+    if observed.len() < needed {
+        return Err(LogError::NoQuorum {
+            observed: observed.len(),
+            quorum: needed,
+            detail: failures.join("; "),
+        });
+    }
+    Ok(observed)
+}
+
+/// Fences `segment` on `replica` (DESIGN 5.2) and reads what it holds.
+///
+/// At the first missing index p a fence goes in (an object found there is taken
+/// as existing, and the scan moves on); once a fence is placed at p, every
+/// missing index in [p, p + window) is fenced too. The old writer can then never
+/// complete p here, so it can never issue p + window or later: after a re-list
+/// this replica's content of the segment is frozen.
+async fn observe_segment(
+    replica: &Replica,
+    segment: SegmentId,
+    epoch: Epoch,
+    window: u64,
+) -> Result<SegmentCopies, BlobError> {
+    let mut present = replica.list_fragments(segment).await?;
+    let fenced_at = loop {
+        let missing = first_missing(&present);
+        match replica.place_fence(segment, missing, epoch).await? {
+            FenceOutcome::Placed => break missing,
+            FenceOutcome::Occupied => {
+                present.push(missing);
+                present.sort_unstable();
+            }
+        }
+    };
+    for index in (fenced_at.0 + 1)..(fenced_at.0 + window) {
+        if present.binary_search(&FragmentIndex(index)).is_err() {
+            replica
+                .place_fence(segment, FragmentIndex(index), epoch)
+                .await?;
+        }
+    }
+    let present = replica.list_fragments(segment).await?;
+    read_data(replica, segment, &present).await
+}
+
+/// Reads the data fragments among `present`; fences and damaged copies are
+/// left out (a damaged copy counts as absent).
+async fn read_data(
+    replica: &Replica,
+    segment: SegmentId,
+    present: &[FragmentIndex],
+) -> Result<SegmentCopies, BlobError> {
+    let reads = futures::stream::iter(present.iter().copied())
+        .map(|index| async move { (index, replica.read_fragment(segment, index).await) })
+        .buffered(READ_CONCURRENCY);
+    let mut reads = std::pin::pin!(reads);
+    let mut copies = SegmentCopies::new();
+    while let Some((index, read)) = reads.next().await {
+        match read? {
+            Some(Ok(fragment @ Fragment::Data { .. })) if fragment.epoch() == segment.epoch => {
+                copies.insert(index, fragment);
+            }
+            Some(Ok(Fragment::Data { epoch, .. })) => tracing::warn!(
+                ?replica, key = fragment_key(segment, index), %epoch,
+                "data fragment from a foreign epoch ignored"
+            ),
+            Some(Ok(Fragment::Fence { .. })) | None => {}
+            Some(Err(error)) => tracing::warn!(
+                ?replica, key = fragment_key(segment, index), %error,
+                "damaged fragment copy counts as absent"
+            ),
+        }
+    }
+    Ok(copies)
+}
+
+/// The view to commit and the seals it needs.
+struct PlannedView {
+    view: View,
+    seals: Vec<(PreparedSeal, RecordIndex)>,
+}
+
+/// Chooses the committed prefix and builds the view (pure).
+fn build_view(
+    manifest: &Manifest,
+    epoch: Epoch,
+    observed: &[Observation],
+) -> Result<PlannedView, LogError> {
+    let tail = merge_copies(manifest.tail, observed.iter().map(|o| &o.tail))?;
+    let pending = match manifest.pending {
+        Some(id) => merge_copies(id, observed.iter().map(|o| &o.pending))?,
+        None => Merged::default(),
+    };
+    let Recovered {
+        tail: tail_len,
+        pending: pending_len,
+    } = choose_recovered(
+        manifest.replica_count(),
+        observed.len(),
+        &tail.copies,
+        &pending.copies,
+    );
+    let mut seals = Vec::new();
+    let mut end = manifest.tail_base;
+    let candidates = [
+        (manifest.tail, &tail, tail_len),
+        (
+            manifest.pending.unwrap_or(manifest.tail),
+            &pending,
+            pending_len,
+        ),
+    ];
+    for (segment, merged, keep) in candidates {
+        let records = chain_records(segment, end, &merged.fragments[..keep])?;
+        if records.is_empty() {
+            continue;
+        }
+        let base = end;
+        end = RecordIndex(base.0 + records.len() as u64);
+        seals.push((PreparedSeal::new(segment, base, records), end));
+    }
+    let view = View {
+        recovered_from: (manifest.tail, manifest.pending),
+        sealed: seals
+            .iter()
+            .map(|(seal, _)| seal.sealed)
+            .collect::<Vec<SealedEntry>>(),
+        tail: SegmentId::new(epoch, 0),
+        pending: SegmentId::new(epoch, 1),
+        tail_base: end,
+    };
+    Ok(PlannedView { view, seals })
+}
+
+/// Per-position valid copy counts of one segment across observed replicas, and
+/// one copy of each position (positions 0.. up to the highest with data).
+#[derive(Debug, Default)]
+struct Merged {
+    copies: Vec<usize>,
+    fragments: Vec<Option<Fragment>>,
+}
+
+fn merge_copies<'a>(
+    segment: SegmentId,
+    observations: impl Iterator<Item = &'a SegmentCopies>,
+) -> Result<Merged, LogError> {
+    let mut merged = Merged::default();
+    for copies in observations {
+        for (index, fragment) in copies {
+            let position = index.0 as usize;
+            if merged.copies.len() <= position {
+                merged.copies.resize(position + 1, 0);
+                merged.fragments.resize(position + 1, None);
+            }
+            match &merged.fragments[position] {
+                Some(first) if first != fragment => {
+                    return Err(LogError::corrupt(
+                        fragment_key(segment, *index),
+                        "two valid data copies differ; only one writer ever writes a position",
+                    ));
+                }
+                Some(_) => {}
+                None => merged.fragments[position] = Some(fragment.clone()),
+            }
+            merged.copies[position] += 1;
+        }
+    }
+    Ok(merged)
+}
+
+/// Concatenates the kept fragments' records, checking that they continue
+/// densely from `base`.
+fn chain_records(
+    segment: SegmentId,
+    base: RecordIndex,
+    kept: &[Option<Fragment>],
+) -> Result<Vec<Bytes>, LogError> {
+    let mut records = Vec::new();
+    let mut next = base;
+    for (position, fragment) in kept.iter().enumerate() {
+        let Some(Fragment::Data {
+            first,
+            records: batch,
+            ..
+        }) = fragment
+        else {
+            unreachable!("kept positions have data copies");
+        };
+        if *first != next {
+            return Err(LogError::corrupt(
+                fragment_key(segment, FragmentIndex(position as u64)),
+                format!("fragment starts at record {first}, expected {next}"),
+            ));
+        }
+        next = RecordIndex(next.0 + batch.len() as u64);
+        records.extend(batch.iter().cloned());
+    }
+    Ok(records)
+}
+
+/// Deletes the fragments of the segments recovery sealed or discarded; they
+/// are no longer named by the register. Best effort, in the background: the
+/// orphan sweep collects anything left.
+fn delete_recovered_fragments(replicas: &[Replica], view: &View) {
+    let (tail, pending) = view.recovered_from;
+    let segments: Vec<SegmentId> = std::iter::once(tail).chain(pending).collect();
+    super::maintenance::delete_segments_in_background(replicas.to_vec(), segments);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::Epoch;
+
+    fn data(index: u64, first: u64, records: &[&str]) -> Fragment {
+        Fragment::Data {
+            epoch: Epoch(1),
+            index: FragmentIndex(index),
+            first: RecordIndex(first),
+            records: records
+                .iter()
+                .map(|r| Bytes::copy_from_slice(r.as_bytes()))
+                .collect(),
+        }
+    }
+
+    fn copies(fragments: &[Fragment]) -> SegmentCopies {
+        fragments.iter().map(|f| (f.index(), f.clone())).collect()
+    }
+
+    #[test]
+    fn build_view_keeps_the_quorum_prefix_and_chains_pending() {
+        let mut manifest = Manifest::initial(vec!["a".into(), "b".into(), "c".into()], 4);
+        manifest.epoch = Epoch(2);
+        manifest.owner = OwnerId(5);
+        manifest.tail = SegmentId::new(Epoch(1), 0);
+        manifest.pending = Some(SegmentId::new(Epoch(1), 1));
+        let f0 = data(0, 0, &["a", "b"]);
+        let f1 = data(1, 2, &["c"]);
+        let p0 = data(0, 3, &["d"]);
+        let observed = vec![
+            Observation {
+                tail: copies(&[f0.clone(), f1.clone()]),
+                pending: copies(std::slice::from_ref(&p0)),
+            },
+            Observation {
+                tail: copies(&[f0.clone(), f1.clone()]),
+                pending: copies(std::slice::from_ref(&p0)),
+            },
+            Observation {
+                tail: copies(std::slice::from_ref(&f0)),
+                pending: SegmentCopies::new(),
+            },
+        ];
+        let planned = build_view(&manifest, Epoch(2), &observed).unwrap();
+        assert_eq!(planned.view.tail_base, RecordIndex(4));
+        assert_eq!(planned.seals.len(), 2);
+        assert_eq!(planned.view.sealed[1].entry.base, RecordIndex(3));
+        assert_eq!(planned.view.tail, SegmentId::new(Epoch(2), 0));
+    }
+
+    #[test]
+    fn divergent_valid_copies_are_refused() {
+        let a = data(0, 0, &["a"]);
+        let b = data(0, 0, &["b"]);
+        let error = merge_copies(
+            SegmentId::new(Epoch(1), 0),
+            [copies(&[a]), copies(&[b])].iter(),
+        )
+        .unwrap_err();
+        assert!(error.to_string().contains("differ"), "{error}");
+    }
+
+    #[test]
+    fn a_broken_record_chain_is_refused() {
+        let kept = vec![Some(data(0, 0, &["a"])), Some(data(1, 5, &["b"]))];
+        let error = chain_records(SegmentId::new(Epoch(1), 0), RecordIndex(0), &kept).unwrap_err();
+        assert!(error.to_string().contains("expected 1"), "{error}");
+    }
+}

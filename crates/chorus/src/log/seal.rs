@@ -1,0 +1,138 @@
+//! Sealing: writing a segment's consolidated, content-addressed object to every
+//! replica. Shared by rotation and recovery.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use sha2::{Digest, Sha256};
+
+use super::error::LogError;
+use super::replica::{Replica, SealWriteError};
+use super::transitions::SealedEntry;
+use crate::codec::{SealedSegment, object_crc32c};
+use crate::ids::{RecordIndex, SegmentId};
+use crate::register::DirectoryEntry;
+
+/// Attempts per replica for one sealed object before that replica counts as failed.
+const MAX_SEAL_ATTEMPTS: u32 = 6;
+
+/// A sealed object ready to write.
+#[derive(Debug, Clone)]
+pub struct PreparedSeal {
+    /// The encoded object.
+    pub bytes: Bytes,
+    /// Its directory entry and digest.
+    pub sealed: SealedEntry,
+}
+
+impl PreparedSeal {
+    /// Encodes `records` (non-empty) as the sealed object of `segment` at `base`.
+    pub fn new(segment: SegmentId, base: RecordIndex, records: Vec<Bytes>) -> PreparedSeal {
+        let bytes = SealedSegment {
+            id: segment,
+            base,
+            records,
+        }
+        .encode();
+        let entry = DirectoryEntry {
+            id: segment,
+            base,
+            crc32c: object_crc32c(&bytes),
+        };
+        let digest = Sha256::digest(&bytes).into();
+        PreparedSeal {
+            bytes,
+            sealed: SealedEntry { entry, digest },
+        }
+    }
+}
+
+/// Which replicas hold the sealed object after [`write_seal`].
+#[derive(Debug, Clone, Default)]
+pub struct SealReport {
+    /// Positions of replicas that hold a verified copy.
+    pub written: Vec<usize>,
+    /// Replicas that do not, with why.
+    pub failed: Vec<(usize, String)>,
+}
+
+impl SealReport {
+    /// Whether some replica lacks a copy (repair should run).
+    pub fn degraded(&self) -> bool {
+        !self.failed.is_empty()
+    }
+}
+
+/// Writes `seal` to every replica, retrying transient failures, and succeeds
+/// once at least `quorum` replicas hold it. Replicas still retrying at that
+/// point are waited for, bounded by their attempts, so the report is complete.
+pub async fn write_seal(
+    replicas: &[Replica],
+    seal: &PreparedSeal,
+    quorum: usize,
+    backoff: (Duration, Duration),
+) -> Result<SealReport, LogError> {
+    let mut writes: FuturesUnordered<_> = replicas
+        .iter()
+        .map(|replica| async move { (replica.position, write_one(replica, seal, backoff).await) })
+        .collect();
+    let mut report = SealReport::default();
+    while let Some((position, outcome)) = writes.next().await {
+        match outcome {
+            Ok(()) => report.written.push(position),
+            Err(SealWriteError::Collision(key)) => {
+                return Err(LogError::corrupt(
+                    key,
+                    "another valid sealed object has the same key (CRC32C collision); refusing to guess",
+                ));
+            }
+            Err(SealWriteError::Damaged(detail)) => report.failed.push((position, detail)),
+            Err(SealWriteError::Store(error)) => report.failed.push((position, error.to_string())),
+        }
+    }
+    report.written.sort_unstable();
+    if report.written.len() < quorum {
+        let detail = report
+            .failed
+            .iter()
+            .map(|(position, why)| format!("replica {position}: {why}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        return Err(LogError::NoQuorum {
+            observed: report.written.len(),
+            quorum,
+            detail: format!("sealing {}: {detail}", seal.sealed.entry.id),
+        });
+    }
+    Ok(report)
+}
+
+async fn write_one(
+    replica: &Replica,
+    seal: &PreparedSeal,
+    (min, max): (Duration, Duration),
+) -> Result<(), SealWriteError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match replica
+            .write_sealed(&seal.sealed.entry, seal.bytes.clone())
+            .await
+        {
+            Err(SealWriteError::Store(error))
+                if error.is_transient() && attempt < MAX_SEAL_ATTEMPTS =>
+            {
+                tokio::time::sleep(backoff_delay(attempt, min, max)).await;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+/// The delay before retry `attempt` (1-based): `min` doubled per attempt, capped at `max`.
+pub fn backoff_delay(attempt: u32, min: Duration, max: Duration) -> Duration {
+    let factor = 1u32 << attempt.saturating_sub(1).min(16);
+    (min * factor).min(max)
+}

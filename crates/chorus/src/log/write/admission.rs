@@ -1,0 +1,243 @@
+//! Admission: the synchronous part of `append`, shared between the caller and
+//! the pipeline task under one lock. It refuses or admits immediately and
+//! assigns the index; a refusal never consumes an index.
+
+use tokio::time::Instant;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+
+use super::Receipt;
+use crate::ids::RecordIndex;
+use crate::log::config::LogConfig;
+use crate::log::error::{LogError, StopReason};
+use crate::log::metrics;
+
+/// The most bytes one directory entry `id:base:crc32c ` can take.
+pub const MAX_DIRECTORY_ENTRY_BYTES: usize = 25 + 1 + 20 + 1 + 8 + 1;
+
+/// An admitted record on its way to the pipeline.
+#[derive(Debug)]
+pub struct Admitted {
+    /// Its index.
+    pub index: RecordIndex,
+    /// Its bytes.
+    pub payload: Bytes,
+    /// Where its outcome goes.
+    pub completion: oneshot::Sender<Result<Receipt, LogError>>,
+    /// When it was admitted, for the commit-latency histogram.
+    pub admitted_at: Instant,
+}
+
+/// Room left in the register's sealed directory, as the writer knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirectoryRoom {
+    /// The register's capacity.
+    pub max_bytes: usize,
+    /// Encoded bytes of the directory, counting a sealed-but-unfolded segment.
+    pub used_bytes: usize,
+    /// Entries, counting a sealed-but-unfolded segment.
+    pub entries: usize,
+}
+
+impl DirectoryRoom {
+    /// Whether `extra` more entries fit.
+    pub fn fits(&self, extra: usize) -> bool {
+        self.used_bytes + extra * MAX_DIRECTORY_ENTRY_BYTES <= self.max_bytes
+    }
+}
+
+/// The admission state.
+#[derive(Debug)]
+pub struct Admission {
+    /// The index the next admitted record gets.
+    pub next_index: RecordIndex,
+    /// Bytes admitted and not yet durable (or failed).
+    pub inflight_bytes: u64,
+    /// Records admitted and not yet durable (or failed).
+    pub inflight_records: u64,
+    /// Bytes admitted into the active segment (cut or queued).
+    pub active_bytes: u64,
+    /// Set once the writer stops accepting appends.
+    pub stopped: Option<StopReason>,
+    /// Directory room.
+    pub directory: DirectoryRoom,
+    /// The pipeline's input.
+    pub sender: mpsc::UnboundedSender<Admitted>,
+}
+
+impl Admission {
+    /// Admits `payload` or refuses it, without waiting.
+    pub fn admit(
+        &mut self,
+        payload: Bytes,
+        config: &LogConfig,
+    ) -> Result<(RecordIndex, oneshot::Receiver<Result<Receipt, LogError>>), LogError> {
+        let refused = self.check(payload.len() as u64, config);
+        if let Err(error) = &refused {
+            metrics::append_failed(refusal_label(error));
+        }
+        refused?;
+        let index = self.next_index;
+        let (completion, receiver) = oneshot::channel();
+        let bytes = payload.len();
+        let admitted = Admitted {
+            index,
+            payload,
+            completion,
+            admitted_at: Instant::now(),
+        };
+        if self.sender.send(admitted).is_err() {
+            // The pipeline is gone without having set `stopped`: it panicked.
+            let reason = StopReason::Aborted;
+            self.stopped = Some(reason.clone());
+            return Err(LogError::Stopped {
+                reason,
+                may_have_committed: false,
+            });
+        }
+        self.next_index = RecordIndex(index.0 + 1);
+        self.inflight_bytes += bytes as u64;
+        self.inflight_records += 1;
+        self.active_bytes += bytes as u64;
+        metrics::append_admitted(bytes);
+        Ok((index, receiver))
+    }
+
+    fn check(&self, bytes: u64, config: &LogConfig) -> Result<(), LogError> {
+        if let Some(reason) = &self.stopped {
+            return Err(LogError::Stopped {
+                reason: reason.clone(),
+                may_have_committed: false,
+            });
+        }
+        if bytes > config.max_record_bytes {
+            return Err(LogError::RecordTooLarge {
+                bytes,
+                max: config.max_record_bytes,
+            });
+        }
+        if !self.directory.fits(1) {
+            return Err(LogError::SegmentDirectoryFull {
+                entries: self.directory.entries,
+                max: self.directory.max_bytes,
+            });
+        }
+        if self.active_bytes + bytes > config.max_active_segment_bytes {
+            return Err(LogError::ActiveSegmentFull {
+                bytes: self.active_bytes,
+                max: config.max_active_segment_bytes,
+            });
+        }
+        let over_bytes = self.inflight_bytes + bytes > config.max_inflight_bytes;
+        let over_records = self.inflight_records + 1 > config.max_inflight_records;
+        if over_bytes || over_records {
+            return Err(LogError::Backpressure {
+                bytes: self.inflight_bytes,
+                records: self.inflight_records,
+            });
+        }
+        Ok(())
+    }
+
+    /// Accounts for `records` records of `bytes` bytes leaving flight.
+    pub fn release(&mut self, records: u64, bytes: u64) {
+        self.inflight_records -= records;
+        self.inflight_bytes -= bytes;
+    }
+}
+
+fn refusal_label(error: &LogError) -> &'static str {
+    match error {
+        LogError::RecordTooLarge { .. } => "too_large",
+        LogError::SegmentDirectoryFull { .. } => "directory_full",
+        LogError::ActiveSegmentFull { .. } => "active_segment_full",
+        LogError::Backpressure { .. } => "backpressure",
+        _ => "stopped",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn admission(config: &LogConfig) -> (Admission, mpsc::UnboundedReceiver<Admitted>) {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let admission = Admission {
+            next_index: RecordIndex(10),
+            inflight_bytes: 0,
+            inflight_records: 0,
+            active_bytes: 0,
+            stopped: None,
+            directory: DirectoryRoom {
+                max_bytes: 1024,
+                used_bytes: 0,
+                entries: 0,
+            },
+            sender,
+        };
+        let _ = config;
+        (admission, receiver)
+    }
+
+    #[test]
+    fn refusals_consume_no_index() {
+        let config = LogConfig {
+            max_record_bytes: 8,
+            max_inflight_bytes: 16,
+            max_active_segment_bytes: 64,
+            max_segment_bytes: 32,
+            ..LogConfig::default()
+        };
+        let (mut admission, mut pipeline) = admission(&config);
+        assert!(matches!(
+            admission.admit(Bytes::from(vec![0; 9]), &config),
+            Err(LogError::RecordTooLarge { bytes: 9, max: 8 })
+        ));
+        let (index, _) = admission.admit(Bytes::from(vec![0; 8]), &config).unwrap();
+        assert_eq!(index, RecordIndex(10));
+        admission.admit(Bytes::from(vec![0; 8]), &config).unwrap();
+        assert!(matches!(
+            admission.admit(Bytes::from(vec![0; 1]), &config),
+            Err(LogError::Backpressure {
+                bytes: 16,
+                records: 2
+            })
+        ));
+        admission.release(2, 16);
+        admission.directory.used_bytes = 1024;
+        assert!(matches!(
+            admission.admit(Bytes::new(), &config),
+            Err(LogError::SegmentDirectoryFull { .. })
+        ));
+        admission.directory.used_bytes = 0;
+        admission.active_bytes = 64;
+        assert!(matches!(
+            admission.admit(Bytes::from(vec![0; 1]), &config),
+            Err(LogError::ActiveSegmentFull { .. })
+        ));
+        admission.stopped = Some(StopReason::Shutdown);
+        assert!(matches!(
+            admission.admit(Bytes::new(), &config),
+            Err(LogError::Stopped {
+                may_have_committed: false,
+                ..
+            })
+        ));
+        assert_eq!(admission.next_index, RecordIndex(12));
+        assert_eq!(pipeline.try_recv().unwrap().index, RecordIndex(10));
+        assert_eq!(pipeline.try_recv().unwrap().index, RecordIndex(11));
+        assert!(pipeline.try_recv().is_err());
+    }
+
+    #[test]
+    fn directory_room_counts_whole_entries() {
+        let room = DirectoryRoom {
+            max_bytes: 2 * MAX_DIRECTORY_ENTRY_BYTES,
+            used_bytes: MAX_DIRECTORY_ENTRY_BYTES,
+            entries: 1,
+        };
+        assert!(room.fits(1));
+        assert!(!room.fits(2));
+    }
+}

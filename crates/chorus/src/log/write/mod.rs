@@ -1,0 +1,189 @@
+//! The write path (DESIGN 4): immediate admission, group commit over one lane
+//! per replica, in-order completions, rotation.
+
+mod admission;
+mod lane;
+mod pipeline;
+mod rotation;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+
+pub use admission::MAX_DIRECTORY_ENTRY_BYTES;
+use admission::{Admission, DirectoryRoom};
+use pipeline::{Pipeline, Start};
+
+use super::config::LogConfig;
+use super::error::{LogError, StopReason};
+use super::recovery::Recovery;
+use crate::ids::{Epoch, RecordIndex};
+
+/// Proof that an append is durable on a quorum of replicas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Receipt {
+    /// The record's index.
+    pub index: RecordIndex,
+}
+
+/// The outcome of one append: resolves to a [`Receipt`] once the record is
+/// durable, or to an error. Completions resolve in index order. Dropping it
+/// does not cancel the append.
+#[derive(Debug)]
+pub struct Completion {
+    index: RecordIndex,
+    receiver: oneshot::Receiver<Result<Receipt, LogError>>,
+}
+
+impl Completion {
+    /// The index the record was admitted at.
+    pub fn index(&self) -> RecordIndex {
+        self.index
+    }
+}
+
+impl Future for Completion {
+    type Output = Result<Receipt, LogError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.receiver).poll(cx).map(|outcome| {
+            outcome.unwrap_or(Err(LogError::Stopped {
+                reason: StopReason::Aborted,
+                may_have_committed: true,
+            }))
+        })
+    }
+}
+
+/// State shared by the [`Writer`] handle and its pipeline task.
+#[derive(Debug)]
+pub(super) struct Shared {
+    admission: Mutex<Admission>,
+}
+
+impl Shared {
+    fn admission(&self) -> MutexGuard<'_, Admission> {
+        self.admission.lock().expect("admission lock poisoned")
+    }
+}
+
+/// Requests from the handle to the pipeline.
+#[derive(Debug)]
+enum Command {
+    Shutdown {
+        timeout: Duration,
+        reply: oneshot::Sender<Result<(), LogError>>,
+    },
+    Abort,
+}
+
+/// A point-in-time view of a writer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriterStatus {
+    /// The writer's epoch.
+    pub epoch: Epoch,
+    /// The index the next admitted record gets.
+    pub next_index: RecordIndex,
+    /// Bytes admitted and not yet durable.
+    pub inflight_bytes: u64,
+    /// Records admitted and not yet durable.
+    pub inflight_records: u64,
+    /// Why the writer stopped, if it did.
+    pub stopped: Option<StopReason>,
+}
+
+/// The single writer of a log, started by [`Recovery::start`].
+#[derive(Debug)]
+pub struct Writer {
+    shared: Arc<Shared>,
+    config: LogConfig,
+    epoch: Epoch,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+impl Writer {
+    pub(super) fn spawn(recovery: Recovery) -> Writer {
+        let (sender, admitted) = mpsc::unbounded_channel();
+        let (commands, command_receiver) = mpsc::unbounded_channel();
+        let manifest = recovery.manifest.clone();
+        let admission = Admission {
+            next_index: manifest.tail_base,
+            inflight_bytes: 0,
+            inflight_records: 0,
+            active_bytes: 0,
+            stopped: None,
+            directory: DirectoryRoom::of(&manifest, recovery.stores.register.max_directory_bytes()),
+            sender,
+        };
+        let shared = Arc::new(Shared {
+            admission: Mutex::new(admission),
+        });
+        let start = Start {
+            shared: Arc::clone(&shared),
+            config: recovery.config.clone(),
+            ownership: recovery.ownership,
+            register: Arc::clone(&recovery.stores.register),
+            replicas: recovery.replicas.clone(),
+            manifest,
+        };
+        tokio::spawn(Pipeline::run(start, admitted, command_receiver));
+        Writer {
+            shared,
+            config: recovery.config,
+            epoch: recovery.ownership.epoch,
+            commands,
+        }
+    }
+
+    /// Admits `payload` or refuses it immediately; a refusal consumes no index.
+    /// The returned [`Completion`] resolves once the record is durable.
+    pub fn append(&self, payload: impl Into<Bytes>) -> Result<Completion, LogError> {
+        let (index, receiver) = self
+            .shared
+            .admission()
+            .admit(payload.into(), &self.config)?;
+        Ok(Completion { index, receiver })
+    }
+
+    /// The writer's epoch.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// A point-in-time view of the writer.
+    pub fn status(&self) -> WriterStatus {
+        let admission = self.shared.admission();
+        WriterStatus {
+            epoch: self.epoch,
+            next_index: admission.next_index,
+            inflight_bytes: admission.inflight_bytes,
+            inflight_records: admission.inflight_records,
+            stopped: admission.stopped.clone(),
+        }
+    }
+
+    /// Stops admitting, waits (at most `timeout`) until everything admitted is
+    /// durable, then stops. Appends still outstanding at the deadline fail.
+    pub async fn shutdown(self, timeout: Duration) -> Result<(), LogError> {
+        let (reply, outcome) = oneshot::channel();
+        if self
+            .commands
+            .send(Command::Shutdown { timeout, reply })
+            .is_err()
+        {
+            return Ok(());
+        }
+        outcome.await.unwrap_or(Ok(()))
+    }
+
+    /// Stops at once: outstanding appends fail (those already written to some
+    /// replica with `may_have_committed`).
+    pub fn abort(self) {
+        let _ = self.commands.send(Command::Abort);
+    }
+}

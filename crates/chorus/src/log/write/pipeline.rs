@@ -1,0 +1,654 @@
+//! The pipeline task: group commit, lanes, the commit tracker and rotation
+//! (DESIGN 4). One task owns all of it, so no protocol state is shared except
+//! admission; store requests run in their own tasks and report back as events.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::admission::{Admitted, DirectoryRoom};
+use super::lane::Lane;
+use super::rotation::{Rotated, seal_and_fold};
+use super::{Command, Receipt, Shared};
+use crate::codec::Fragment;
+use crate::ids::{FragmentIndex, RecordIndex, SegmentId};
+use crate::log::config::LogConfig;
+use crate::log::error::{LogError, StopReason};
+use crate::log::metrics;
+use crate::log::replica::{FragmentWriteError, Replica};
+use crate::log::seal::backoff_delay;
+use crate::log::transitions::{Fenced, Ownership};
+use crate::register::{Manifest, ManifestStore};
+
+/// How long a writer dropped without `shutdown` keeps draining.
+const DROP_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where a `shutdown` caller waits for the outcome.
+type ShutdownReply = oneshot::Sender<Result<(), LogError>>;
+
+/// Where rotation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rotation {
+    /// Appending to the active segment.
+    Idle,
+    /// The active segment is full: no more cuts until all its fragments commit.
+    Draining,
+    /// The previous segment is being sealed and folded in the background.
+    Sealing,
+}
+
+/// The segment fragments are being cut into.
+#[derive(Debug)]
+struct ActiveSegment {
+    id: SegmentId,
+    base: RecordIndex,
+    /// Fragments cut so far.
+    cut: u64,
+    /// Index of the next record to cut.
+    next_record: RecordIndex,
+    /// Payload bytes cut so far.
+    bytes: u64,
+    /// Committed records, kept for the seal.
+    committed: Vec<Bytes>,
+}
+
+impl ActiveSegment {
+    fn new(id: SegmentId, base: RecordIndex) -> ActiveSegment {
+        ActiveSegment {
+            id,
+            base,
+            cut: 0,
+            next_record: base,
+            bytes: 0,
+            committed: Vec::new(),
+        }
+    }
+}
+
+/// A cut fragment, kept until it is committed and every live lane has it.
+#[derive(Debug)]
+struct Slot {
+    encoded: Bytes,
+    records: Vec<Bytes>,
+    payload_bytes: u64,
+    acks: usize,
+    committed: bool,
+}
+
+/// A cut record awaiting its fragment's commit.
+#[derive(Debug)]
+struct Waiter {
+    index: RecordIndex,
+    completion: oneshot::Sender<Result<Receipt, LogError>>,
+    admitted_at: Instant,
+}
+
+/// A store request's outcome, reported by its task.
+#[derive(Debug)]
+struct LaneEvent {
+    segment: SegmentId,
+    lane: usize,
+    fragment: u64,
+    outcome: Result<(), LaneFailure>,
+}
+
+#[derive(Debug)]
+enum LaneFailure {
+    Fenced(Fenced),
+    Failed(String),
+}
+
+/// The pipeline's state; see the module docs.
+pub(super) struct Pipeline {
+    shared: Arc<Shared>,
+    config: LogConfig,
+    ownership: Ownership,
+    register: Arc<dyn ManifestStore>,
+    replicas: Vec<Replica>,
+    quorum: usize,
+    window: u64,
+    segment: ActiveSegment,
+    /// The registered successor segment, if any.
+    pending: Option<SegmentId>,
+    /// Counter for the next pending id of our epoch.
+    next_counter: u32,
+    rotation: Rotation,
+    queue: VecDeque<Admitted>,
+    queued_bytes: u64,
+    slots: BTreeMap<u64, Slot>,
+    /// Fragments `0..committed` of the active segment are committed and completed.
+    committed: u64,
+    waiting: VecDeque<Waiter>,
+    lanes: Vec<Lane>,
+    events: mpsc::UnboundedSender<LaneEvent>,
+    rotated: Option<oneshot::Receiver<Result<Rotated, LogError>>>,
+    rotation_task: Option<JoinHandle<()>>,
+    draining: Option<(Instant, Option<ShutdownReply>)>,
+    stopped: Option<StopReason>,
+}
+
+/// What the pipeline starts from.
+pub(super) struct Start {
+    pub shared: Arc<Shared>,
+    pub config: LogConfig,
+    pub ownership: Ownership,
+    pub register: Arc<dyn ManifestStore>,
+    pub replicas: Vec<Replica>,
+    pub manifest: Manifest,
+}
+
+impl Pipeline {
+    /// Runs the pipeline until it stops.
+    pub(super) async fn run(
+        start: Start,
+        admitted: mpsc::UnboundedReceiver<Admitted>,
+        commands: mpsc::UnboundedReceiver<Command>,
+    ) {
+        let (events, event_receiver) = mpsc::unbounded_channel();
+        let manifest = &start.manifest;
+        let now = Instant::now();
+        let pending = manifest.pending;
+        let next_counter = pending.map_or(manifest.tail.counter, |p| p.counter) + 1;
+        let mut pipeline = Pipeline {
+            quorum: manifest.quorum(),
+            window: u64::from(manifest.window),
+            segment: ActiveSegment::new(manifest.tail, manifest.tail_base),
+            pending,
+            next_counter,
+            rotation: Rotation::Idle,
+            queue: VecDeque::new(),
+            queued_bytes: 0,
+            slots: BTreeMap::new(),
+            committed: 0,
+            waiting: VecDeque::new(),
+            lanes: start
+                .replicas
+                .iter()
+                .map(|r| Lane::new(r.clone(), now))
+                .collect(),
+            events,
+            rotated: None,
+            rotation_task: None,
+            draining: None,
+            stopped: None,
+            shared: start.shared,
+            config: start.config,
+            ownership: start.ownership,
+            register: start.register,
+            replicas: start.replicas,
+        };
+        pipeline
+            .event_loop(admitted, commands, event_receiver)
+            .await;
+    }
+
+    async fn event_loop(
+        &mut self,
+        mut admitted: mpsc::UnboundedReceiver<Admitted>,
+        mut commands: mpsc::UnboundedReceiver<Command>,
+        mut events: mpsc::UnboundedReceiver<LaneEvent>,
+    ) {
+        let tick = (self.config.lane_stall_timeout / 4).max(Duration::from_millis(10));
+        let mut stall_check = tokio::time::interval(tick);
+        let mut commands_open = true;
+        while self.stopped.is_none() {
+            self.cut_fragments();
+            self.finish_drain_if_done();
+            if self.stopped.is_some() {
+                break;
+            }
+            let linger = self.linger_deadline();
+            tokio::select! {
+                Some(record) = admitted.recv() => self.enqueue(record),
+                Some(event) = events.recv() => self.on_lane_event(event),
+                outcome = wait_rotated(&mut self.rotated) => self.on_rotated(outcome),
+                command = commands.recv(), if commands_open => match command {
+                    Some(command) => self.on_command(command),
+                    None => {
+                        commands_open = false;
+                        self.begin_drain(Instant::now() + DROP_DRAIN_TIMEOUT, None);
+                    }
+                },
+                _ = stall_check.tick() => self.on_tick(),
+                _ = sleep_until(linger) => {}
+            }
+        }
+        self.cancel_background();
+    }
+
+    fn enqueue(&mut self, record: Admitted) {
+        self.queued_bytes += record.payload.len() as u64;
+        self.queue.push_back(record);
+    }
+
+    fn on_command(&mut self, command: Command) {
+        match command {
+            Command::Shutdown { timeout, reply } => {
+                self.begin_drain(Instant::now() + timeout, Some(reply));
+            }
+            Command::Abort => self.stop(StopReason::Aborted),
+        }
+    }
+
+    /// Stops admitting; the loop ends once everything admitted is durable, or at
+    /// `deadline`.
+    fn begin_drain(&mut self, deadline: Instant, reply: Option<ShutdownReply>) {
+        self.shared
+            .admission()
+            .stopped
+            .get_or_insert(StopReason::Shutdown);
+        self.draining = Some((deadline, reply));
+    }
+
+    fn finish_drain_if_done(&mut self) {
+        let Some((deadline, _)) = &self.draining else {
+            return;
+        };
+        let idle = self.queue.is_empty() && self.waiting.is_empty();
+        if idle || Instant::now() >= *deadline {
+            let (_, reply) = self.draining.take().expect("draining");
+            let outcome = if idle {
+                Ok(())
+            } else {
+                Err(LogError::Stopped {
+                    reason: StopReason::Shutdown,
+                    may_have_committed: true,
+                })
+            };
+            self.stop(StopReason::Shutdown);
+            if let Some(reply) = reply {
+                let _ = reply.send(outcome);
+            }
+        }
+    }
+
+    fn on_tick(&mut self) {
+        let now = Instant::now();
+        let timeout = self.config.lane_stall_timeout;
+        let stalled: Vec<usize> = (0..self.lanes.len())
+            .filter(|lane| self.lanes[*lane].stalled(now, timeout))
+            .collect();
+        for lane in stalled {
+            self.shed(lane, "stall");
+        }
+    }
+
+    /// When the oldest queued record must be cut despite a small batch.
+    fn linger_deadline(&self) -> Option<Instant> {
+        if self.config.linger.is_zero() || self.queued_bytes >= self.config.max_fragment_bytes {
+            return None;
+        }
+        self.queue
+            .front()
+            .map(|oldest| oldest.admitted_at + self.config.linger)
+    }
+
+    /// Cuts fragments while a quorum of lanes has window room (DESIGN 4).
+    fn cut_fragments(&mut self) {
+        loop {
+            if self.rotation == Rotation::Idle && self.should_rotate() {
+                self.rotation = Rotation::Draining;
+                metrics::rotation_state(1);
+            }
+            if self.rotation == Rotation::Draining {
+                if self.committed == self.segment.cut {
+                    self.switch_segment();
+                    continue;
+                }
+                return;
+            }
+            if self.queue.is_empty() || self.stopped.is_some() {
+                return;
+            }
+            if self
+                .linger_deadline()
+                .is_some_and(|deadline| Instant::now() < deadline)
+            {
+                return;
+            }
+            let next = self.segment.cut;
+            let room = self
+                .lanes
+                .iter()
+                .filter(|l| l.has_room(next, self.window))
+                .count();
+            if room < self.quorum {
+                return;
+            }
+            self.cut_one();
+        }
+    }
+
+    fn should_rotate(&self) -> bool {
+        self.segment.bytes >= self.config.max_segment_bytes
+            && self.pending.is_some()
+            && self.shared.admission().directory.fits(2)
+    }
+
+    /// Cuts the next fragment from the queue and hands it to every live lane.
+    fn cut_one(&mut self) {
+        let index = self.segment.cut;
+        let first = self.segment.next_record;
+        let mut records = Vec::new();
+        let mut payload_bytes = 0u64;
+        let mut framed = 0u64;
+        while let Some(front) = self.queue.front() {
+            let size = front.payload.len() as u64 + crate::codec::FRAME_HEADER_BYTES as u64;
+            if !records.is_empty() && framed + size > self.config.max_fragment_bytes {
+                break;
+            }
+            let record = self.queue.pop_front().expect("front exists");
+            debug_assert_eq!(record.index.0, first.0 + records.len() as u64);
+            framed += size;
+            payload_bytes += record.payload.len() as u64;
+            self.waiting.push_back(Waiter {
+                index: record.index,
+                completion: record.completion,
+                admitted_at: record.admitted_at,
+            });
+            records.push(record.payload);
+        }
+        self.queued_bytes -= payload_bytes;
+        let encoded = Fragment::Data {
+            epoch: self.ownership.epoch,
+            index: FragmentIndex(index),
+            first,
+            records: records.clone(),
+        }
+        .encode();
+        self.segment.cut += 1;
+        self.segment.next_record = RecordIndex(first.0 + records.len() as u64);
+        self.segment.bytes += payload_bytes;
+        let now = Instant::now();
+        let length = encoded.len() as u64;
+        self.slots.insert(
+            index,
+            Slot {
+                encoded,
+                records,
+                payload_bytes,
+                acks: 0,
+                committed: false,
+            },
+        );
+        for lane in 0..self.lanes.len() {
+            if self.lanes[lane].shed {
+                continue;
+            }
+            self.lanes[lane].owe(length, now);
+            if self.lanes[lane].lag_bytes() > self.config.max_replica_lag_bytes {
+                self.shed(lane, "lag");
+            } else {
+                self.issue_ready(lane);
+            }
+        }
+    }
+
+    /// Issues every fragment lane `lane` may issue now.
+    fn issue_ready(&mut self, lane: usize) {
+        while let Some(fragment) = self.lanes[lane].next_to_issue(self.segment.cut, self.window) {
+            let encoded = self.slots[&fragment].encoded.clone();
+            let request = self.spawn_request(lane, fragment, encoded);
+            self.lanes[lane].issued(fragment, request);
+        }
+    }
+
+    /// Writes one fragment to one replica, retrying transient errors with
+    /// backoff until it succeeds, fails for good, or is cancelled.
+    fn spawn_request(
+        &self,
+        lane: usize,
+        fragment: u64,
+        encoded: Bytes,
+    ) -> tokio::task::AbortHandle {
+        let replica = self.replicas[lane].clone();
+        let segment = self.segment.id;
+        let events = self.events.clone();
+        let epoch = self.ownership.epoch;
+        let (min, max) = (self.config.retry_backoff_min, self.config.retry_backoff_max);
+        let task = tokio::spawn(async move {
+            let mut attempt = 0;
+            let outcome = loop {
+                attempt += 1;
+                match replica
+                    .write_fragment(segment, FragmentIndex(fragment), encoded.clone())
+                    .await
+                {
+                    Ok(()) => break Ok(()),
+                    Err(FragmentWriteError::Fenced { by }) => {
+                        break Err(LaneFailure::Fenced(Fenced {
+                            ours: epoch,
+                            current: by,
+                        }));
+                    }
+                    Err(FragmentWriteError::Corrupt(detail)) => {
+                        break Err(LaneFailure::Failed(detail));
+                    }
+                    Err(FragmentWriteError::Store(error)) if error.is_transient() => {
+                        metrics::lane_retry(lane);
+                        tokio::time::sleep(backoff_delay(attempt, min, max)).await;
+                    }
+                    Err(FragmentWriteError::Store(error)) => {
+                        break Err(LaneFailure::Failed(error.to_string()));
+                    }
+                }
+            };
+            if outcome.is_ok() {
+                metrics::fragment_written(lane, encoded.len());
+            }
+            let _ = events.send(LaneEvent {
+                segment,
+                lane,
+                fragment,
+                outcome,
+            });
+        });
+        task.abort_handle()
+    }
+
+    fn on_lane_event(&mut self, event: LaneEvent) {
+        if event.segment != self.segment.id || self.lanes[event.lane].shed {
+            return;
+        }
+        match event.outcome {
+            Ok(()) => self.on_ack(event.lane, event.fragment),
+            Err(LaneFailure::Fenced(fenced)) => self.stop(StopReason::Fenced(fenced)),
+            Err(LaneFailure::Failed(detail)) => {
+                tracing::warn!(replica = event.lane, %detail, "lane failed; shedding it");
+                self.shed(event.lane, "error");
+            }
+        }
+    }
+
+    fn on_ack(&mut self, lane: usize, fragment: u64) {
+        let slot = self
+            .slots
+            .get_mut(&fragment)
+            .expect("acked fragments have slots");
+        self.lanes[lane].acked(fragment, slot.encoded.len() as u64, Instant::now());
+        slot.acks += 1;
+        if slot.acks >= self.quorum {
+            slot.committed = true;
+        }
+        self.complete_committed();
+        self.issue_ready(lane);
+        self.release_slots();
+    }
+
+    /// Completes fragments in order while the next one is committed.
+    fn complete_committed(&mut self) {
+        let now = Instant::now();
+        while let Some(slot) = self.slots.get_mut(&self.committed).filter(|s| s.committed) {
+            let records = std::mem::take(&mut slot.records);
+            let bytes = slot.payload_bytes;
+            self.shared.admission().release(records.len() as u64, bytes);
+            for _ in 0..records.len() {
+                let waiter = self.waiting.pop_front().expect("a waiter per cut record");
+                metrics::commit_latency(now.duration_since(waiter.admitted_at));
+                let _ = waiter.completion.send(Ok(Receipt {
+                    index: waiter.index,
+                }));
+            }
+            self.segment.committed.extend(records);
+            self.committed += 1;
+        }
+    }
+
+    /// Drops slots that are committed and held by every live lane.
+    fn release_slots(&mut self) {
+        while let Some((&fragment, slot)) = self.slots.first_key_value() {
+            let everyone_has_it = self
+                .lanes
+                .iter()
+                .all(|lane| lane.shed || lane.has_acked(fragment));
+            if !(slot.committed && everyone_has_it && fragment < self.committed) {
+                return;
+            }
+            self.slots.pop_first();
+        }
+    }
+
+    fn shed(&mut self, lane: usize, reason: &'static str) {
+        tracing::warn!(replica = lane, segment = %self.segment.id, reason, "shedding lane for the rest of the segment");
+        metrics::lane_shed(lane, reason);
+        self.lanes[lane].shed();
+        let live = self.lanes.iter().filter(|l| !l.shed).count();
+        if live < self.quorum {
+            self.stop(StopReason::Poisoned {
+                live,
+                quorum: self.quorum,
+            });
+            return;
+        }
+        self.release_slots();
+    }
+
+    /// Switches to the pending segment with no storage call, and seals and
+    /// folds the full one in the background.
+    fn switch_segment(&mut self) {
+        let next_id = self
+            .pending
+            .take()
+            .expect("rotation needs a registered pending segment");
+        let base = self.segment.next_record;
+        let full = std::mem::replace(&mut self.segment, ActiveSegment::new(next_id, base));
+        debug_assert!(self.waiting.is_empty() && self.committed == full.cut);
+        let now = Instant::now();
+        for lane in &mut self.lanes {
+            lane.cancel();
+            *lane = Lane::new(lane.replica.clone(), now);
+        }
+        self.slots.clear();
+        self.committed = 0;
+        {
+            let mut admission = self.shared.admission();
+            admission.active_bytes -= full.bytes;
+            admission.directory.entries += 1;
+            admission.directory.used_bytes += super::admission::MAX_DIRECTORY_ENTRY_BYTES;
+        }
+        let new_pending = SegmentId::new(self.ownership.epoch, self.next_counter);
+        self.next_counter += 1;
+        self.rotation = Rotation::Sealing;
+        metrics::rotation_state(2);
+        tracing::info!(sealing = %full.id, active = %next_id, base = %base, "rotated");
+        let (sender, receiver) = oneshot::channel();
+        let task = tokio::spawn(seal_and_fold(
+            self.replicas.clone(),
+            Arc::clone(&self.register),
+            self.config.clone(),
+            self.ownership,
+            (full.id, full.base, full.committed),
+            (base, new_pending),
+            sender,
+        ));
+        self.rotated = Some(receiver);
+        self.rotation_task = Some(task);
+    }
+
+    fn on_rotated(&mut self, outcome: Result<Rotated, LogError>) {
+        self.rotated = None;
+        self.rotation_task = None;
+        match outcome {
+            Ok(rotated) => {
+                self.pending = rotated.manifest.pending;
+                self.rotation = Rotation::Idle;
+                metrics::rotation_state(0);
+                self.shared.admission().directory =
+                    DirectoryRoom::of(&rotated.manifest, self.register.max_directory_bytes());
+            }
+            Err(LogError::Fenced(fenced)) => self.stop(StopReason::Fenced(fenced)),
+            Err(error) => self.stop(StopReason::Register(error.to_string())),
+        }
+    }
+
+    /// Stops the writer: refuses new appends and fails every outstanding one.
+    fn stop(&mut self, reason: StopReason) {
+        if self.stopped.is_some() {
+            return;
+        }
+        tracing::info!(%reason, "writer stopped");
+        let mut admission = self.shared.admission();
+        admission.stopped = Some(reason.clone());
+        let failed = |may_have_committed| LogError::Stopped {
+            reason: reason.clone(),
+            may_have_committed,
+        };
+        for waiter in self.waiting.drain(..) {
+            let _ = waiter.completion.send(Err(failed(true)));
+            metrics::append_failed("stopped");
+        }
+        for record in self.queue.drain(..) {
+            let _ = record.completion.send(Err(failed(false)));
+            metrics::append_failed("stopped");
+        }
+        admission.inflight_bytes = 0;
+        admission.inflight_records = 0;
+        drop(admission);
+        self.stopped = Some(reason);
+    }
+
+    fn cancel_background(&mut self) {
+        for lane in &mut self.lanes {
+            lane.cancel();
+        }
+        if let Some(task) = self.rotation_task.take() {
+            task.abort();
+        }
+    }
+}
+
+impl DirectoryRoom {
+    /// The room `manifest`'s directory leaves in a register of `max_bytes`.
+    pub fn of(manifest: &Manifest, max_bytes: usize) -> DirectoryRoom {
+        DirectoryRoom {
+            max_bytes,
+            used_bytes: crate::register::directory_bytes(&manifest.segments),
+            entries: manifest.segments.len(),
+        }
+    }
+}
+
+async fn wait_rotated(
+    receiver: &mut Option<oneshot::Receiver<Result<Rotated, LogError>>>,
+) -> Result<Rotated, LogError> {
+    match receiver {
+        Some(receiver) => receiver.await.unwrap_or_else(|_| {
+            Err(LogError::Transition(
+                "rotation task ended without a result".into(),
+            ))
+        }),
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}

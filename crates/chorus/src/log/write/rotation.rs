@@ -1,0 +1,103 @@
+//! The background half of rotation: seal the full segment on every replica
+//! (Q required), fold it into the directory with one CAS, then delete its
+//! fragments.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use crate::ids::{RecordIndex, SegmentId};
+use crate::log::config::LogConfig;
+use crate::log::error::LogError;
+use crate::log::maintenance::delete_segments_in_background;
+use crate::log::metrics;
+use crate::log::quorum::quorum;
+use crate::log::replica::Replica;
+use crate::log::seal::{PreparedSeal, backoff_delay, write_seal};
+use crate::log::transitions::{Ownership, fold};
+use crate::register::{Manifest, ManifestStore, transform};
+
+/// The register after a successful fold.
+#[derive(Debug)]
+pub struct Rotated {
+    /// The register as the fold left it.
+    pub manifest: Manifest,
+}
+
+/// Seals `(segment, base, records)` and folds it, making the active segment
+/// (starting at `new_base`) the tail and registering `new_pending`. Retries
+/// until it succeeds or is fenced; the outcome goes to `done`.
+pub async fn seal_and_fold(
+    replicas: Vec<Replica>,
+    register: Arc<dyn ManifestStore>,
+    config: LogConfig,
+    ownership: Ownership,
+    (segment, base, records): (SegmentId, RecordIndex, Vec<Bytes>),
+    (new_base, new_pending): (RecordIndex, SegmentId),
+    done: oneshot::Sender<Result<Rotated, LogError>>,
+) {
+    let seal = PreparedSeal::new(segment, base, records);
+    let backoff = (config.retry_backoff_min, config.retry_backoff_max);
+    let mut attempt = 0;
+    let outcome = loop {
+        attempt += 1;
+        match attempt_once(
+            &replicas,
+            register.as_ref(),
+            &config,
+            ownership,
+            &seal,
+            new_base,
+            new_pending,
+        )
+        .await
+        {
+            Ok(rotated) => break Ok(rotated),
+            Err(
+                error @ (LogError::Fenced(_) | LogError::Manifest(_) | LogError::Corrupt { .. }),
+            ) => {
+                break Err(error);
+            }
+            Err(error) => {
+                metrics::seal_finished(false, false);
+                tracing::warn!(%segment, %error, attempt, "sealing failed; retrying");
+                tokio::time::sleep(backoff_delay(attempt, backoff.0, backoff.1)).await;
+            }
+        }
+    };
+    if outcome.is_ok() {
+        delete_segments_in_background(replicas, vec![segment]);
+    }
+    let _ = done.send(outcome);
+}
+
+async fn attempt_once(
+    replicas: &[Replica],
+    register: &dyn ManifestStore,
+    config: &LogConfig,
+    ownership: Ownership,
+    seal: &PreparedSeal,
+    new_base: RecordIndex,
+    new_pending: SegmentId,
+) -> Result<Rotated, LogError> {
+    let backoff = (config.retry_backoff_min, config.retry_backoff_max);
+    let report = write_seal(replicas, seal, quorum(replicas.len()), backoff).await?;
+    if report.degraded() {
+        tracing::warn!(segment = %seal.sealed.entry.id, failed = ?report.failed, "degraded seal; repair will re-copy");
+    }
+    let committed = transform(register, config.register_rounds, |current| {
+        Ok::<_, LogError>(fold(
+            current,
+            ownership,
+            seal.sealed,
+            new_base,
+            new_pending,
+        )?)
+    })
+    .await?;
+    metrics::seal_finished(true, report.degraded());
+    Ok(Rotated {
+        manifest: committed.manifest,
+    })
+}
