@@ -13,6 +13,10 @@ fuzz_target!(|data: &[u8]| {
     let payload = Bytes::copy_from_slice(frames);
     if let Ok(records) = decode_frames(&payload, u64::from(count)) {
         assert_eq!(records.len(), usize::from(count));
-        assert_eq!(encode_frames(&records), payload, "re-encoding changed the bytes");
+        assert_eq!(
+            encode_frames(&records),
+            payload,
+            "re-encoding changed the bytes"
+        );
     }
 });

@@ -154,3 +154,53 @@ fn parse_replicas(urls: &[String]) -> Result<Vec<StoreUrl>, ConfigError> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| ConfigError(format!("replicas: {e}")))
 }
+
+/// Where one database's snapshots and writer lease live, for the `snapshot`
+/// and `lease` commands: `--store` (or `CHORUS_SNAPSHOT_STORE`), defaulting to
+/// the embedded `file://<data dir>/snapshots-store`, and `--db` naming the
+/// database inside it. Read from flags and the environment only, not from
+/// `chorus.toml`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DatabaseArgs {
+    /// Store URL holding <db>/HEAD.json, <db>/snapshots/ and <db>/lease.json
+    /// [default: file://<data dir>/snapshots-store].
+    #[arg(long, env = "CHORUS_SNAPSHOT_STORE")]
+    pub store: Option<String>,
+
+    /// Database name: one key segment of letters, digits, '-', '_', '.', '='.
+    #[arg(long, env = "CHORUS_DB", default_value = "default")]
+    pub db: String,
+
+    /// Directory of the embedded default store, used when --store is unset.
+    #[arg(long, env = "CHORUS_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+}
+
+/// A validated database location.
+#[derive(Debug, Clone)]
+pub struct DatabaseLocation {
+    /// The store.
+    pub store: StoreUrl,
+    /// The database inside it.
+    pub database: chorus::lease::DatabaseKey,
+}
+
+impl DatabaseArgs {
+    /// Validates the database name and the store URL (or builds the default).
+    /// Does no I/O.
+    pub fn resolve(&self) -> Result<DatabaseLocation, ConfigError> {
+        let database = chorus::lease::DatabaseKey::new(&self.db)
+            .map_err(|e| ConfigError(format!("db: {e}")))?;
+        let store = match &self.store {
+            Some(url) => url
+                .trim()
+                .parse::<StoreUrl>()
+                .map_err(|e| ConfigError(format!("store: {e}")))?,
+            None => {
+                let data_dir = self.data_dir.as_deref().unwrap_or(Path::new("chorus-data"));
+                StoreUrl::local(&absolute(data_dir)?.join("snapshots-store"))
+            }
+        };
+        Ok(DatabaseLocation { store, database })
+    }
+}

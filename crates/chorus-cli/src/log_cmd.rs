@@ -1,13 +1,18 @@
-//! `chorus log …`: create and inspect logs.
+//! `chorus log …`: create, append to, read and inspect logs.
+
+mod append;
+mod json_lines;
+mod read;
+
+use std::io::Write;
 
 use chorus::blob::open_store;
-use chorus::register::{
-    Initialized, MAX_WINDOW, Manifest, ManifestStore, OpenMode, initialize, open_register,
-};
+use chorus::register::{Initialized, MAX_WINDOW, Manifest, OpenMode, initialize, open_register};
 use serde_json::json;
 
 use crate::CommandError;
 use crate::config::{Location, StoreArgs};
+use crate::open::{open_existing_register, read_manifest};
 
 /// Default per-replica fragment window of new logs.
 pub const DEFAULT_WINDOW: u32 = 4;
@@ -17,6 +22,11 @@ pub const DEFAULT_WINDOW: u32 = 4;
 pub enum LogCommand {
     /// Create the register and bind the ordered replica list (idempotent).
     Init(InitArgs),
+    /// Append newline-delimited records (stdin or --file); print `{"index":N}`
+    /// per ack, in order, as acks arrive.
+    Append(append::AppendArgs),
+    /// Print committed records as JSON lines `{"index":N,"data":"…"}`.
+    Read(read::ReadArgs),
     /// Print the register's fields and the replica binding.
     Inspect(InspectArgs),
 }
@@ -48,6 +58,8 @@ impl LogCommand {
     pub async fn run(self) -> Result<(), CommandError> {
         match self {
             LogCommand::Init(args) => init(args).await,
+            LogCommand::Append(args) => append::append(args).await,
+            LogCommand::Read(args) => read::read(args).await,
             LogCommand::Inspect(args) => inspect(args).await,
         }
     }
@@ -91,40 +103,18 @@ async fn init(args: InitArgs) -> Result<(), CommandError> {
 
 async fn inspect(args: InspectArgs) -> Result<(), CommandError> {
     let location = args.store.resolve()?;
-    let register = open_register(&location.register, OpenMode::MustExist)
-        .await
-        .map_err(|e| {
-            format!(
-                "cannot open register {}: {e}; run `chorus log init` first",
-                location.register
-            )
-        })?;
+    let register = open_existing_register(&location).await?;
     let (manifest, version) = read_manifest(register.as_ref(), &location).await?;
-    if args.json {
-        println!("{}", inspect_json(&manifest, &version, &location));
+    let text = if args.json {
+        format!("{}\n", inspect_json(&manifest, &version, &location))
     } else {
-        print!("{}", inspect_text(&manifest, &version, &location));
-    }
-    Ok(())
-}
-
-async fn read_manifest(
-    register: &dyn ManifestStore,
-    location: &Location,
-) -> Result<(Manifest, String), CommandError> {
-    let current = register
-        .read()
-        .await
-        .map_err(|e| format!("cannot read register {}: {e}", location.register))?
-        .ok_or_else(|| {
-            format!(
-                "no log at register {}; run `chorus log init` first",
-                location.register
-            )
-        })?;
-    let manifest = Manifest::from_fields(&current.fields)
-        .map_err(|e| format!("malformed register {}: {e}", location.register))?;
-    Ok((manifest, current.version.to_string()))
+        inspect_text(&manifest, &version, &location)
+    };
+    // Not `print!`: it panics when stdout is closed (`chorus log inspect | head`).
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(json_lines::output_error)
 }
 
 fn inspect_json(manifest: &Manifest, version: &str, location: &Location) -> serde_json::Value {

@@ -1,8 +1,12 @@
 //! `chorus`: the command-line tool. A thin layer over the `chorus` library:
 //! argument parsing and configuration, then one library call per command.
 
+mod bench_cmd;
 mod config;
+mod lease_cmd;
 mod log_cmd;
+mod open;
+mod snapshot_cmd;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -22,6 +26,15 @@ enum Command {
     /// Create and inspect logs.
     #[command(subcommand)]
     Log(log_cmd::LogCommand),
+    /// Measure the write path's latency and throughput.
+    #[command(subcommand)]
+    Bench(bench_cmd::BenchCommand),
+    /// List, publish and restore snapshots of a database.
+    #[command(subcommand)]
+    Snapshot(snapshot_cmd::SnapshotCommand),
+    /// Inspect and release a database's writer lease.
+    #[command(subcommand)]
+    Lease(lease_cmd::LeaseCommand),
 }
 
 /// The error a command fails with; printed as one line with its causes.
@@ -36,6 +49,9 @@ fn main() -> ExitCode {
     let outcome = runtime.block_on(async {
         match cli.command {
             Command::Log(command) => command.run().await,
+            Command::Bench(command) => command.run().await,
+            Command::Snapshot(command) => command.run().await,
+            Command::Lease(command) => command.run().await,
         }
     });
     match outcome {

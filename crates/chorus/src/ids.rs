@@ -86,8 +86,12 @@ impl FromStr for OwnerId {
     type Err = IdParseError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s.len() != 32 {
-            return Err(IdParseError::new("owner id", s, "expected 32 hex digits"));
+        if s.len() != 32 || !is_lower_hex(s) {
+            return Err(IdParseError::new(
+                "owner id",
+                s,
+                "expected 32 lowercase hex digits",
+            ));
         }
         u128::from_str_radix(s, 16)
             .map(OwnerId)

@@ -48,7 +48,10 @@ impl LeaseConfig {
     pub fn validate(&self) -> Result<(), LeaseConfigError> {
         let fail = |reason: String| Err(LeaseConfigError { reason });
         if self.ttl < Duration::from_millis(1) {
-            return fail(format!("ttl_ms={} must be at least 1", self.ttl.as_millis()));
+            return fail(format!(
+                "ttl_ms={} must be at least 1",
+                self.ttl.as_millis()
+            ));
         }
         if self.safety_margin >= self.ttl {
             return fail(format!(

@@ -90,9 +90,12 @@ impl Fields {
     /// An unsigned integer field.
     pub(crate) fn u64(&mut self, field: &'static str) -> Result<u64, DocumentError> {
         let value = self.take(field)?;
-        value
-            .as_u64()
-            .ok_or_else(|| self.invalid(field, format!("expected an unsigned integer, found {value}")))
+        value.as_u64().ok_or_else(|| {
+            self.invalid(
+                field,
+                format!("expected an unsigned integer, found {value}"),
+            )
+        })
     }
 
     /// An unsigned integer field that must be at least 1.
@@ -150,7 +153,11 @@ mod tests {
     use super::*;
 
     fn fields(text: &str) -> Result<Fields, DocumentError> {
-        Fields::parse("test", "db/doc.json", &Bytes::copy_from_slice(text.as_bytes()))
+        Fields::parse(
+            "test",
+            "db/doc.json",
+            &Bytes::copy_from_slice(text.as_bytes()),
+        )
     }
 
     #[test]
@@ -176,7 +183,10 @@ mod tests {
     fn unknown_fields_and_non_objects_are_refused() {
         let doc = fields(r#"{"extra": 1}"#).unwrap();
         let error = doc.finish().unwrap_err();
-        assert!(error.to_string().contains("unknown field \"extra\""), "{error}");
+        assert!(
+            error.to_string().contains("unknown field \"extra\""),
+            "{error}"
+        );
         for bad in ["[]", "nope", "", "{\"a\":"] {
             let error = fields(bad).err().expect("refused");
             assert_eq!(error.field(), "document", "{bad:?}");
@@ -189,6 +199,9 @@ mod tests {
     fn format_must_match() {
         let mut doc = fields(r#"{"format": 2}"#).unwrap();
         let error = doc.format(1).unwrap_err();
-        assert!(error.to_string().contains("unsupported format=2"), "{error}");
+        assert!(
+            error.to_string().contains("unsupported format=2"),
+            "{error}"
+        );
     }
 }

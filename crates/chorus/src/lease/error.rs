@@ -39,7 +39,9 @@ pub enum LeaseError {
         generation: Generation,
     },
     /// The stored lease carries a higher term; this contender may never hold it.
-    #[error("lease fenced by a higher term: database={database} term={term} stored_term={stored_term}")]
+    #[error(
+        "lease fenced by a higher term: database={database} term={term} stored_term={stored_term}"
+    )]
     Fenced {
         /// The database.
         database: DatabaseKey,
@@ -69,4 +71,29 @@ impl LeaseError {
             | LeaseError::Document(_) => false,
         }
     }
+}
+
+impl LeaseError {
+    /// A short label for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            LeaseError::Held { .. } => "held",
+            LeaseError::LostRace { .. } => "lost_race",
+            LeaseError::Stale { .. } => "stale",
+            LeaseError::Fenced { .. } => "fenced",
+            LeaseError::Document(_) => "invalid_document",
+            LeaseError::Store(_) => "store",
+        }
+    }
+}
+
+/// Counts the outcome of one lease `operation` (DESIGN 12).
+pub(crate) fn record<T>(operation: &'static str, result: &Result<T, LeaseError>) {
+    let outcome = result.as_ref().map_or_else(LeaseError::label, |_| "ok");
+    metrics::counter!(
+        "chorus_lease_operations_total",
+        "operation" => operation,
+        "outcome" => outcome
+    )
+    .increment(1);
 }

@@ -5,7 +5,10 @@ use std::time::{Duration, Instant};
 
 use crate::blob::{BlobError, Version};
 
-use super::{DatabaseKey, FencingToken, Generation, HolderId, LeaseError, LeaseRecord, LeaseStore, Term};
+use super::{
+    DatabaseKey, FencingToken, Generation, HolderId, LeaseError, LeaseRecord, LeaseStore, Term,
+    error,
+};
 
 /// Rounds of one refresh or release: a round is one CAS (itself retried on
 /// transient errors by the read-back resolver) plus, after a conflict, one read.
@@ -140,15 +143,9 @@ impl LeaseHolder {
     /// deadline stands, so the holder stops writing in time on its own.
     /// [`LeaseError::Stale`] if the lease was taken over or released.
     pub async fn refresh(&self) -> Result<(), LeaseError> {
-        let _serial = self.operation.lock().await;
-        let (record, version) = {
-            let state = self.state();
-            if state.lost || state.releasing {
-                return Err(self.stale());
-            }
-            (state.record.clone(), state.version.clone())
-        };
-        self.cas_rounds(Purpose::Refresh, record, version).await
+        let result = self.write_successor(Purpose::Refresh).await;
+        error::record("refresh", &result);
+        result
     }
 
     /// Releases the lease, keeping its generation, so any contender may acquire
@@ -156,19 +153,27 @@ impl LeaseHolder {
     /// release fails, calling it again retries, or the lease simply expires.
     /// Releasing a released lease is a no-op.
     pub async fn release(&self) -> Result<(), LeaseError> {
+        let result = self.write_successor(Purpose::Release).await;
+        error::record("release", &result);
+        result
+    }
+
+    /// Checks that `purpose` is still possible, then runs its CAS rounds.
+    /// Serialized, so a refresh and a release never race each other.
+    async fn write_successor(&self, purpose: Purpose) -> Result<(), LeaseError> {
         let _serial = self.operation.lock().await;
         let (record, version) = {
             let mut state = self.state();
-            if state.record.released {
-                return Ok(());
+            match purpose {
+                Purpose::Release if state.record.released => return Ok(()),
+                // The holder stops writing before the release is even sent.
+                Purpose::Release if !state.lost => state.releasing = true,
+                Purpose::Refresh if !state.lost && !state.releasing => {}
+                Purpose::Release | Purpose::Refresh => return Err(self.stale()),
             }
-            if state.lost {
-                return Err(self.stale());
-            }
-            state.releasing = true;
             (state.record.clone(), state.version.clone())
         };
-        self.cas_rounds(Purpose::Release, record, version).await
+        self.cas_rounds(purpose, record, version).await
     }
 
     /// Writes the `purpose` successor of `record` by CAS for up to
@@ -187,18 +192,18 @@ impl LeaseHolder {
                 tokio::time::sleep(ROUND_BACKOFF * 2u32.pow(round - 1)).await;
             }
             let (written, deadline) = self.successor(purpose, &record);
-            let error = match self.leases.write(&version, &written).await {
+            let failure = match self.leases.write(&version, &written).await {
                 Ok(new_version) => {
                     self.settle(written, new_version, deadline);
                     return Ok(());
                 }
-                Err(error) => error,
+                Err(failure) => failure,
             };
-            if !matches!(error, BlobError::Conflict { .. }) {
-                if !error.is_transient() {
-                    return Err(error.into());
+            if !matches!(failure, BlobError::Conflict { .. }) {
+                if !failure.is_transient() {
+                    return Err(failure.into());
                 }
-                last_transient = Some(error.into());
+                last_transient = Some(failure.into());
                 continue;
             }
             match self.leases.read_versioned().await {
@@ -214,8 +219,8 @@ impl LeaseHolder {
                     (record, version) = (found, found_version);
                 }
                 Ok(_) => return Err(self.lose()),
-                Err(error) if error.is_transient() => last_transient = Some(error),
-                Err(error) => return Err(error),
+                Err(failure) if failure.is_transient() => last_transient = Some(failure),
+                Err(failure) => return Err(failure),
             }
         }
         Err(last_transient.unwrap_or(LeaseError::LostRace {

@@ -41,7 +41,7 @@ use crate::clock::DynClock;
 pub use config::{LeaseConfig, LeaseConfigError};
 pub use document::{DocumentError, MAX_DOCUMENT_BYTES};
 pub use error::LeaseError;
-pub use holder::LeaseHolder;
+pub use holder::{LeaseHolder, MAX_REFRESH_ROUNDS};
 pub use record::{LEASE_FORMAT, LeaseRecord, lease_key};
 pub use types::{
     DatabaseKey, FencingToken, Generation, HolderId, MAX_DATABASE_KEY_BYTES, MAX_HOLDER_ID_BYTES,
@@ -133,13 +133,20 @@ impl LeaseStore {
     /// released or expired lease, or `holder`'s own live lease (a restart);
     /// always with the stored generation + 1.
     pub async fn acquire(&self, holder: HolderId, term: Term) -> Result<LeaseHolder, LeaseError> {
+        let result = self.try_acquire(holder, term).await;
+        error::record("acquire", &result);
+        result
+    }
+
+    async fn try_acquire(&self, holder: HolderId, term: Term) -> Result<LeaseHolder, LeaseError> {
         assert!(term >= Term::FIRST, "lease terms start at 1");
         let current = self.read_versioned().await?;
         // The deadline counts from before the wall reading that sets the expiry,
         // so the holder never believes in more time than the document grants.
         let started = self.clock.now();
         let wall_ms = self.clock.wall_ms();
-        let next = self.next_acquisition(current.as_ref().map(|(r, _)| r), holder, term, wall_ms)?;
+        let next =
+            self.next_acquisition(current.as_ref().map(|(r, _)| r), holder, term, wall_ms)?;
         let written = match &current {
             None => create_resolving(self.store.as_ref(), &self.key, next.encode()).await,
             Some((_, version)) => self.write(version, &next).await,

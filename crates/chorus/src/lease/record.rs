@@ -171,7 +171,12 @@ mod tests {
         assert!(!record.is_live(11_000));
         assert_eq!(record.expires_in(10_000), Duration::from_secs(1));
         assert_eq!(record.expires_in(20_000), Duration::ZERO);
-        assert_eq!(record.refreshed(50_000, Duration::from_secs(3)).expires_at_ms, 53_000);
+        assert_eq!(
+            record
+                .refreshed(50_000, Duration::from_secs(3))
+                .expires_at_ms,
+            53_000
+        );
     }
 
     #[test]

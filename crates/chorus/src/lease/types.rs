@@ -46,8 +46,9 @@ impl DatabaseKey {
         if name.contains('/') {
             return Err(invalid("must be a single path segment (no '/')"));
         }
-        validate_key(name)
-            .map_err(|_| invalid("only ASCII letters, digits and - _ . = are allowed, not first '.'"))?;
+        validate_key(name).map_err(|_| {
+            invalid("only ASCII letters, digits and - _ . = are allowed, not first '.'")
+        })?;
         Ok(DatabaseKey(name.to_owned()))
     }
 
@@ -93,7 +94,9 @@ impl HolderId {
             return Err(invalid("longer than 256 bytes"));
         }
         if !id.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(invalid("only printable ASCII without whitespace is allowed"));
+            return Err(invalid(
+                "only printable ASCII without whitespace is allowed",
+            ));
         }
         Ok(HolderId(id.to_owned()))
     }
@@ -186,7 +189,10 @@ mod tests {
             assert!(DatabaseKey::new(bad).is_err(), "{bad:?} accepted");
         }
         let error = DatabaseKey::new("a/b").unwrap_err().to_string();
-        assert!(error.starts_with("invalid database key: value=\"a/b\""), "{error}");
+        assert!(
+            error.starts_with("invalid database key: value=\"a/b\""),
+            "{error}"
+        );
         assert_eq!(
             DatabaseKey::new("db").unwrap().child("lease.json"),
             "db/lease.json"

@@ -104,7 +104,10 @@ impl Recovery {
             sealed = view.seals.len(),
             "recovery committed its view"
         );
-        delete_recovered_fragments(&replicas, &view.view);
+        // The fragments of the recovered segments stay: they include the
+        // fences, and deleting a fence reopens its position to the fenced
+        // writer, which could then complete a fragment there and ack a record
+        // this view does not hold. Only a sweep that keeps fences may collect them.
         Ok(Recovery {
             stores,
             config,
@@ -164,8 +167,10 @@ impl Recovery {
     }
 }
 
-/// One replica's view of one segment after fencing.
-type SegmentCopies = BTreeMap<FragmentIndex, Fragment>;
+/// One replica's view of one segment after fencing: the valid data copy at
+/// each position, or `None` where a damaged object sits (fences and empty
+/// positions are left out).
+type SegmentCopies = BTreeMap<FragmentIndex, Option<Fragment>>;
 
 /// What one observed replica holds of the tail and pending segments.
 #[derive(Debug)]
@@ -247,8 +252,9 @@ async fn observe_segment(
     read_data(replica, segment, &present).await
 }
 
-/// Reads the data fragments among `present`; fences and damaged copies are
-/// left out (a damaged copy counts as absent).
+/// Reads the data fragments among `present`; fences are left out, and damaged
+/// copies are kept as `None`: such a replica cannot vouch either way for
+/// that position (see [`vouching_copies`]).
 async fn read_data(
     replica: &Replica,
     segment: SegmentId,
@@ -262,17 +268,23 @@ async fn read_data(
     while let Some((index, read)) = reads.next().await {
         match read? {
             Some(Ok(fragment @ Fragment::Data { .. })) if fragment.epoch() == segment.epoch => {
-                copies.insert(index, fragment);
+                copies.insert(index, Some(fragment));
             }
-            Some(Ok(Fragment::Data { epoch, .. })) => tracing::warn!(
-                ?replica, key = fragment_key(segment, index), %epoch,
-                "data fragment from a foreign epoch ignored"
-            ),
+            Some(Ok(Fragment::Data { epoch, .. })) => {
+                tracing::warn!(
+                    ?replica, key = fragment_key(segment, index), %epoch,
+                    "data fragment from a foreign epoch counts as damaged"
+                );
+                copies.insert(index, None);
+            }
             Some(Ok(Fragment::Fence { .. })) | None => {}
-            Some(Err(error)) => tracing::warn!(
-                ?replica, key = fragment_key(segment, index), %error,
-                "damaged fragment copy counts as absent"
-            ),
+            Some(Err(error)) => {
+                tracing::warn!(
+                    ?replica, key = fragment_key(segment, index), %error,
+                    "damaged fragment copy: this replica cannot vouch for the position"
+                );
+                copies.insert(index, None);
+            }
         }
     }
     Ok(copies)
@@ -301,8 +313,8 @@ fn build_view(
     } = choose_recovered(
         manifest.replica_count(),
         observed.len(),
-        &tail.copies,
-        &pending.copies,
+        &vouching_copies(&tail),
+        &vouching_copies(&pending),
     );
     let mut seals = Vec::new();
     let mut end = manifest.tail_base;
@@ -336,12 +348,32 @@ fn build_view(
     Ok(PlannedView { view, seals })
 }
 
-/// Per-position valid copy counts of one segment across observed replicas, and
-/// one copy of each position (positions 0.. up to the highest with data).
+/// Per-position valid and damaged copy counts of one segment across observed
+/// replicas, and one copy of each position (positions 0.. up to the highest
+/// with data).
 #[derive(Debug, Default)]
 struct Merged {
     copies: Vec<usize>,
+    damaged: Vec<usize>,
     fragments: Vec<Option<Fragment>>,
+}
+
+/// The copy counts the committed-prefix rule judges, per position.
+///
+/// A replica holding a damaged object at a position is treated as
+/// unobserved *for that position*, not as observed-and-absent: the object may
+/// have been one of the acknowledging copies. Unobserved replicas lower the
+/// threshold one for one (Q − (N − k)), so each damaged copy counts like a
+/// copy — but only where at least one valid copy exists to take the content
+/// from. The result stays 0 exactly where no valid copy exists, so the
+/// tail-gap rule still looks at valid data only (a damaged fence is no gap).
+fn vouching_copies(merged: &Merged) -> Vec<usize> {
+    merged
+        .copies
+        .iter()
+        .zip(&merged.damaged)
+        .map(|(valid, damaged)| if *valid == 0 { 0 } else { valid + damaged })
+        .collect()
 }
 
 fn merge_copies<'a>(
@@ -349,11 +381,17 @@ fn merge_copies<'a>(
     observations: impl Iterator<Item = &'a SegmentCopies>,
 ) -> Result<Merged, LogError> {
     let mut merged = Merged::default();
+    let mut damaged = Vec::new();
     for copies in observations {
         for (index, fragment) in copies {
             let position = index.0 as usize;
+            let Some(fragment) = fragment else {
+                damaged.push(position);
+                continue;
+            };
             if merged.copies.len() <= position {
                 merged.copies.resize(position + 1, 0);
+                merged.damaged.resize(position + 1, 0);
                 merged.fragments.resize(position + 1, None);
             }
             match &merged.fragments[position] {
@@ -367,6 +405,11 @@ fn merge_copies<'a>(
                 None => merged.fragments[position] = Some(fragment.clone()),
             }
             merged.copies[position] += 1;
+        }
+    }
+    for position in damaged {
+        if let Some(count) = merged.damaged.get_mut(position) {
+            *count += 1;
         }
     }
     Ok(merged)
@@ -402,15 +445,6 @@ fn chain_records(
     Ok(records)
 }
 
-/// Deletes the fragments of the segments recovery sealed or discarded; they
-/// are no longer named by the register. Best effort, in the background: the
-/// orphan sweep collects anything left.
-fn delete_recovered_fragments(replicas: &[Replica], view: &View) {
-    let (tail, pending) = view.recovered_from;
-    let segments: Vec<SegmentId> = std::iter::once(tail).chain(pending).collect();
-    super::maintenance::delete_segments_in_background(replicas.to_vec(), segments);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -429,7 +463,7 @@ mod tests {
     }
 
     fn copies(fragments: &[Fragment]) -> SegmentCopies {
-        fragments.iter().map(|f| (f.index(), f.clone())).collect()
+        fragments.iter().map(|f| (f.index(), Some(f.clone()))).collect()
     }
 
     #[test]
@@ -461,6 +495,53 @@ mod tests {
         assert_eq!(planned.seals.len(), 2);
         assert_eq!(planned.view.sealed[1].entry.base, RecordIndex(3));
         assert_eq!(planned.view.tail, SegmentId::new(Epoch(2), 0));
+    }
+
+    /// Regression: a damaged copy used to count as observed-and-absent, so a
+    /// fragment acknowledged by exactly two of three replicas, one of whose
+    /// copies later rotted, was discarded although a valid copy survived.
+    #[test]
+    fn a_damaged_copy_counts_as_an_unobserved_replica_for_its_position() {
+        let mut manifest = Manifest::initial(vec!["a".into(), "b".into(), "c".into()], 4);
+        manifest.epoch = Epoch(2);
+        manifest.tail = SegmentId::new(Epoch(1), 0);
+        manifest.pending = Some(SegmentId::new(Epoch(1), 1));
+        let f0 = data(0, 0, &["a"]);
+        let p0 = data(0, 1, &["b"]);
+        let mut damaged = copies(&[]);
+        damaged.insert(FragmentIndex(0), None);
+        // A damaged object past the tail's end (a rotted fence) is no gap.
+        let mut damaged_fence = copies(&[]);
+        damaged_fence.insert(FragmentIndex(1), None);
+        let observed = vec![
+            Observation {
+                tail: copies(std::slice::from_ref(&f0)),
+                pending: copies(std::slice::from_ref(&p0)),
+            },
+            Observation {
+                tail: damaged,
+                pending: copies(std::slice::from_ref(&p0)),
+            },
+            Observation {
+                tail: damaged_fence,
+                pending: SegmentCopies::new(),
+            },
+        ];
+        let planned = build_view(&manifest, Epoch(2), &observed).unwrap();
+        assert_eq!(planned.view.tail_base, RecordIndex(2));
+        // Without a valid copy there is nothing to recover, damaged or not.
+        let observed = vec![
+            Observation {
+                tail: copies(&[]),
+                pending: SegmentCopies::new(),
+            },
+            Observation {
+                tail: [(FragmentIndex(0), None)].into_iter().collect(),
+                pending: SegmentCopies::new(),
+            },
+        ];
+        let planned = build_view(&manifest, Epoch(2), &observed).unwrap();
+        assert_eq!(planned.view.tail_base, RecordIndex(0));
     }
 
     #[test]

@@ -229,7 +229,7 @@ fn required<'a>(fields: &'a Fields, field: &'static str) -> Result<&'a str, Mani
 
 fn parse<T>(fields: &Fields, field: &'static str) -> Result<T, ManifestError>
 where
-    T: FromStr,
+    T: FromStr + std::fmt::Display,
     T::Err: std::fmt::Display,
 {
     let value = required(fields, field)?;
@@ -238,24 +238,25 @@ where
 
 fn parse_value<T>(field: &'static str, value: &str) -> Result<T, ManifestError>
 where
-    T: FromStr,
+    T: FromStr + std::fmt::Display,
     T::Err: std::fmt::Display,
 {
-    // Rust's integer parsing accepts a leading '+'; the format has one spelling.
-    if value.starts_with('+') {
+    let parsed: T = value
+        .parse()
+        .map_err(|e| ManifestError::invalid(field, format!("malformed value {value:?}: {e}")))?;
+    // One spelling per value: no '+', no leading zeros, lowercase hex.
+    if parsed.to_string() != value {
         return Err(ManifestError::invalid(
             field,
-            format!("malformed value {value:?}"),
+            format!("malformed value {value:?}: not in canonical form"),
         ));
     }
-    value
-        .parse()
-        .map_err(|e| ManifestError::invalid(field, format!("malformed value {value:?}: {e}")))
+    Ok(parsed)
 }
 
 fn parse_optional<T>(fields: &Fields, field: &'static str) -> Result<Option<T>, ManifestError>
 where
-    T: FromStr,
+    T: FromStr + std::fmt::Display,
     T::Err: std::fmt::Display,
 {
     match required(fields, field)? {

@@ -24,7 +24,7 @@ impl ObjectRegister {
     /// A register in `store` (which must enforce conditional writes; open it
     /// with [`open_store`](crate::blob::open_store) so it has been probed).
     pub fn new(store: DynBlobStore) -> ObjectRegister {
-        let name = format!("{}/{REGISTER_KEY}", store.name());
+        let name = format!("{} key={REGISTER_KEY}", store.name());
         ObjectRegister { store, name }
     }
 

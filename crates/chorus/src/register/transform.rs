@@ -74,7 +74,10 @@ pub async fn transform<E>(
 ) -> Result<Committed, TransformError<E>> {
     let mut backoff = BACKOFF_START;
     let mut last_transient = None;
-    for _ in 0..max_rounds {
+    for round in 0..max_rounds {
+        if round > 0 && last_transient.is_some() {
+            sleep_backoff(&mut backoff).await;
+        }
         let current = match store.read().await {
             Ok(Some(current)) => current,
             Ok(None) => {
@@ -84,7 +87,6 @@ pub async fn transform<E>(
             }
             Err(error) if error.is_transient() => {
                 last_transient = Some(error);
-                sleep_backoff(&mut backoff).await;
                 continue;
             }
             Err(error) => return Err(error.into()),
@@ -101,7 +103,10 @@ pub async fn transform<E>(
         };
         let fields = next.to_fields()?;
         check_directory_capacity(&next, store.max_directory_bytes())?;
-        match store.update(&current.version, &fields).await {
+        let started = tokio::time::Instant::now();
+        let updated = store.update(&current.version, &fields).await;
+        record_cas(started.elapsed(), &updated);
+        match updated {
             Ok(version) => {
                 return Ok(Committed {
                     manifest: next,
@@ -109,10 +114,7 @@ pub async fn transform<E>(
                 });
             }
             Err(RegisterError::Conflict { .. }) => last_transient = None,
-            Err(error) if error.is_transient() => {
-                last_transient = Some(error);
-                sleep_backoff(&mut backoff).await;
-            }
+            Err(error) if error.is_transient() => last_transient = Some(error),
             Err(error) => return Err(error.into()),
         }
     }
@@ -123,6 +125,15 @@ pub async fn transform<E>(
             register: store.name().to_owned(),
         },
     })
+}
+
+/// Metrics of one CAS (DESIGN 12): attempts, conflicts and latency.
+fn record_cas<T>(elapsed: Duration, outcome: &Result<T, RegisterError>) {
+    metrics::counter!("chorus_manifest_cas_attempts_total").increment(1);
+    if matches!(outcome, Err(RegisterError::Conflict { .. })) {
+        metrics::counter!("chorus_manifest_cas_conflicts_total").increment(1);
+    }
+    metrics::histogram!("chorus_manifest_cas_seconds").record(elapsed.as_secs_f64());
 }
 
 async fn sleep_backoff(backoff: &mut Duration) {

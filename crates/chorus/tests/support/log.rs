@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chorus::blob::{DynBlobStore, FaultController, FaultyStore, ObjectStoreBlobs};
-use chorus::ids::RecordIndex;
+use chorus::codec::Fragment;
+use chorus::ids::{Epoch, FragmentIndex, RecordIndex, SegmentId};
+use chorus::log::layout::{SEALED_PREFIX, fragment_key, segment_prefix};
 use chorus::log::{LogConfig, LogError, LogStores, Reader, Recovery, Writer};
-use chorus::register::{ManifestStore, MemoryRegister, initialize};
+use chorus::register::{Manifest, ManifestStore, MemoryRegister, initialize};
 
 /// N in-memory replicas, each behind its own fault controller, and a register.
 pub struct Cluster {
@@ -73,13 +75,7 @@ impl Cluster {
         &self,
         config: LogConfig,
     ) -> Result<(Writer, Vec<(RecordIndex, Bytes)>), LogError> {
-        let recovery = Recovery::run(self.stores.clone(), config).await?;
-        let mut replay = recovery.replay(recovery.floor())?;
-        let mut records = Vec::new();
-        while let Some(record) = replay.next().await? {
-            records.push(record);
-        }
-        Ok((recovery.start().await?, records))
+        open_log(&self.stores, config).await
     }
 
     /// Recovers and returns the replayed records (the writer is shut down).
@@ -104,6 +100,213 @@ impl Cluster {
         for controller in &self.faults {
             controller.clear();
         }
+    }
+
+    /// The register's current record.
+    pub async fn manifest(&self) -> Manifest {
+        read_manifest(self.stores.register.as_ref()).await
+    }
+
+    /// Another view of the same replicas and register, with fault controllers
+    /// of its own: faults injected there affect only whoever opens this view
+    /// (one writer), not the rest of the cluster.
+    pub fn private_view(&self, seed: u64) -> (LogStores, Vec<FaultController>) {
+        self.private_view_with_register(seed, Arc::clone(&self.stores.register))
+    }
+
+    /// [`Cluster::private_view`] with a register of the caller's choosing (for
+    /// example a fault-injecting wrapper around this cluster's register).
+    pub fn private_view_with_register(
+        &self,
+        seed: u64,
+        register: Arc<dyn ManifestStore>,
+    ) -> (LogStores, Vec<FaultController>) {
+        let mut controllers = Vec::new();
+        let mut replicas = Vec::new();
+        for (position, ((identity, _), raw)) in
+            self.stores.replicas.iter().zip(&self.raw).enumerate()
+        {
+            let controller = FaultController::new(seed + position as u64);
+            let store: DynBlobStore = Arc::new(FaultyStore::new(raw.clone(), controller.clone()));
+            replicas.push((identity.clone(), store));
+            controllers.push(controller);
+        }
+        (LogStores { replicas, register }, controllers)
+    }
+
+    /// Writes `fragment` straight into replica `replica`'s store, at the key of
+    /// its position in `segment`, bypassing every writer.
+    pub async fn put_fragment(&self, replica: usize, segment: SegmentId, fragment: &Fragment) {
+        self.raw[replica]
+            .create(&fragment_key(segment, fragment.index()), fragment.encode())
+            .await
+            .expect("direct fragment write");
+    }
+
+    /// The fragment positions replica `replica` holds of `segment`.
+    pub async fn fragments_on(&self, replica: usize, segment: SegmentId) -> Vec<String> {
+        keys_under(&self.raw[replica], &segment_prefix(segment)).await
+    }
+
+    /// The fences replica `replica` holds in `segment`.
+    pub async fn fences_on(&self, replica: usize, segment: SegmentId) -> Vec<Fragment> {
+        let mut fences = Vec::new();
+        for key in self.fragments_on(replica, segment).await {
+            let blob = self.raw[replica].get(&key).await.expect("get fragment");
+            let fragment = Fragment::decode(&blob.bytes).expect("valid fragment");
+            if fragment.is_fence() {
+                fences.push(fragment);
+            }
+        }
+        fences
+    }
+
+    /// The records of every valid data fragment replica `replica` holds of
+    /// `segment`, in position order.
+    pub async fn records_on(&self, replica: usize, segment: SegmentId) -> Vec<Bytes> {
+        let mut records = Vec::new();
+        for key in self.fragments_on(replica, segment).await {
+            let Ok(blob) = self.raw[replica].get(&key).await else {
+                continue;
+            };
+            if let Ok(fragment) = Fragment::decode(&blob.bytes) {
+                records.extend(fragment.records().iter().cloned());
+            }
+        }
+        records
+    }
+
+    /// The sealed-object keys replica `replica` holds.
+    pub async fn sealed_on(&self, replica: usize) -> Vec<String> {
+        keys_under(&self.raw[replica], SEALED_PREFIX).await
+    }
+
+    /// The end-of-scenario check: every acknowledged record at or above the
+    /// truncation floor reads back with identical bytes, with dense indices
+    /// from the floor, both through a [`Reader`] and through a fresh recovery's
+    /// replay. Heals every replica first. Returns the recovered records.
+    pub async fn verify_acked(
+        &self,
+        acked: &BTreeMap<RecordIndex, Bytes>,
+    ) -> Vec<(RecordIndex, Bytes)> {
+        self.heal();
+        let floor = self.manifest().await.trunc;
+        let acked: BTreeMap<RecordIndex, Bytes> = acked
+            .range(floor..)
+            .map(|(index, record)| (*index, record.clone()))
+            .collect();
+        let acked = &acked;
+        let read = self.read_from(floor.0).await.expect("reader");
+        assert_dense_from(floor, &read);
+        assert_acked_present(acked, &read);
+        let recovered = self.recovered_records().await;
+        assert_dense_from(floor, &recovered);
+        assert_acked_present(acked, &recovered);
+        let read_after = self
+            .read_from(floor.0)
+            .await
+            .expect("reader after recovery");
+        assert_eq!(read_after, recovered, "reader and replay disagree");
+        recovered
+    }
+}
+
+/// Recovers `stores`, replays everything, and starts the writer.
+pub async fn open_log(
+    stores: &LogStores,
+    config: LogConfig,
+) -> Result<(Writer, Vec<(RecordIndex, Bytes)>), LogError> {
+    let recovery = Recovery::run(stores.clone(), config).await?;
+    let records = replay_all(&recovery).await?;
+    Ok((recovery.start().await?, records))
+}
+
+/// Consumes a recovery's replay from its floor to its end.
+pub async fn replay_all(recovery: &Recovery) -> Result<Vec<(RecordIndex, Bytes)>, LogError> {
+    let mut replay = recovery.replay(recovery.floor())?;
+    let mut records = Vec::new();
+    while let Some(record) = replay.next().await? {
+        records.push(record);
+    }
+    Ok(records)
+}
+
+/// The current record of `register`.
+pub async fn read_manifest(register: &dyn ManifestStore) -> Manifest {
+    let current = register
+        .read()
+        .await
+        .expect("register read")
+        .expect("register initialized");
+    Manifest::from_fields(&current.fields).expect("valid register")
+}
+
+async fn keys_under(store: &DynBlobStore, prefix: &str) -> Vec<String> {
+    store
+        .list(prefix)
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|meta| meta.key)
+        .collect()
+}
+
+/// A data fragment of `epoch` at `index`, holding `records` from `first` on.
+pub fn data_fragment(epoch: Epoch, index: u64, first: u64, records: &[Bytes]) -> Fragment {
+    Fragment::Data {
+        epoch,
+        index: FragmentIndex(index),
+        first: RecordIndex(first),
+        records: records.to_vec(),
+    }
+}
+
+/// Appends `count` records tagged `tag` one at a time, awaiting each ack, and
+/// records them in `acked`.
+pub async fn append_acked(
+    writer: &Writer,
+    tag: &str,
+    count: u64,
+    acked: &mut BTreeMap<RecordIndex, Bytes>,
+) {
+    for sequence in 0..count {
+        let record = payload(tag, sequence);
+        let receipt = writer
+            .append(record.clone())
+            .expect("admitted")
+            .await
+            .expect("acknowledged");
+        assert!(
+            acked.insert(receipt.index, record).is_none(),
+            "index reused"
+        );
+    }
+}
+
+/// Polls `condition` every few milliseconds until it holds; panics after `limit`.
+pub async fn wait_until<F, Fut>(what: &str, limit: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Asserts that `records` hold exactly the indices `start, start + 1, …`.
+pub fn assert_dense_from(start: RecordIndex, records: &[(RecordIndex, Bytes)]) {
+    for (offset, (index, _)) in records.iter().enumerate() {
+        assert_eq!(
+            index.0,
+            start.0 + offset as u64,
+            "indices are not dense from {start}"
+        );
     }
 }
 

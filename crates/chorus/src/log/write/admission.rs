@@ -117,7 +117,12 @@ impl Admission {
                 max: config.max_record_bytes,
             });
         }
-        if !self.directory.fits(1) {
+        // A full active segment rotates only with room for two more entries;
+        // without it, it would grow to `max_active_segment_bytes` and then
+        // report `ActiveSegmentFull`, hiding that truncation is what helps.
+        let rotation_blocked =
+            self.active_bytes >= config.max_segment_bytes && !self.directory.fits(2);
+        if !self.directory.fits(1) || rotation_blocked {
             return Err(LogError::SegmentDirectoryFull {
                 entries: self.directory.entries,
                 max: self.directory.max_bytes,
@@ -206,6 +211,13 @@ mod tests {
         ));
         admission.release(2, 16);
         admission.directory.used_bytes = 1024;
+        assert!(matches!(
+            admission.admit(Bytes::new(), &config),
+            Err(LogError::SegmentDirectoryFull { .. })
+        ));
+        // A full segment that cannot rotate (no room for two entries) refuses too.
+        admission.directory.used_bytes = 1024 - MAX_DIRECTORY_ENTRY_BYTES;
+        admission.active_bytes = 32;
         assert!(matches!(
             admission.admit(Bytes::new(), &config),
             Err(LogError::SegmentDirectoryFull { .. })

@@ -1,0 +1,341 @@
+//! `chorus snapshot …`: list, publish and restore a database's snapshots.
+//!
+//! `publish` acts as a short-lived writer: it takes the writer lease, boots a
+//! publication store (observe, claim), publishes, runs retention and releases
+//! the lease, so it is fenced exactly like a runtime would be.
+
+use std::io::Write;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use chorus::blob::DynBlobStore;
+use chorus::clock::SystemClock;
+use chorus::ids::RecordIndex;
+use chorus::lease::{LeaseConfig, LeaseHolder, Term};
+use chorus::snapshot::{
+    ClaimOutcome, DEFAULT_KEEP_PAYLOADS, Head, NewSnapshot, RetentionReport, SnapshotConfig,
+    SnapshotStore, StoredPayload,
+};
+use serde_json::json;
+
+use crate::CommandError;
+use crate::config::{DatabaseArgs, DatabaseLocation};
+use crate::lease_cmd::{HolderArgs, lease_store, open_for_read, open_for_write};
+
+/// The `snapshot` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum SnapshotCommand {
+    /// List the payloads and what HEAD points at.
+    List(ListArgs),
+    /// Publish a file as the current snapshot (takes the writer lease for the call).
+    Publish(PublishArgs),
+    /// Download the current snapshot into a file, verifying its checksum.
+    Restore(RestoreArgs),
+}
+
+/// Arguments of `snapshot list`.
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    database: DatabaseArgs,
+
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `snapshot publish`.
+#[derive(Debug, clap::Args)]
+pub struct PublishArgs {
+    #[command(flatten)]
+    database: DatabaseArgs,
+
+    #[command(flatten)]
+    holder: HolderArgs,
+
+    /// The payload to publish.
+    #[arg(long)]
+    file: PathBuf,
+
+    /// Log index replay resumes at: the snapshot reflects every record below it.
+    #[arg(long)]
+    wal_index: u64,
+
+    /// Lease term [default: the stored lease's term, or 1].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    term: Option<u64>,
+
+    /// How long the lease taken for this call lasts; the upload must finish
+    /// well within it (the holder stops a fifth of it early).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    lease_ttl_secs: u64,
+
+    /// Payloads retention keeps besides the one HEAD names.
+    #[arg(long, default_value_t = DEFAULT_KEEP_PAYLOADS)]
+    keep: NonZeroUsize,
+}
+
+/// Arguments of `snapshot restore`.
+#[derive(Debug, clap::Args)]
+pub struct RestoreArgs {
+    #[command(flatten)]
+    database: DatabaseArgs,
+
+    /// Where to write the payload (replaced atomically once verified).
+    #[arg(long)]
+    to: PathBuf,
+}
+
+impl SnapshotCommand {
+    /// Runs the command.
+    pub async fn run(self) -> Result<(), CommandError> {
+        match self {
+            SnapshotCommand::List(args) => list(args).await,
+            SnapshotCommand::Publish(args) => publish(args).await,
+            SnapshotCommand::Restore(args) => restore(args).await,
+        }
+    }
+}
+
+fn snapshot_store(store: DynBlobStore, location: &DatabaseLocation) -> SnapshotStore {
+    SnapshotStore::new(
+        store,
+        location.database.clone(),
+        SnapshotConfig::default(),
+        SystemClock::shared(),
+    )
+}
+
+/// The lease timing of a CLI call: a fifth of the ttl as safety margin, and
+/// store calls bounded by a quarter of it.
+fn lease_config(ttl_secs: u64) -> LeaseConfig {
+    let ttl = Duration::from_secs(ttl_secs);
+    LeaseConfig {
+        ttl,
+        safety_margin: ttl / 5,
+        store_call_timeout: ttl / 4,
+    }
+}
+
+async fn list(args: ListArgs) -> Result<(), CommandError> {
+    let location = args.database.resolve()?;
+    let (head, payloads) = match open_for_read(&location)? {
+        Some(store) => {
+            let snapshots = snapshot_store(store, &location);
+            let head = snapshots
+                .read_head()
+                .await
+                .map_err(|e| format!("cannot read HEAD: {e}"))?;
+            let payloads = snapshots
+                .list()
+                .await
+                .map_err(|e| format!("cannot list snapshots: {e}"))?;
+            (head.map(|current| current.head), payloads)
+        }
+        None => (None, Vec::new()),
+    };
+    if args.json {
+        println!("{}", list_json(&location, head.as_ref(), &payloads));
+    } else {
+        print!("{}", list_text(&location, head.as_ref(), &payloads));
+    }
+    Ok(())
+}
+
+fn head_json(head: &Head) -> serde_json::Value {
+    json!({
+        "snapshot_key": head.snapshot_key(),
+        "publication_sequence": head.publication_sequence.0,
+        "wal_index": head.wal_index.0,
+        "payload_size_bytes": head.payload_size_bytes,
+        "payload_sha256": head.payload_sha256.to_string(),
+        "holder_id": head.holder_id.as_str(),
+        "term": head.term.0,
+        "lease_generation": head.lease_generation.0,
+        "updated_at_ms": head.updated_at_ms,
+    })
+}
+
+fn list_json(
+    location: &DatabaseLocation,
+    head: Option<&Head>,
+    payloads: &[StoredPayload],
+) -> serde_json::Value {
+    let payloads: Vec<_> = payloads
+        .iter()
+        .map(|payload| {
+            json!({
+                "key": payload.key,
+                "generation": payload.id.generation.0,
+                "sequence": payload.id.sequence.0,
+                "size_bytes": payload.size_bytes,
+                "head": head.is_some_and(|head| head.snapshot == payload.id),
+            })
+        })
+        .collect();
+    json!({
+        "store": location.store.to_string(),
+        "database": location.database.as_str(),
+        "head": head.map(head_json),
+        "payloads": payloads,
+    })
+}
+
+fn list_text(
+    location: &DatabaseLocation,
+    head: Option<&Head>,
+    payloads: &[StoredPayload],
+) -> String {
+    let mut out = String::new();
+    let mut line = |key: &str, value: String| out.push_str(&format!("{key:<9} {value}\n"));
+    line("store", location.store.to_string());
+    line("database", location.database.to_string());
+    match head {
+        None => line("head", "none (nothing published)".to_owned()),
+        Some(head) => {
+            line(
+                "head",
+                format!(
+                    "{} (sequence {}, wal_index {}, {} bytes)",
+                    head.snapshot_key(),
+                    head.publication_sequence,
+                    head.wal_index,
+                    head.payload_size_bytes
+                ),
+            );
+            line("sha256", head.payload_sha256.to_string());
+            line(
+                "stamp",
+                format!(
+                    "holder {} term {} generation {}",
+                    head.holder_id, head.term, head.lease_generation
+                ),
+            );
+        }
+    }
+    line("payloads", payloads.len().to_string());
+    for payload in payloads {
+        let marker = if head.is_some_and(|head| head.snapshot == payload.id) {
+            "  HEAD"
+        } else {
+            ""
+        };
+        line(
+            "",
+            format!("{}  {} bytes{marker}", payload.key, payload.size_bytes),
+        );
+    }
+    out
+}
+
+async fn publish(args: PublishArgs) -> Result<(), CommandError> {
+    let location = args.database.resolve()?;
+    let holder = args.holder.resolve()?;
+    let bytes = std::fs::read(&args.file)
+        .map_err(|e| format!("cannot read {}: {e}", args.file.display()))?;
+    let store = open_for_write(&location).await?;
+    let leases = lease_store(store.clone(), &location, lease_config(args.lease_ttl_secs))?;
+    let term = match args.term {
+        Some(term) => Term(term),
+        None => leases
+            .read()
+            .await
+            .map_err(|e| format!("cannot read lease: {e}"))?
+            .map_or(Term::FIRST, |record| record.term),
+    };
+    let lease = leases
+        .acquire(holder, term)
+        .await
+        .map_err(|e| format!("cannot publish snapshot: {e}"))?;
+    let snapshot = NewSnapshot {
+        bytes: Bytes::from(bytes),
+        wal_index: RecordIndex(args.wal_index),
+    };
+    let snapshots = snapshot_store(store, &location);
+    let published = publish_under(&lease, &snapshots, snapshot, args.keep).await;
+    // Release even after a failure, so the next writer need not wait out the ttl.
+    let released = lease.release().await;
+    let (head, report) = published.map_err(|e| format!("cannot publish snapshot: {e}"))?;
+    println!(
+        "published snapshot {}: sequence {}, wal_index {}, {} bytes, sha256 {}, holder {} generation {}",
+        head.snapshot_key(),
+        head.publication_sequence,
+        head.wal_index,
+        head.payload_size_bytes,
+        head.payload_sha256,
+        head.holder_id,
+        head.lease_generation
+    );
+    if !report.deleted.is_empty() {
+        println!("retention deleted {} old payload(s)", report.deleted.len());
+    }
+    released.map_err(|e| format!("published, but cannot release the lease: {e}"))?;
+    Ok(())
+}
+
+/// Boots a publication store under `lease` and publishes `snapshot`: on the
+/// first boot the claim itself installs it; otherwise claim, then publish.
+/// Then retention.
+async fn publish_under(
+    lease: &LeaseHolder,
+    snapshots: &SnapshotStore,
+    snapshot: NewSnapshot,
+    keep: NonZeroUsize,
+) -> Result<(Head, RetentionReport), CommandError> {
+    let mut publication = snapshots.publication();
+    publication.observe_for_boot().await?;
+    let head = match publication.claim(lease, snapshot.clone()).await? {
+        ClaimOutcome::Installed(head) => head,
+        ClaimOutcome::Adopted(_) => publication.publish(lease, snapshot).await?,
+    };
+    let report = snapshots.retain(keep).await?;
+    Ok((head, report))
+}
+
+async fn restore(args: RestoreArgs) -> Result<(), CommandError> {
+    let location = args.database.resolve()?;
+    let nothing = || {
+        format!(
+            "no snapshot published: database={} store={}",
+            location.database, location.store
+        )
+    };
+    let store = open_for_read(&location)?.ok_or_else(nothing)?;
+    let (head, bytes) = snapshot_store(store, &location)
+        .restore()
+        .await
+        .map_err(|e| format!("cannot restore snapshot: {e}"))?
+        .ok_or_else(nothing)?;
+    write_atomically(&args.to, &bytes)
+        .map_err(|e| format!("cannot write {}: {e}", args.to.display()))?;
+    println!(
+        "restored snapshot {} to {}: {} bytes, wal_index {}, sha256 {} verified",
+        head.snapshot_key(),
+        args.to.display(),
+        bytes.len(),
+        head.wal_index,
+        head.payload_sha256
+    );
+    Ok(())
+}
+
+/// Writes `bytes` to a temporary file beside `path`, syncs it and renames it
+/// over `path`, so `path` is never left half-written.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file path"))?;
+    let mut staging_name = std::ffi::OsString::from(".");
+    staging_name.push(name);
+    staging_name.push(format!(".chorus-restore-{}", std::process::id()));
+    let staging = path.with_file_name(staging_name);
+    let mut file = std::fs::File::create(&staging)?;
+    let written = file.write_all(bytes).and_then(|()| file.sync_all());
+    if let Err(error) = written.and_then(|()| std::fs::rename(&staging, path)) {
+        let _ = std::fs::remove_file(&staging);
+        return Err(error);
+    }
+    Ok(())
+}

@@ -1,0 +1,284 @@
+//! End-to-end tests of `chorus snapshot list/publish/restore` and `chorus lease
+//! status/release` through the real binary, on the embedded default store and
+//! (when the test services run) on S3.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use chorus::blob::{StoreUrl, open_store};
+use chorus::clock::SystemClock;
+use chorus::lease::{DatabaseKey, HolderId, LeaseConfig, LeaseHolder, LeaseStore, Term};
+use serde_json::Value;
+use tempfile::TempDir;
+
+fn chorus(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_chorus"))
+        .args(args)
+        .current_dir(dir)
+        // Configuration must come from the arguments, not the caller's shell.
+        .env_remove("CHORUS_SNAPSHOT_STORE")
+        .env_remove("CHORUS_DB")
+        .env_remove("CHORUS_DATA_DIR")
+        .env_remove("CHORUS_HOLDER")
+        .output()
+        .expect("chorus runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8(output.stderr.clone()).unwrap()
+}
+
+fn assert_succeeds(output: &Output) -> String {
+    assert!(output.status.success(), "failed: {}", stderr(output));
+    stdout(output)
+}
+
+/// Asserts a failure with exactly one line on stderr containing every `expected`.
+fn assert_fails_with(output: &Output, expected: &[&str]) {
+    assert!(
+        !output.status.success(),
+        "unexpected success: {}",
+        stdout(output)
+    );
+    let stderr = stderr(output);
+    assert_eq!(stderr.lines().count(), 1, "not one line: {stderr}");
+    assert!(stderr.starts_with("chorus: "), "{stderr}");
+    for part in expected {
+        assert!(stderr.contains(part), "expected {part:?} in: {stderr}");
+    }
+}
+
+/// Payload bytes that survive no text-mode accident: every byte value.
+fn binary_payload(seed: u8) -> Vec<u8> {
+    (0..=255u8)
+        .cycle()
+        .skip(seed as usize)
+        .take(4096 + seed as usize)
+        .collect()
+}
+
+fn write_file(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// `command` followed by the `location` flags.
+fn with<'a>(location: &[&'a str], command: &[&'a str]) -> Vec<&'a str> {
+    [command, location].concat()
+}
+
+/// Publishes, lists and restores twice on the store the `location` flags name.
+fn round_trip(dir: &Path, location: &[&str]) {
+    let first = write_file(dir, "first.bin", &binary_payload(1));
+    let second = write_file(dir, "second.bin", &binary_payload(2));
+    let first = first.to_str().unwrap();
+    let second = second.to_str().unwrap();
+    let published = assert_succeeds(&chorus(
+        dir,
+        &with(
+            location,
+            &["snapshot", "publish", "--file", first, "--wal-index", "10"],
+        ),
+    ));
+    assert!(published.starts_with("published snapshot "), "{published}");
+    let restored = dir.join("restored.bin");
+    let restore_args = with(
+        location,
+        &["snapshot", "restore", "--to", restored.to_str().unwrap()],
+    );
+    assert_succeeds(&chorus(dir, &restore_args));
+    assert_eq!(std::fs::read(&restored).unwrap(), binary_payload(1));
+
+    assert_succeeds(&chorus(
+        dir,
+        &with(
+            location,
+            &["snapshot", "publish", "--file", second, "--wal-index", "25"],
+        ),
+    ));
+    let listed = assert_succeeds(&chorus(
+        dir,
+        &with(location, &["snapshot", "list", "--json"]),
+    ));
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed["head"]["wal_index"], 25);
+    assert_eq!(listed["head"]["payload_size_bytes"], 4096 + 2);
+    let payloads = listed["payloads"].as_array().unwrap();
+    assert_eq!(payloads.len(), 2);
+    assert_eq!(payloads[1]["head"], true);
+    assert_eq!(payloads[0]["head"], false);
+    let text = assert_succeeds(&chorus(dir, &with(location, &["snapshot", "list"])));
+    assert!(text.contains("wal_index 25"), "{text}");
+    assert!(text.contains("  HEAD"), "{text}");
+
+    let restored_text = assert_succeeds(&chorus(dir, &restore_args));
+    assert!(restored_text.contains("verified"), "{restored_text}");
+    assert_eq!(std::fs::read(&restored).unwrap(), binary_payload(2));
+}
+
+#[test]
+fn publish_list_restore_round_trip_on_the_embedded_default() {
+    let dir = TempDir::new().unwrap();
+    round_trip(dir.path(), &[]);
+    assert!(
+        dir.path()
+            .join("chorus-data/snapshots-store/default/HEAD.json")
+            .is_file()
+    );
+    let status = assert_succeeds(&chorus(dir.path(), &["lease", "status", "--json"]));
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(
+        status["lease"]["state"], "released",
+        "publish releases its lease"
+    );
+    assert_eq!(status["lease"]["generation"], 2);
+}
+
+#[test]
+fn publish_list_restore_round_trip_with_explicit_store_and_db() {
+    let dir = TempDir::new().unwrap();
+    let store = StoreUrl::local(&dir.path().join("elsewhere")).to_string();
+    round_trip(dir.path(), &["--store", &store, "--db", "orders"]);
+    assert!(dir.path().join("elsewhere/orders/HEAD.json").is_file());
+    assert!(!dir.path().join("chorus-data").exists());
+}
+
+#[test]
+fn publish_list_restore_round_trip_on_s3() {
+    let Some(urls) = support::s3_urls("cli-snapshot") else {
+        return;
+    };
+    let dir = TempDir::new().unwrap();
+    round_trip(dir.path(), &["--store", &urls[0]]);
+}
+
+/// Acquires the default store's lease as `holder` for a minute, as another
+/// process would.
+fn hold_lease(dir: &Path, holder: &str) -> LeaseHolder {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let url = StoreUrl::local(&dir.join("chorus-data/snapshots-store"));
+        let store = open_store(&url).await.unwrap();
+        let config = LeaseConfig {
+            ttl: Duration::from_secs(60),
+            ..LeaseConfig::default()
+        };
+        let database = DatabaseKey::new("default").unwrap();
+        LeaseStore::new(store, database, config, SystemClock::shared())
+            .unwrap()
+            .acquire(HolderId::new(holder).unwrap(), Term(1))
+            .await
+            .unwrap()
+    })
+}
+
+#[test]
+fn a_held_lease_gives_a_clear_error() {
+    let dir = TempDir::new().unwrap();
+    let _other = hold_lease(dir.path(), "other-node");
+    let file = write_file(dir.path(), "f.bin", b"payload");
+    let publish = [
+        "snapshot",
+        "publish",
+        "--file",
+        file.to_str().unwrap(),
+        "--wal-index",
+        "1",
+        "--holder",
+        "me",
+    ];
+    let held = [
+        "lease held by another holder",
+        "holder=other-node",
+        "expires_in_ms=",
+    ];
+    assert_fails_with(
+        &chorus(dir.path(), &publish),
+        &[&["cannot publish snapshot"], &held[..]].concat(),
+    );
+    assert_fails_with(
+        &chorus(dir.path(), &["lease", "release", "--holder", "me"]),
+        &[&["cannot release lease"], &held[..]].concat(),
+    );
+    let status = assert_succeeds(&chorus(dir.path(), &["lease", "status"]));
+    assert!(status.contains("held, expires in"), "{status}");
+    assert!(status.contains("other-node"), "{status}");
+    let listed = assert_succeeds(&chorus(dir.path(), &["snapshot", "list", "--json"]));
+    assert_eq!(
+        serde_json::from_str::<Value>(&listed).unwrap()["head"],
+        Value::Null
+    );
+
+    // The named holder may release it; then publishing works.
+    let released = assert_succeeds(&chorus(
+        dir.path(),
+        &["lease", "release", "--holder", "other-node"],
+    ));
+    assert!(
+        released.starts_with("released lease: database=default holder=other-node"),
+        "{released}"
+    );
+    assert_succeeds(&chorus(dir.path(), &publish));
+}
+
+#[test]
+fn restore_refuses_a_corrupted_payload_and_writes_nothing() {
+    let dir = TempDir::new().unwrap();
+    let file = write_file(dir.path(), "f.bin", &binary_payload(3));
+    let file = file.to_str().unwrap();
+    assert_succeeds(&chorus(
+        dir.path(),
+        &["snapshot", "publish", "--file", file, "--wal-index", "3"],
+    ));
+    let listed = assert_succeeds(&chorus(dir.path(), &["snapshot", "list", "--json"]));
+    let key = serde_json::from_str::<Value>(&listed).unwrap()["head"]["snapshot_key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Flip one bit of the payload's last byte on disk (the local store keeps
+    // the object's bytes at the end of the file, after its header).
+    let object = dir.path().join("chorus-data/snapshots-store").join(&key);
+    let mut stored = std::fs::read(&object).unwrap();
+    *stored.last_mut().unwrap() ^= 0x01;
+    std::fs::write(&object, stored).unwrap();
+    let target = dir.path().join("restored.bin");
+    assert_fails_with(
+        &chorus(
+            dir.path(),
+            &["snapshot", "restore", "--to", target.to_str().unwrap()],
+        ),
+        &[
+            "cannot restore snapshot",
+            "checksum mismatch",
+            &format!("key={key}"),
+        ],
+    );
+    assert!(!target.exists());
+}
+
+#[test]
+fn restore_and_status_with_nothing_published() {
+    let dir = TempDir::new().unwrap();
+    assert_fails_with(
+        &chorus(dir.path(), &["snapshot", "restore", "--to", "x.bin"]),
+        &["no snapshot published: database=default"],
+    );
+    let status = assert_succeeds(&chorus(dir.path(), &["lease", "status"]));
+    assert!(status.contains("none (never acquired)"), "{status}");
+    assert!(
+        !dir.path().join("chorus-data").exists(),
+        "reading created nothing"
+    );
+    assert_fails_with(
+        &chorus(dir.path(), &["snapshot", "list", "--db", "a/b"]),
+        &["db: invalid database key"],
+    );
+}

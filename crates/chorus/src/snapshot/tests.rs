@@ -1,0 +1,377 @@
+//! Unit tests of snapshot publication over an in-memory store: the stable
+//! read, the state machine's refusals, settling lost responses, and payload
+//! verification. The cross-backend contract and the reference scenarios are in
+//! `tests/lease_snapshot.rs`.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::*;
+use crate::blob::{
+    Blob, BlobStore, Fault, FaultController, FaultRule, FaultyStore, KeyMatch, ObjectMeta, Op,
+    OpSet, StoreUrl, open_store,
+};
+use crate::clock::ManualClock;
+use crate::ids::RecordIndex;
+use crate::lease::{HolderId, LeaseConfig, LeaseHolder, LeaseStore, Term};
+
+const START_MS: u64 = 1_700_000_000_000;
+
+async fn memory() -> DynBlobStore {
+    let url = format!("memory://snapshot-unit-{:x}", rand::random::<u64>());
+    open_store(&url.parse::<StoreUrl>().unwrap()).await.unwrap()
+}
+
+fn db() -> DatabaseKey {
+    DatabaseKey::new("db").unwrap()
+}
+
+fn snapshots(store: &DynBlobStore, clock: &Arc<ManualClock>) -> SnapshotStore {
+    SnapshotStore::new(
+        store.clone(),
+        db(),
+        SnapshotConfig::default(),
+        clock.clone(),
+    )
+}
+
+async fn acquire(store: &DynBlobStore, clock: &Arc<ManualClock>, id: &str) -> LeaseHolder {
+    LeaseStore::new(store.clone(), db(), LeaseConfig::default(), clock.clone())
+        .unwrap()
+        .acquire(HolderId::new(id).unwrap(), Term(1))
+        .await
+        .unwrap()
+}
+
+fn snapshot(text: &str, wal_index: u64) -> NewSnapshot {
+    NewSnapshot {
+        bytes: Bytes::copy_from_slice(text.as_bytes()),
+        wal_index: RecordIndex(wal_index),
+    }
+}
+
+/// Boots a publication store: observe, then claim with `initial`.
+async fn boot(snapshots: &SnapshotStore, lease: &LeaseHolder, initial: &str) -> PublicationStore {
+    let mut publication = snapshots.publication();
+    publication.observe_for_boot().await.unwrap();
+    publication
+        .claim(lease, snapshot(initial, 0))
+        .await
+        .unwrap();
+    publication
+}
+
+/// Rewrites HEAD (same bytes, new version) just before the first `moves` HEAD
+/// reads, as a concurrent writer would.
+#[derive(Debug)]
+struct MovingHead {
+    inner: DynBlobStore,
+    moves: AtomicU32,
+}
+
+#[async_trait]
+impl BlobStore for MovingHead {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
+        self.inner.create(key, bytes).await
+    }
+    async fn update(
+        &self,
+        key: &str,
+        expected: &Version,
+        bytes: Bytes,
+    ) -> Result<Version, BlobError> {
+        self.inner.update(key, expected, bytes).await
+    }
+    async fn get(&self, key: &str) -> Result<Blob, BlobError> {
+        let moving = self
+            .moves
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if moving && key.ends_with("HEAD.json") {
+            let current = self.inner.get(key).await?;
+            self.inner
+                .update(key, &current.version, current.bytes)
+                .await?;
+        }
+        self.inner.get(key).await
+    }
+    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, BlobError> {
+        self.inner.get_range(key, range).await
+    }
+    async fn head(&self, key: &str) -> Result<ObjectMeta, BlobError> {
+        self.inner.head(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, BlobError> {
+        self.inner.list(prefix).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), BlobError> {
+        self.inner.delete(key).await
+    }
+}
+
+#[tokio::test]
+async fn the_stable_read_retries_while_head_moves_and_gives_up_eventually() {
+    let clock = ManualClock::shared(START_MS);
+    let inner = memory().await;
+    let lease = acquire(&inner, &clock, "a").await;
+    boot(&snapshots(&inner, &clock), &lease, "zero").await;
+
+    let moving = Arc::new(MovingHead {
+        inner: inner.clone(),
+        moves: AtomicU32::new(2),
+    });
+    let store: DynBlobStore = moving.clone();
+    let read = snapshots(&store, &clock)
+        .read_head()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        read.version,
+        inner.head("db/HEAD.json").await.unwrap().version
+    );
+    assert_eq!(moving.moves.load(Ordering::SeqCst), 0);
+
+    moving.moves.store(u32::MAX, Ordering::SeqCst);
+    let error = snapshots(&store, &clock).read_head().await.unwrap_err();
+    assert!(
+        matches!(
+            error,
+            SnapshotError::Unstable {
+                rounds: MAX_STABLE_READ_ROUNDS,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert!(error.is_transient());
+}
+
+#[tokio::test]
+async fn operations_out_of_order_are_refused_and_the_fence_is_sticky() {
+    let clock = ManualClock::shared(START_MS);
+    let store = memory().await;
+    let lease = acquire(&store, &clock, "a").await;
+    let snapshots = snapshots(&store, &clock);
+    let mut publication = snapshots.publication();
+    let early = publication
+        .publish(&lease, snapshot("x", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        early.to_string(),
+        "snapshot publication cannot publish in state=unobserved: database=db"
+    );
+    assert!(publication.claim(&lease, snapshot("x", 1)).await.is_err());
+    publication.observe_for_boot().await.unwrap();
+    publication
+        .claim(&lease, snapshot("zero", 0))
+        .await
+        .unwrap();
+    assert!(matches!(
+        publication.observe_for_boot().await,
+        Err(SnapshotError::WrongState {
+            state: PublicationState::Claimed,
+            ..
+        })
+    ));
+
+    lease.release().await.unwrap();
+    let fenced = publication
+        .publish(&lease, snapshot("one", 1))
+        .await
+        .unwrap_err();
+    assert!(fenced.is_fenced(), "{fenced}");
+    assert_eq!(publication.fence_reason(), Some(&FenceReason::LeaseExpired));
+    for _ in 0..2 {
+        assert!(
+            publication
+                .observe_for_boot()
+                .await
+                .unwrap_err()
+                .is_fenced()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_claim_over_a_newer_fencing_token_is_superseded() {
+    let clock = ManualClock::shared(START_MS);
+    let store = memory().await;
+    let snapshots = snapshots(&store, &clock);
+    let old = acquire(&store, &clock, "a").await;
+    // The successor's wall clock is past the old lease; the old holder's own
+    // clock says it may still write (a frozen process).
+    let later = ManualClock::shared(START_MS + 60_000);
+    let new = acquire(&store, &later, "b").await;
+    assert!(old.may_write_now());
+    let _claimed = boot(&snapshots, &new, "zero").await;
+    let mut late = snapshots.publication();
+    late.observe_for_boot().await.unwrap();
+    let error = late.claim(&old, snapshot("x", 0)).await.unwrap_err();
+    assert_eq!(
+        late.fence_reason(),
+        Some(&FenceReason::Superseded),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn publish_with_another_incarnation_is_a_lease_mismatch() {
+    let clock = ManualClock::shared(START_MS);
+    let store = memory().await;
+    let snapshots = snapshots(&store, &clock);
+    let first = acquire(&store, &clock, "a").await;
+    let mut publication = boot(&snapshots, &first, "zero").await;
+    let second = acquire(&store, &clock, "a").await;
+    let error = publication
+        .publish(&second, snapshot("x", 1))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        publication.fence_reason(),
+        Some(&FenceReason::LeaseMismatch),
+        "{error}"
+    );
+}
+
+/// Adds faults under which the next write of `key` lands but its response is
+/// lost, and reading it back fails until the rules are cleared: the outcome
+/// stays unknown.
+fn lose_next_write(controller: &FaultController, key: KeyMatch, ops: &[Op]) {
+    controller.add(
+        FaultRule::new(Fault::FailAfter)
+            .ops(OpSet::of(ops))
+            .keys(key.clone())
+            .times(1),
+    );
+    controller.add(
+        FaultRule::new(Fault::FailBefore)
+            .ops(OpSet::of(&[Op::Get]))
+            .keys(key),
+    );
+}
+
+/// HEAD writes whose outcome stayed unknown are found and followed by the
+/// next claim or publication, instead of fencing the store.
+#[tokio::test(start_paused = true)]
+async fn lost_head_responses_are_followed_not_fenced() {
+    let clock = ManualClock::shared(START_MS);
+    let controller = FaultController::new(3);
+    let store: DynBlobStore = Arc::new(FaultyStore::new(memory().await, controller.clone()));
+    let lease = acquire(&store, &clock, "a").await;
+    let snapshots = snapshots(&store, &clock);
+    let head_key = || KeyMatch::Exact("db/HEAD.json".into());
+
+    let mut publication = snapshots.publication();
+    publication.observe_for_boot().await.unwrap();
+    lose_next_write(&controller, head_key(), &[Op::Create]);
+    let unknown = publication
+        .claim(&lease, snapshot("zero", 0))
+        .await
+        .unwrap_err();
+    assert!(unknown.is_transient(), "{unknown}");
+    assert_eq!(publication.state(), PublicationState::Observed);
+    controller.clear();
+    // A later attempt writes different bytes (a later timestamp), finds ours.
+    clock.advance(Duration::from_secs(1));
+    let claimed = publication
+        .claim(&lease, snapshot("zero", 0))
+        .await
+        .unwrap();
+    assert!(matches!(claimed, ClaimOutcome::Installed(_)));
+    assert_eq!(
+        claimed.head().updated_at_ms,
+        START_MS,
+        "the first attempt's HEAD"
+    );
+
+    lose_next_write(&controller, head_key(), &[Op::Update]);
+    let unknown = publication
+        .publish(&lease, snapshot("one", 1))
+        .await
+        .unwrap_err();
+    assert!(unknown.is_transient(), "{unknown}");
+    controller.clear();
+    let head = publication
+        .publish(&lease, snapshot("two", 2))
+        .await
+        .unwrap();
+    assert_eq!(head.publication_sequence, PublicationSequence(3));
+    let stored = snapshots.read_head().await.unwrap().unwrap();
+    assert_eq!(stored.head, head);
+    assert_eq!(
+        snapshots.download(&head).await.unwrap(),
+        Bytes::from_static(b"two")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_upload_never_reuses_its_key() {
+    let clock = ManualClock::shared(START_MS);
+    let controller = FaultController::new(5);
+    let store: DynBlobStore = Arc::new(FaultyStore::new(memory().await, controller.clone()));
+    let lease = acquire(&store, &clock, "a").await;
+    let snapshots = snapshots(&store, &clock);
+    let mut publication = boot(&snapshots, &lease, "zero").await;
+    lose_next_write(
+        &controller,
+        KeyMatch::Prefix("db/snapshots/".into()),
+        &[Op::Create],
+    );
+    let unknown = publication
+        .publish(&lease, snapshot("lost", 1))
+        .await
+        .unwrap_err();
+    assert!(unknown.is_transient(), "{unknown}");
+    controller.clear();
+    let head = publication
+        .publish(&lease, snapshot("kept", 2))
+        .await
+        .unwrap();
+    assert_eq!(head.snapshot.sequence, PublicationSequence(3));
+    let sequences: Vec<u64> = snapshots
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|payload| payload.id.sequence.0)
+        .collect();
+    assert_eq!(sequences, [1, 2, 3]);
+}
+
+#[tokio::test]
+async fn download_checks_size_and_missing_payloads() {
+    let clock = ManualClock::shared(START_MS);
+    let store = memory().await;
+    let lease = acquire(&store, &clock, "a").await;
+    let snapshots = snapshots(&store, &clock);
+    assert_eq!(snapshots.restore().await.unwrap(), None);
+    let publication = boot(&snapshots, &lease, "zero").await;
+    let head = publication.head().unwrap().clone();
+    store.delete(&head.snapshot_key()).await.unwrap();
+    let missing = snapshots.restore().await.unwrap_err();
+    assert!(
+        matches!(missing, SnapshotError::PayloadMissing { .. }),
+        "{missing}"
+    );
+    store
+        .create(&head.snapshot_key(), Bytes::from_static(b"zer"))
+        .await
+        .unwrap();
+    let short = snapshots.download(&head).await.unwrap_err();
+    assert_eq!(
+        short.to_string(),
+        format!(
+            "snapshot payload size mismatch: key={} expected_bytes=4 found_bytes=3",
+            head.snapshot_key()
+        )
+    );
+}

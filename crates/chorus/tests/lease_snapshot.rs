@@ -1,0 +1,696 @@
+//! The writer lease and fenced snapshot publication, run against every
+//! backend: `memory::*`, `local::*` (a directory) and `s3::*` (an S3-compatible
+//! server from the test services). Time is simulated with manual clocks, so
+//! expiry and clock skew are exact and the tests never sleep for a lease.
+
+mod support;
+
+use std::num::NonZeroUsize;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use chorus::blob::{
+    Blob, BlobError, BlobStore, DynBlobStore, Fault, FaultController, FaultRule, FaultyStore,
+    KeyMatch, ObjectMeta, OpSet, StoreUrl, Version, open_store,
+};
+use chorus::clock::ManualClock;
+use chorus::ids::RecordIndex;
+use chorus::lease::{
+    DatabaseKey, Generation, HolderId, LeaseConfig, LeaseError, LeaseHolder, LeaseStore, Term,
+};
+use chorus::snapshot::{
+    ClaimOutcome, FenceReason, NewSnapshot, PublicationSequence, PublicationStore, SnapshotConfig,
+    SnapshotError, SnapshotStore,
+};
+use tempfile::TempDir;
+use tokio::sync::Notify;
+
+/// A store under test plus whatever must outlive it.
+struct Fixture {
+    store: DynBlobStore,
+    _dir: Option<TempDir>,
+}
+
+async fn open(url: &str, dir: Option<TempDir>) -> Fixture {
+    let url: StoreUrl = url.parse().expect("test URL parses");
+    let store = open_store(&url)
+        .await
+        .expect("store opens and passes the probe");
+    Fixture { store, _dir: dir }
+}
+
+async fn memory() -> Option<Fixture> {
+    Some(open(&format!("memory://{}", support::unique("lease")), None).await)
+}
+
+async fn local() -> Option<Fixture> {
+    let dir = TempDir::new().expect("temp dir");
+    let url = StoreUrl::local(dir.path()).to_string();
+    Some(open(&url, Some(dir)).await)
+}
+
+async fn s3() -> Option<Fixture> {
+    let urls = support::s3_urls("lease")?;
+    Some(open(&urls[0], None).await)
+}
+
+/// Wall-clock start of every simulated clock.
+const START_MS: u64 = 1_700_000_000_000;
+/// Lease timing of the tests.
+const TTL: Duration = Duration::from_secs(10);
+const MARGIN: Duration = Duration::from_secs(2);
+/// Contenders in the acquisition race, and its rounds.
+const RACERS: usize = 16;
+const RACE_ROUNDS: u64 = 3;
+
+fn db() -> DatabaseKey {
+    DatabaseKey::new("orders").unwrap()
+}
+
+fn holder(id: &str) -> HolderId {
+    HolderId::new(id).unwrap()
+}
+
+fn clock() -> Arc<ManualClock> {
+    ManualClock::shared(START_MS)
+}
+
+fn leases(store: &DynBlobStore, clock: &Arc<ManualClock>) -> LeaseStore {
+    let config = LeaseConfig {
+        ttl: TTL,
+        safety_margin: MARGIN,
+        store_call_timeout: Duration::from_secs(5),
+    };
+    LeaseStore::new(store.clone(), db(), config, clock.clone()).unwrap()
+}
+
+async fn acquire(store: &DynBlobStore, clock: &Arc<ManualClock>, id: &str) -> LeaseHolder {
+    leases(store, clock)
+        .acquire(holder(id), Term(1))
+        .await
+        .unwrap()
+}
+
+fn snapshots(store: &DynBlobStore, clock: &Arc<ManualClock>) -> SnapshotStore {
+    SnapshotStore::new(
+        store.clone(),
+        db(),
+        SnapshotConfig::default(),
+        clock.clone(),
+    )
+}
+
+fn payload(text: &str, wal_index: u64) -> NewSnapshot {
+    NewSnapshot {
+        bytes: Bytes::copy_from_slice(text.as_bytes()),
+        wal_index: RecordIndex(wal_index),
+    }
+}
+
+/// Observes HEAD and claims it, as a booting node does.
+async fn boot(snapshots: &SnapshotStore, lease: &LeaseHolder, initial: &str) -> PublicationStore {
+    let mut publication = snapshots.publication();
+    publication.observe_for_boot().await.unwrap();
+    publication.claim(lease, payload(initial, 0)).await.unwrap();
+    publication
+}
+
+fn assert_fenced(result: Result<impl std::fmt::Debug, SnapshotError>, reason: FenceReason) {
+    match result {
+        Err(SnapshotError::Fenced { reason: found, .. }) => assert_eq!(found, reason),
+        other => panic!("expected fenced ({reason}), got {other:?}"),
+    }
+}
+
+/// Holds the next payload upload until released: a writer delayed between its
+/// lease check and its HEAD CAS (a GC pause, a slow network).
+#[derive(Debug)]
+struct GatedStore {
+    inner: DynBlobStore,
+    armed: AtomicBool,
+    entered: Notify,
+    release: Notify,
+}
+
+impl GatedStore {
+    fn new(inner: DynBlobStore) -> Arc<GatedStore> {
+        Arc::new(GatedStore {
+            inner,
+            armed: AtomicBool::new(false),
+            entered: Notify::new(),
+            release: Notify::new(),
+        })
+    }
+}
+
+#[async_trait]
+impl BlobStore for GatedStore {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
+        if key.contains("/snapshots/") && self.armed.swap(false, Ordering::SeqCst) {
+            self.entered.notify_one();
+            self.release.notified().await;
+        }
+        self.inner.create(key, bytes).await
+    }
+    async fn update(
+        &self,
+        key: &str,
+        expected: &Version,
+        bytes: Bytes,
+    ) -> Result<Version, BlobError> {
+        self.inner.update(key, expected, bytes).await
+    }
+    async fn get(&self, key: &str) -> Result<Blob, BlobError> {
+        self.inner.get(key).await
+    }
+    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, BlobError> {
+        self.inner.get_range(key, range).await
+    }
+    async fn head(&self, key: &str) -> Result<ObjectMeta, BlobError> {
+        self.inner.head(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, BlobError> {
+        self.inner.list(prefix).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), BlobError> {
+        self.inner.delete(key).await
+    }
+}
+
+mod lease_cases {
+    use super::*;
+
+    pub async fn concurrent_acquirers_exactly_one_wins(store: DynBlobStore) {
+        let clock = clock();
+        for round in 0..RACE_ROUNDS {
+            let tasks: Vec<_> = (0..RACERS)
+                .map(|racer| {
+                    let leases = leases(&store, &clock);
+                    let id = holder(&format!("racer-{round}-{racer}"));
+                    tokio::spawn(async move { leases.acquire(id, Term(1)).await })
+                })
+                .collect();
+            let mut winners = Vec::new();
+            for task in tasks {
+                match task.await.unwrap() {
+                    Ok(lease) => winners.push(lease),
+                    Err(LeaseError::Held { .. } | LeaseError::LostRace { .. }) => {}
+                    Err(other) => panic!("unexpected acquire error: {other}"),
+                }
+            }
+            assert_eq!(winners.len(), 1, "round {round}: {} winners", winners.len());
+            let winner = winners.pop().unwrap();
+            assert_eq!(winner.generation(), Generation(round + 1));
+            let stored = leases(&store, &clock).read().await.unwrap().unwrap();
+            assert_eq!(stored, winner.record());
+            winner.release().await.unwrap();
+        }
+    }
+
+    pub async fn expired_lease_is_taken_over_with_next_generation(store: DynBlobStore) {
+        let clock = clock();
+        let a = acquire(&store, &clock, "a").await;
+        clock.advance(TTL - Duration::from_millis(1));
+        let early = leases(&store, &clock).acquire(holder("b"), Term(1)).await;
+        assert!(matches!(early, Err(LeaseError::Held { .. })), "{early:?}");
+        clock.advance(Duration::from_millis(1));
+        let b = acquire(&store, &clock, "b").await;
+        assert_eq!(b.generation(), a.generation().next().unwrap());
+        assert!(!a.may_write_now() && b.may_write_now());
+        let stored = leases(&store, &clock).read().await.unwrap().unwrap();
+        assert_eq!(
+            (stored.holder_id.as_str(), stored.generation),
+            ("b", Generation(2))
+        );
+    }
+
+    pub async fn release_keeps_generations_increasing(store: DynBlobStore) {
+        let clock = clock();
+        let leases = leases(&store, &clock);
+        let mut last = Generation(0);
+        for (turn, id) in ["a", "b", "a", "a"].into_iter().enumerate() {
+            let lease = leases.acquire(holder(id), Term(1)).await.unwrap();
+            assert!(
+                lease.generation() > last,
+                "turn {turn}: generation went back"
+            );
+            last = lease.generation();
+            lease.release().await.unwrap();
+            let stored = leases.read().await.unwrap().unwrap();
+            assert!(stored.released, "turn {turn}");
+            assert_eq!(stored.generation, last, "release keeps the generation");
+        }
+        assert_eq!(last, Generation(4));
+    }
+
+    pub async fn lower_term_is_fenced_even_after_expiry(store: DynBlobStore) {
+        let clock = clock();
+        let leases = leases(&store, &clock);
+        let _newer = leases.acquire(holder("a"), Term(2)).await.unwrap();
+        clock.advance(TTL * 3);
+        let fenced = leases.acquire(holder("b"), Term(1)).await;
+        assert!(
+            matches!(
+                fenced,
+                Err(LeaseError::Fenced {
+                    term: Term(1),
+                    stored_term: Term(2),
+                    ..
+                })
+            ),
+            "{fenced:?}"
+        );
+        let same_holder_lower_term = leases.acquire(holder("a"), Term(1)).await;
+        assert!(matches!(
+            same_holder_lower_term,
+            Err(LeaseError::Fenced { .. })
+        ));
+        let higher = leases.acquire(holder("c"), Term(3)).await.unwrap();
+        assert_eq!(higher.generation(), Generation(2));
+        higher.release().await.unwrap();
+        let after_release = leases.acquire(holder("b"), Term(2)).await;
+        assert!(
+            matches!(after_release, Err(LeaseError::Fenced { .. })),
+            "{after_release:?}"
+        );
+    }
+
+    pub async fn refresh_after_takeover_is_stale(store: DynBlobStore) {
+        let clock = clock();
+        let a = acquire(&store, &clock, "a").await;
+        clock.advance(TTL + Duration::from_secs(1));
+        let b = acquire(&store, &clock, "b").await;
+        let refresh = a.refresh().await;
+        assert!(
+            matches!(refresh, Err(LeaseError::Stale { .. })),
+            "{refresh:?}"
+        );
+        assert!(!a.may_write_now());
+        assert!(matches!(a.release().await, Err(LeaseError::Stale { .. })));
+        b.refresh().await.unwrap();
+        let stored = leases(&store, &clock).read().await.unwrap().unwrap();
+        assert_eq!(stored, b.record());
+    }
+
+    /// The contender's wall clock runs ahead of the holder's by up to the
+    /// safety margin; both clocks advance in lockstep. At no instant may both
+    /// believe they may write, and the contender does take over eventually.
+    pub async fn clock_skew_within_margin_never_gives_two_writers(store: DynBlobStore) {
+        let step = Duration::from_millis(250);
+        for (round, skew) in [Duration::ZERO, MARGIN / 2, MARGIN].into_iter().enumerate() {
+            let holder_clock = ManualClock::shared(START_MS);
+            let contender_clock = ManualClock::shared(START_MS + skew.as_millis() as u64);
+            let holder_leases = leases(&store, &holder_clock);
+            let contender_leases = leases(&store, &contender_clock);
+            let term = Term(1);
+            let a = holder_leases
+                .acquire(holder(&format!("holder-{round}")), term)
+                .await
+                .unwrap();
+            let mut b = None;
+            for tick in 0..(3 * TTL.as_millis() / step.as_millis()) {
+                // The holder refreshes for the first two seconds, then goes quiet.
+                if tick < 8 {
+                    a.refresh().await.unwrap();
+                }
+                if b.is_none() {
+                    match contender_leases
+                        .acquire(holder(&format!("contender-{round}")), term)
+                        .await
+                    {
+                        Ok(lease) => b = Some(lease),
+                        Err(LeaseError::Held { .. }) => {}
+                        Err(other) => panic!("unexpected: {other}"),
+                    }
+                }
+                let both = a.may_write_now() && b.as_ref().is_some_and(|b| b.may_write_now());
+                assert!(!both, "skew {skew:?}, tick {tick}: two writers");
+                holder_clock.advance(step);
+                contender_clock.advance(step);
+            }
+            let b = b.expect("the contender takes over once the lease expires");
+            b.release().await.unwrap();
+        }
+    }
+}
+
+mod snapshot_cases {
+    use super::*;
+
+    pub async fn publish_and_restore_round_trip(store: DynBlobStore) {
+        let clock = clock();
+        let lease = acquire(&store, &clock, "a").await;
+        let snapshots = snapshots(&store, &clock);
+        let mut publication = snapshots.publication();
+        assert_eq!(publication.observe_for_boot().await.unwrap(), None);
+        let claimed = publication.claim(&lease, payload("zero", 0)).await.unwrap();
+        let ClaimOutcome::Installed(first) = claimed else {
+            panic!("first boot installs HEAD");
+        };
+        assert_eq!(first.publication_sequence, PublicationSequence::FIRST);
+        for (index, text) in ["one", "two", "three"].into_iter().enumerate() {
+            let head = publication
+                .publish(&lease, payload(text, 10 * (index as u64 + 1)))
+                .await
+                .unwrap();
+            assert_eq!(
+                head.publication_sequence,
+                PublicationSequence(index as u64 + 2)
+            );
+        }
+        let (head, bytes) = snapshots.restore().await.unwrap().unwrap();
+        assert_eq!(bytes, Bytes::from_static(b"three"));
+        assert_eq!(head.wal_index, RecordIndex(30));
+        assert_eq!(head.holder_id.as_str(), "a");
+        assert_eq!(head.lease_generation, lease.generation());
+        assert_eq!(snapshots.list().await.unwrap().len(), 4);
+    }
+
+    /// Reference scenario 1: the old writer passed its lease check, then was
+    /// delayed mid-publication (its own clock frozen, so it still believes in
+    /// its lease). A successor acquires and claims. The old writer's HEAD CAS
+    /// then fails, fencing it for good; HEAD ends on the successor's payload.
+    pub async fn successor_claim_fences_delayed_publication(store: DynBlobStore) {
+        let (old_clock, new_clock) = (clock(), clock());
+        let gated = GatedStore::new(store.clone());
+        let gated_store: DynBlobStore = gated.clone();
+        let old = Arc::new(acquire(&gated_store, &old_clock, "old").await);
+        let mut old_publication = boot(&snapshots(&gated_store, &old_clock), &old, "zero").await;
+        old_publication
+            .publish(&old, payload("one", 1))
+            .await
+            .unwrap();
+
+        gated.armed.store(true, Ordering::SeqCst);
+        let delayed_lease = old.clone();
+        let delayed = tokio::spawn(async move {
+            let result = old_publication
+                .publish(&delayed_lease, payload("stale", 2))
+                .await;
+            (old_publication, result)
+        });
+        gated.entered.notified().await;
+
+        new_clock.advance(TTL + Duration::from_secs(1));
+        let new = acquire(&store, &new_clock, "new").await;
+        let new_snapshots = snapshots(&store, &new_clock);
+        let mut new_publication = boot(&new_snapshots, &new, "unused").await;
+        assert!(
+            old.may_write_now(),
+            "the delayed writer still believes in its lease"
+        );
+
+        gated.release.notify_one();
+        let (mut old_publication, result) = delayed.await.unwrap();
+        assert_fenced(result, FenceReason::HeadMoved);
+        assert_fenced(
+            old_publication.publish(&old, payload("later", 3)).await,
+            FenceReason::HeadMoved,
+        );
+
+        let head = new_publication
+            .publish(&new, payload("successor", 4))
+            .await
+            .unwrap();
+        let (current, bytes) = new_snapshots.restore().await.unwrap().unwrap();
+        assert_eq!(current, head);
+        assert_eq!(bytes, Bytes::from_static(b"successor"));
+        assert_eq!(current.snapshot.generation, new.generation());
+        assert_eq!(current.holder_id.as_str(), "new");
+    }
+
+    /// Reference scenario 2 (ABA): one lease identity (same holder, term and
+    /// generation) boots twice on a frozen clock. The second claim bumps the
+    /// sequence, so HEAD's bytes differ and so does its version, even on stores
+    /// whose version is a content hash (S3's ETag); a zombie boot that observed
+    /// the first claim's version can never CAS over it again, and neither can
+    /// a raw CAS naming that version.
+    pub async fn reused_lease_identity_cannot_restore_an_old_head_version(store: DynBlobStore) {
+        let clock = clock();
+        let lease = acquire(&store, &clock, "node").await;
+        let snapshots = snapshots(&store, &clock);
+        let first = boot(&snapshots, &lease, "zero").await;
+        let first_read = snapshots.read_head().await.unwrap().unwrap();
+        let first_bytes = store.get("orders/HEAD.json").await.unwrap().bytes;
+        let mut zombie = snapshots.publication();
+        zombie.observe_for_boot().await.unwrap();
+        drop(first); // a clean shutdown; the same identity boots again
+
+        let second = boot(&snapshots, &lease, "unused").await;
+        let second_head = second.head().unwrap().clone();
+        let second_read = snapshots.read_head().await.unwrap().unwrap();
+        assert_eq!(
+            second_head.publication_sequence,
+            first_read.head.publication_sequence.next()
+        );
+        assert_eq!(
+            second_head.updated_at_ms, first_read.head.updated_at_ms,
+            "clock frozen"
+        );
+        assert_ne!(
+            store.get("orders/HEAD.json").await.unwrap().bytes,
+            first_bytes
+        );
+        assert_ne!(second_read.version, first_read.version);
+
+        assert_fenced(
+            zombie.claim(&lease, payload("x", 0)).await,
+            FenceReason::HeadMoved,
+        );
+        let raw = store
+            .update("orders/HEAD.json", &first_read.version, first_bytes)
+            .await;
+        assert!(matches!(raw, Err(BlobError::Conflict { .. })), "{raw:?}");
+        assert_eq!(snapshots.read_head().await.unwrap().unwrap(), second_read);
+    }
+
+    /// Reference scenario 3: a node observes HEAD and hydrates from it; HEAD
+    /// advances meanwhile. Its boot claim must fail, and a fresh boot from the
+    /// newer HEAD succeeds.
+    pub async fn boot_claim_fails_when_head_advanced_during_hydration(store: DynBlobStore) {
+        let (old_clock, new_clock) = (clock(), clock());
+        let old = acquire(&store, &old_clock, "old").await;
+        let mut old_publication = boot(&snapshots(&store, &old_clock), &old, "zero").await;
+
+        let new_snapshots = snapshots(&store, &new_clock);
+        let mut booting = new_snapshots.publication();
+        let observed = booting.observe_for_boot().await.unwrap().unwrap();
+        let hydrated = new_snapshots.download(&observed).await.unwrap();
+        assert_eq!(hydrated, Bytes::from_static(b"zero"));
+
+        let advanced = old_publication
+            .publish(&old, payload("one", 7))
+            .await
+            .unwrap();
+        old_clock.advance(TTL + Duration::from_secs(1));
+        new_clock.advance(TTL + Duration::from_secs(1));
+        let new = acquire(&store, &new_clock, "new").await;
+        assert_fenced(
+            booting.claim(&new, payload("x", 0)).await,
+            FenceReason::HeadMoved,
+        );
+        let current = new_snapshots.read_head().await.unwrap().unwrap();
+        assert_eq!(current.head, advanced, "the failed claim changed nothing");
+
+        let mut retry = new_snapshots.publication();
+        let observed = retry.observe_for_boot().await.unwrap().unwrap();
+        assert_eq!(observed, advanced);
+        let claimed = retry.claim(&new, payload("x", 0)).await.unwrap();
+        assert!(matches!(claimed, ClaimOutcome::Adopted(_)));
+        assert_eq!(claimed.head().snapshot, advanced.snapshot);
+        assert_eq!(claimed.head().wal_index, RecordIndex(7));
+    }
+
+    pub async fn publish_after_losing_the_lease_is_fenced_and_head_unchanged(store: DynBlobStore) {
+        let clock = clock();
+        let lease = acquire(&store, &clock, "a").await;
+        let snapshots = snapshots(&store, &clock);
+        let mut publication = boot(&snapshots, &lease, "zero").await;
+        clock.advance(TTL + Duration::from_secs(1));
+        let _successor = acquire(&store, &clock, "b").await;
+        let before = snapshots.read_head().await.unwrap().unwrap();
+        let listed_before = snapshots.list().await.unwrap();
+        assert_fenced(
+            publication.publish(&lease, payload("late", 1)).await,
+            FenceReason::LeaseExpired,
+        );
+        assert_eq!(snapshots.read_head().await.unwrap().unwrap(), before);
+        assert_eq!(
+            snapshots.list().await.unwrap(),
+            listed_before,
+            "nothing uploaded"
+        );
+    }
+
+    pub async fn payload_key_is_never_overwritten(store: DynBlobStore) {
+        let clock = clock();
+        let lease = acquire(&store, &clock, "a").await;
+        let snapshots = snapshots(&store, &clock);
+        let mut publication = boot(&snapshots, &lease, "zero").await;
+        let first = publication
+            .publish(&lease, payload("one", 1))
+            .await
+            .unwrap();
+        let first_key = first.snapshot_key();
+        // Someone else's bytes already sit at the key the next publication uses.
+        let next_key = first_key.replace("-s00000000000000000002", "-s00000000000000000003");
+        assert_ne!(next_key, first_key);
+        store
+            .create(&next_key, Bytes::from_static(b"squatter"))
+            .await
+            .unwrap();
+        let before = snapshots.read_head().await.unwrap().unwrap();
+        let result = publication.publish(&lease, payload("two", 2)).await;
+        assert_fenced(
+            result,
+            FenceReason::PayloadExists {
+                key: next_key.clone(),
+            },
+        );
+        assert_eq!(
+            store.get(&next_key).await.unwrap().bytes,
+            Bytes::from_static(b"squatter")
+        );
+        assert_eq!(
+            store.get(&first_key).await.unwrap().bytes,
+            Bytes::from_static(b"one")
+        );
+        assert_eq!(snapshots.read_head().await.unwrap().unwrap(), before);
+    }
+
+    pub async fn corrupted_payload_fails_restore_with_checksum_error(store: DynBlobStore) {
+        let clock = clock();
+        let lease = acquire(&store, &clock, "a").await;
+        let mut publication = boot(&snapshots(&store, &clock), &lease, "zero").await;
+        let head = publication
+            .publish(&lease, payload("precious", 1))
+            .await
+            .unwrap();
+        let controller = FaultController::new(99);
+        controller.add(
+            FaultRule::new(Fault::Corrupt)
+                .ops(OpSet::READS)
+                .keys(KeyMatch::Prefix("orders/snapshots/".into())),
+        );
+        let corrupting: DynBlobStore = Arc::new(FaultyStore::new(store.clone(), controller));
+        let error = snapshots(&corrupting, &clock).restore().await.unwrap_err();
+        let SnapshotError::Checksum {
+            ref key, expected, ..
+        } = error
+        else {
+            panic!("expected a checksum error, got {error}");
+        };
+        assert_eq!((key, expected), (&head.snapshot_key(), head.payload_sha256));
+        assert!(
+            error
+                .to_string()
+                .contains(&format!("key={}", head.snapshot_key())),
+            "{error}"
+        );
+        let clean = snapshots(&store, &clock).restore().await.unwrap().unwrap();
+        assert_eq!(clean.1, Bytes::from_static(b"precious"));
+    }
+
+    pub async fn retention_keeps_the_newest_and_what_head_names(store: DynBlobStore) {
+        let clock = clock();
+        let first = acquire(&store, &clock, "a").await;
+        let snapshots = snapshots(&store, &clock);
+        let mut publication = boot(&snapshots, &first, "zero").await;
+        for n in 1..=5 {
+            publication
+                .publish(&first, payload(&format!("p{n}"), n))
+                .await
+                .unwrap();
+        }
+        first.release().await.unwrap();
+        // A restart re-stamps HEAD over the same payload with a higher sequence.
+        let second = acquire(&store, &clock, "b").await;
+        let claimed = boot(&snapshots, &second, "unused").await;
+        let head = claimed.head().unwrap().clone();
+        let keep = NonZeroUsize::new(2).unwrap();
+        let report = snapshots.retain(keep).await.unwrap();
+        let sequences = |ids: &[chorus::snapshot::PayloadId]| {
+            ids.iter().map(|id| id.sequence.0).collect::<Vec<_>>()
+        };
+        assert_eq!(sequences(&report.deleted), [1, 2, 3, 4]);
+        assert_eq!(sequences(&report.kept), [5, 6]);
+        assert!(report.kept.contains(&head.snapshot));
+        let listed: Vec<_> = snapshots
+            .list()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
+        assert_eq!(listed, report.kept);
+        let (_, bytes) = snapshots.restore().await.unwrap().unwrap();
+        assert_eq!(bytes, Bytes::from_static(b"p5"));
+        assert_eq!(snapshots.retain(keep).await.unwrap().deleted, []);
+    }
+}
+
+macro_rules! backend {
+    ($backend:ident) => {
+        mod $backend {
+            use super::*;
+
+            macro_rules! case {
+                ($module:ident, $name:ident) => {
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                    async fn $name() {
+                        if let Some(fixture) = super::$backend().await {
+                            $module::$name(fixture.store.clone()).await;
+                        }
+                    }
+                };
+            }
+
+            case!(lease_cases, concurrent_acquirers_exactly_one_wins);
+            case!(
+                lease_cases,
+                expired_lease_is_taken_over_with_next_generation
+            );
+            case!(lease_cases, release_keeps_generations_increasing);
+            case!(lease_cases, lower_term_is_fenced_even_after_expiry);
+            case!(lease_cases, refresh_after_takeover_is_stale);
+            case!(
+                lease_cases,
+                clock_skew_within_margin_never_gives_two_writers
+            );
+            case!(snapshot_cases, publish_and_restore_round_trip);
+            case!(snapshot_cases, successor_claim_fences_delayed_publication);
+            case!(
+                snapshot_cases,
+                reused_lease_identity_cannot_restore_an_old_head_version
+            );
+            case!(
+                snapshot_cases,
+                boot_claim_fails_when_head_advanced_during_hydration
+            );
+            case!(
+                snapshot_cases,
+                publish_after_losing_the_lease_is_fenced_and_head_unchanged
+            );
+            case!(snapshot_cases, payload_key_is_never_overwritten);
+            case!(
+                snapshot_cases,
+                corrupted_payload_fails_restore_with_checksum_error
+            );
+            case!(
+                snapshot_cases,
+                retention_keeps_the_newest_and_what_head_names
+            );
+        }
+    };
+}
+
+backend!(memory);
+backend!(local);
+backend!(s3);
