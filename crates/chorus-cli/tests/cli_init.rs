@@ -263,3 +263,19 @@ fn a_malformed_register_is_reported_and_left_alone() {
         "unsupported register format",
     );
 }
+
+#[test]
+fn the_default_register_gets_its_directory_even_with_remote_replicas() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let init = chorus(
+        dir.path(),
+        &[
+            "log",
+            "init",
+            "--replicas",
+            "memory://a,memory://b,memory://c",
+        ],
+    );
+    assert!(init.status.success(), "{}", stderr(&init));
+    assert!(dir.path().join("chorus-data/register.db").is_file());
+}

@@ -145,12 +145,20 @@ async fn a_stale_writer_is_fenced_at_its_fold() {
     // 13-byte records: the sixteenth fills the 200-byte segment.
     append_acked(&stale, "full", 16, &mut acked).await;
     let stale_tail = cluster.manifest().await.tail;
-    wait_until("the stale writer tries to seal", Duration::from_secs(2), || {
-        let faults = stale_faults.clone();
-        async move { faults.iter().any(|f| f.injected() > 0) }
-    })
+    wait_until(
+        "the stale writer tries to seal",
+        Duration::from_secs(2),
+        || {
+            let faults = stale_faults.clone();
+            async move { faults.iter().any(|f| f.injected() > 0) }
+        },
+    )
     .await;
-    assert_eq!(cluster.manifest().await.tail, stale_tail, "fold happened early");
+    assert_eq!(
+        cluster.manifest().await.tail,
+        stale_tail,
+        "fold happened early"
+    );
 
     let (fresh, replayed) = cluster.open(config.clone()).await.unwrap();
     assert_eq!(replayed.len(), 16);
@@ -228,14 +236,14 @@ async fn contend(stores: chorus::log::LogStores, tag: String) -> Contender {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_recoveries_leave_exactly_one_writer() {
     let cluster = Arc::new(Cluster::new(3, 4).await);
+    // Random delays on every store call reorder the contenders' steps.
+    for controller in &cluster.faults {
+        controller.add(FaultRule::new(Fault::DelayUpTo(Duration::from_millis(1))).probability(0.2));
+    }
     let mut acked = BTreeMap::new();
     for round in 0..25 {
-        let contenders = [0, 1].map(|side| {
-            tokio::spawn(contend(
-                cluster.stores.clone(),
-                format!("r{round}s{side}"),
-            ))
-        });
+        let contenders = [0, 1]
+            .map(|side| tokio::spawn(contend(cluster.stores.clone(), format!("r{round}s{side}"))));
         let mut outcomes = Vec::new();
         for contender in contenders {
             outcomes.push(contender.await.unwrap());

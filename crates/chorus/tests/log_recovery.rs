@@ -11,9 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use chorus::blob::{
-    DynBlobStore, Fault, FaultRule, KeyMatch, ObjectStoreBlobs, Op, OpSet,
-};
+use chorus::blob::{DynBlobStore, Fault, FaultRule, KeyMatch, ObjectStoreBlobs, Op, OpSet};
 use chorus::codec::Fragment;
 use chorus::ids::{Epoch, RecordIndex, SegmentId};
 use chorus::log::{ErrorKind, LogError, LogStores, Reader, Recovery};
@@ -80,10 +78,22 @@ async fn lone_copy_scenario() -> (Cluster, BTreeMap<RecordIndex, Bytes>, Bytes) 
     let (epoch, tail) = (manifest.tail.epoch, manifest.tail);
     let mut acked = BTreeMap::new();
     let first = records("first", 2);
-    place(&cluster, &[0, 1, 2], tail, &data_fragment(epoch, 0, 0, &first)).await;
+    place(
+        &cluster,
+        &[0, 1, 2],
+        tail,
+        &data_fragment(epoch, 0, 0, &first),
+    )
+    .await;
     ack_all(&mut acked, 0, &first);
     let second = records("second", 1);
-    place(&cluster, &[0, 1], tail, &data_fragment(epoch, 1, 2, &second)).await;
+    place(
+        &cluster,
+        &[0, 1],
+        tail,
+        &data_fragment(epoch, 1, 2, &second),
+    )
+    .await;
     ack_all(&mut acked, 2, &second);
     let lone = payload("lone", 0);
     let fragment = data_fragment(epoch, 2, 3, std::slice::from_ref(&lone));
@@ -133,7 +143,10 @@ async fn a_corrupt_fragment_copy_is_ignored() {
     // later its sealed copies) fail their checksums.
     cluster.faults[0].add(FaultRule::new(Fault::Corrupt).ops(OpSet::of(&[Op::Get])));
     let (writer, replayed) = cluster.open(test_config()).await.unwrap();
-    assert!(cluster.faults[0].injected() > 0, "no corruption was injected");
+    assert!(
+        cluster.faults[0].injected() > 0,
+        "no corruption was injected"
+    );
     assert_eq!(replayed, acked.clone().into_iter().collect::<Vec<_>>());
     append_acked(&writer, "after", 10, &mut acked).await;
     writer.abort();
@@ -180,7 +193,13 @@ async fn pending_data_after_a_tail_gap_is_discarded() {
     let (tail, pending) = (manifest.tail, manifest.pending.unwrap());
     let mut acked = BTreeMap::new();
     let kept = records("kept", 2);
-    place(&cluster, &[0, 1, 2], tail, &data_fragment(epoch, 0, 0, &kept)).await;
+    place(
+        &cluster,
+        &[0, 1, 2],
+        tail,
+        &data_fragment(epoch, 0, 0, &kept),
+    )
+    .await;
     ack_all(&mut acked, 0, &kept);
     // Tail fragment 1 on one replica: it fails, and leaves a gap.
     let partial = records("partial", 1);
@@ -188,7 +207,13 @@ async fn pending_data_after_a_tail_gap_is_discarded() {
     // Pending data continuing after it, even on every replica, was never acked:
     // the writer enters the pending segment only once the tail is committed.
     let orphan = records("orphan", 3);
-    place(&cluster, &[0, 1, 2], pending, &data_fragment(epoch, 0, 3, &orphan)).await;
+    place(
+        &cluster,
+        &[0, 1, 2],
+        pending,
+        &data_fragment(epoch, 0, 3, &orphan),
+    )
+    .await;
 
     let (writer, replayed) = cluster.open(test_config()).await.unwrap();
     assert_eq!(replayed, acked.clone().into_iter().collect::<Vec<_>>());
@@ -353,11 +378,21 @@ async fn a_checkpoint_below_the_floor_is_invalid() {
     let recovery = Recovery::run(cluster.stores.clone(), test_config())
         .await
         .unwrap();
-    assert_eq!((recovery.floor(), recovery.end()), (RecordIndex(5), RecordIndex(10)));
+    assert_eq!(
+        (recovery.floor(), recovery.end()),
+        (RecordIndex(5), RecordIndex(10))
+    );
     for checkpoint in [0, 4, 11] {
         let error = recovery.replay(RecordIndex(checkpoint)).unwrap_err();
         assert!(
-            matches!(error, LogError::InvalidCheckpoint { floor: RecordIndex(5), end: RecordIndex(10), .. }),
+            matches!(
+                error,
+                LogError::InvalidCheckpoint {
+                    floor: RecordIndex(5),
+                    end: RecordIndex(10),
+                    ..
+                }
+            ),
             "{error}"
         );
         assert_eq!(error.kind(), ErrorKind::FixInput);
@@ -367,7 +402,10 @@ async fn a_checkpoint_below_the_floor_is_invalid() {
     while let Some(record) = replay.next().await.unwrap() {
         replayed.push(record);
     }
-    let expected: Vec<_> = acked.range(RecordIndex(7)..).map(|(i, r)| (*i, r.clone())).collect();
+    let expected: Vec<_> = acked
+        .range(RecordIndex(7)..)
+        .map(|(i, r)| (*i, r.clone()))
+        .collect();
     assert_eq!(replayed, expected);
     let writer = recovery.start().await.unwrap();
     writer.shutdown(Duration::from_secs(5)).await.unwrap();
@@ -375,11 +413,20 @@ async fn a_checkpoint_below_the_floor_is_invalid() {
     let mut reader = Reader::new(&cluster.stores, RecordIndex(4));
     let error = reader.try_next().await.unwrap_err();
     assert!(
-        matches!(error, LogError::Truncated { requested: RecordIndex(4), floor: RecordIndex(5) }),
+        matches!(
+            error,
+            LogError::Truncated {
+                requested: RecordIndex(4),
+                floor: RecordIndex(5)
+            }
+        ),
         "{error}"
     );
     let recovered = cluster.verify_acked(&acked).await;
-    assert_eq!(recovered.first().map(|(index, _)| *index), Some(RecordIndex(5)));
+    assert_eq!(
+        recovered.first().map(|(index, _)| *index),
+        Some(RecordIndex(5))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -392,7 +439,12 @@ async fn start_before_the_replay_is_consumed_is_refused() {
         .unwrap();
     let error = recovery.start().await.unwrap_err();
     assert!(
-        matches!(error, LogError::RecoveryIncomplete { end: RecordIndex(10) }),
+        matches!(
+            error,
+            LogError::RecoveryIncomplete {
+                end: RecordIndex(10)
+            }
+        ),
         "{error}"
     );
     assert_eq!(error.kind(), ErrorKind::Reopen);
@@ -436,9 +488,11 @@ async fn a_dropped_completion_does_not_cancel_the_append() {
     let completion = writer.append(dropped.clone()).unwrap();
     assert_eq!(completion.index(), RecordIndex(0));
     drop(completion);
-    wait_until("the dropped append is committed", Duration::from_secs(2), || async {
-        cluster.read_from(0).await.unwrap().len() == 1
-    })
+    wait_until(
+        "the dropped append is committed",
+        Duration::from_secs(2),
+        || async { cluster.read_from(0).await.unwrap().len() == 1 },
+    )
     .await;
     let mut acked = BTreeMap::from([(RecordIndex(0), dropped)]);
     append_acked(&writer, "kept", 3, &mut acked).await;
@@ -487,11 +541,15 @@ async fn readers_never_see_data_that_later_disappears() {
         completions.push((record.clone(), writer.append(record.clone()).unwrap()));
     }
     let last_late = late.last().unwrap().clone();
-    wait_until("replica 0 holds the late records", Duration::from_secs(2), || {
-        let last_late = last_late.clone();
-        let cluster = &cluster;
-        async move { cluster.records_on(0, tail).await.contains(&last_late) }
-    })
+    wait_until(
+        "replica 0 holds the late records",
+        Duration::from_secs(2),
+        || {
+            let last_late = last_late.clone();
+            let cluster = &cluster;
+            async move { cluster.records_on(0, tail).await.contains(&last_late) }
+        },
+    )
     .await;
     read_until_caught_up(&mut reader, &mut read).await;
     // Crash.
@@ -544,4 +602,111 @@ async fn the_claimed_epoch_names_the_new_segments() {
     let (writer, _) = open_log(&cluster.stores, test_config()).await.unwrap();
     writer.shutdown(Duration::from_secs(5)).await.unwrap();
     cluster.verify_acked(&acked).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovery_that_fails_mid_seal_leaves_only_an_orphan() {
+    let (cluster, acked, lone) = lone_copy_scenario().await;
+    let tail = cluster.manifest().await.tail;
+    // Without replica 0 the lone record may have been acked, so this recovery
+    // keeps it; but its seal reaches replica 2 only, and it fails.
+    cluster.faults[0].set_outage(true);
+    cluster.faults[1].add(
+        FaultRule::new(Fault::FailBefore)
+            .ops(OpSet::of(&[Op::Create]))
+            .keys(KeyMatch::Prefix("sealed".into())),
+    );
+    let error = Recovery::run(cluster.stores.clone(), test_config())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, LogError::NoQuorum { .. }), "{error}");
+    let orphan = cluster.sealed_on(2).await;
+    assert_eq!(orphan.len(), 1);
+    assert_eq!(
+        cluster.manifest().await.tail,
+        tail,
+        "the failed view was committed"
+    );
+
+    // Observing every replica, the next recovery sees one copy of three: it
+    // drops the lone record and seals different content under another key.
+    cluster.heal();
+    let (writer, replayed) = cluster.open(test_config()).await.unwrap();
+    assert_eq!(replayed, acked.clone().into_iter().collect::<Vec<_>>());
+    let entry = cluster.manifest().await.segments[0];
+    let named = chorus::log::layout::sealed_key(entry.id, entry.crc32c);
+    assert_ne!(named, orphan[0]);
+    let on_two = cluster.sealed_on(2).await;
+    assert!(on_two.contains(&named) && on_two.contains(&orphan[0]));
+    writer.shutdown(Duration::from_secs(5)).await.unwrap();
+    let recovered = cluster.verify_acked(&acked).await;
+    assert!(recovered.iter().all(|(_, record)| *record != lone));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fragment_responses_are_resolved_by_reading_back() {
+    let cluster = Cluster::new(3, 4).await;
+    let (writer, _) = cluster.open(test_config()).await.unwrap();
+    for controller in &cluster.faults {
+        controller.add(
+            FaultRule::new(Fault::FailAfter)
+                .ops(OpSet::of(&[Op::Create]))
+                .keys(KeyMatch::Prefix("segments".into()))
+                .probability(0.3),
+        );
+    }
+    let mut acked = BTreeMap::new();
+    append_acked(&writer, "w", 50, &mut acked).await;
+    assert!(cluster.faults.iter().map(|f| f.injected()).sum::<u64>() > 0);
+    assert_eq!(writer.status().stopped, None);
+    writer.abort();
+    let recovered = cluster.verify_acked(&acked).await;
+    assert_eq!(recovered.len(), 50);
+}
+
+/// Regression: recovery counted a damaged copy as observed-and-absent. A
+/// fragment acknowledged by exactly two replicas of three, one of whose copies
+/// then rotted, fell below the two copies needed when all three replicas were
+/// observed; it was discarded, and with it (as a "tail gap") the acknowledged
+/// records of the pending segment. A damaged copy now counts as an unobserved
+/// replica for its position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotted_copy_does_not_discard_a_fragment_acked_by_exactly_a_quorum() {
+    let cluster = Cluster::new(3, 4).await;
+    let manifest = claim_empty_tail(&cluster).await;
+    let epoch = manifest.tail.epoch;
+    let (tail, pending) = (manifest.tail, manifest.pending.unwrap());
+    let mut acked = BTreeMap::new();
+    // Tail fragment 0 acked by replicas 0 and 1; replica 2 never got it.
+    let first = records("quorum", 2);
+    let fragment = data_fragment(epoch, 0, 0, &first);
+    place(&cluster, &[0], tail, &fragment).await;
+    ack_all(&mut acked, 0, &first);
+    // Replica 1's copy rotted: it no longer decodes.
+    let mut rotted = fragment.encode().to_vec();
+    let last = rotted.len() - 1;
+    rotted[last] ^= 0x40;
+    cluster.raw[1]
+        .create(
+            &chorus::log::layout::fragment_key(tail, chorus::ids::FragmentIndex(0)),
+            Bytes::from(rotted),
+        )
+        .await
+        .unwrap();
+    // The writer then moved to the pending segment and got acks there.
+    let next = records("pending", 3);
+    place(
+        &cluster,
+        &[0, 1, 2],
+        pending,
+        &data_fragment(epoch, 0, 2, &next),
+    )
+    .await;
+    ack_all(&mut acked, 2, &next);
+
+    let (writer, replayed) = cluster.open(test_config()).await.unwrap();
+    assert_eq!(replayed, acked.clone().into_iter().collect::<Vec<_>>());
+    writer.shutdown(Duration::from_secs(5)).await.unwrap();
+    let recovered = cluster.verify_acked(&acked).await;
+    assert_eq!(recovered.len(), 5);
 }

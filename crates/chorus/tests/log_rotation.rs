@@ -56,11 +56,7 @@ fn assert_no_duplicate_entries(manifest: &Manifest) {
 
 /// Fills the active segment so the writer rotates, then appends `more` records
 /// into the segment it switched to.
-async fn rotate_and_continue(
-    writer: &Writer,
-    more: u64,
-    acked: &mut BTreeMap<RecordIndex, Bytes>,
-) {
+async fn rotate_and_continue(writer: &Writer, more: u64, acked: &mut BTreeMap<RecordIndex, Bytes>) {
     append_acked(writer, "full", RECORDS_PER_SEGMENT, acked).await;
     append_acked(writer, "next", more, acked).await;
 }
@@ -148,10 +144,14 @@ async fn crash_in_the_middle_of_sealing() {
     fail_sealed_creates(&[&cluster.faults[1], &cluster.faults[2]]);
     let mut acked = BTreeMap::new();
     rotate_and_continue(&writer, 5, &mut acked).await;
-    wait_until("the seal lands on replica 0", Duration::from_secs(2), || {
-        let cluster = &cluster;
-        async move { !cluster.sealed_on(0).await.is_empty() }
-    })
+    wait_until(
+        "the seal lands on replica 0",
+        Duration::from_secs(2),
+        || {
+            let cluster = &cluster;
+            async move { !cluster.sealed_on(0).await.is_empty() }
+        },
+    )
     .await;
     assert!(cluster.sealed_on(1).await.is_empty());
     assert_eq!(cluster.manifest().await, before);
@@ -243,7 +243,11 @@ async fn append_until_refused(
 fn assert_backpressure(writer: &Writer, refused: &LogError, next: RecordIndex) {
     assert_eq!(refused.kind(), ErrorKind::Retry, "{refused}");
     assert!(!refused.may_have_committed(), "{refused}");
-    assert_eq!(writer.status().next_index, next, "a refusal consumed an index");
+    assert_eq!(
+        writer.status().next_index,
+        next,
+        "a refusal consumed an index"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,7 +266,10 @@ async fn a_full_segment_directory_refuses_appends() {
     assert_backpressure(&writer, &refused, next);
     // Refused again, still without consuming an index.
     let again = writer.append(payload("again", 0)).unwrap_err();
-    assert!(matches!(again, LogError::SegmentDirectoryFull { .. }), "{again}");
+    assert!(
+        matches!(again, LogError::SegmentDirectoryFull { .. }),
+        "{again}"
+    );
     assert_backpressure(&writer, &again, next);
     // The writer rotated while the directory had room for two entries, and
     // refused once the active segment was full without that room.
@@ -310,13 +317,17 @@ async fn a_stalled_seal_refuses_appends_with_active_segment_full() {
     }
     let record = payload("retried", 0);
     let mut completion = None;
-    wait_until("the append is admitted again", Duration::from_secs(2), || {
-        if completion.is_none() {
-            completion = writer.append(record.clone()).ok();
-        }
-        let admitted = completion.is_some();
-        async move { admitted }
-    })
+    wait_until(
+        "the append is admitted again",
+        Duration::from_secs(2),
+        || {
+            if completion.is_none() {
+                completion = writer.append(record.clone()).ok();
+            }
+            let admitted = completion.is_some();
+            async move { admitted }
+        },
+    )
     .await;
     let receipt = completion.unwrap().await.unwrap();
     assert_eq!(receipt.index, next);

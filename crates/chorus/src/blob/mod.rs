@@ -16,6 +16,7 @@
 
 mod error;
 mod faulty;
+mod instrumented;
 mod key;
 mod latency;
 mod local;
@@ -34,6 +35,7 @@ use bytes::Bytes;
 
 pub use error::{BlobError, Source};
 pub use faulty::{Fault, FaultController, FaultRule, FaultyStore, KeyMatch, OpSet, RuleId};
+pub use instrumented::InstrumentedStore;
 pub use key::validate_key;
 pub use latency::{Latency, LatencyProfile, LatencyStore};
 pub use local::LocalDirStore;

@@ -22,7 +22,9 @@ use object_store::memory::InMemory;
 use object_store::{ClientOptions, ObjectStore, RetryConfig};
 use url::Url;
 
-use super::{BlobError, DynBlobStore, LocalDirStore, ObjectStoreBlobs, Op, probe};
+use super::{
+    BlobError, DynBlobStore, InstrumentedStore, LocalDirStore, ObjectStoreBlobs, Op, probe,
+};
 
 /// The kinds of store a URL can name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,16 +243,20 @@ fn shared_memory_store(name: &str) -> Arc<dyn ObjectStore> {
 
 /// Opens the store `url` names without probing it (for tests and wrappers that
 /// probe the outermost layer themselves).
+/// Every store is traced and measured ([`InstrumentedStore`]).
 pub fn open_store_unprobed(url: &StoreUrl) -> Result<DynBlobStore, BlobError> {
-    if let Some(dir) = url.local_dir() {
-        return Ok(Arc::new(LocalDirStore::open(dir)?));
-    }
-    let name = url.identity();
-    let store = url
-        .object_store()
-        .map_err(|e| BlobError::backend(&name, Op::Create, "", e))?;
-    let prefix = url.path.trim_start_matches('/');
-    Ok(Arc::new(ObjectStoreBlobs::new(store, prefix, name)))
+    let store: DynBlobStore = match url.local_dir() {
+        Some(dir) => Arc::new(LocalDirStore::open(dir)?),
+        None => {
+            let name = url.identity();
+            let store = url
+                .object_store()
+                .map_err(|e| BlobError::backend(&name, Op::Create, "", e))?;
+            let prefix = url.path.trim_start_matches('/');
+            Arc::new(ObjectStoreBlobs::new(store, prefix, name))
+        }
+    };
+    Ok(Arc::new(InstrumentedStore::new(store)))
 }
 
 /// Opens the store `url` names and runs the capability [`probe`] on it, refusing

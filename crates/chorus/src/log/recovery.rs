@@ -463,7 +463,10 @@ mod tests {
     }
 
     fn copies(fragments: &[Fragment]) -> SegmentCopies {
-        fragments.iter().map(|f| (f.index(), Some(f.clone()))).collect()
+        fragments
+            .iter()
+            .map(|f| (f.index(), Some(f.clone())))
+            .collect()
     }
 
     #[test]

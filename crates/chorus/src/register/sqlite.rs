@@ -44,6 +44,13 @@ impl SqliteRegister {
                 format!("no register database at {}", path.display()),
             ));
         }
+        if mode == OpenMode::CreateIfMissing
+            && let Some(parent) = path.parent()
+        {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                RegisterError::backend(&name, format!("cannot create {}: {e}", parent.display()))
+            })?;
+        }
         let open = || -> rusqlite::Result<Connection> {
             let connection = Connection::open(path)?;
             connection.busy_timeout(BUSY_TIMEOUT)?;
