@@ -8,6 +8,7 @@
 //!    [`clock`]: injectable wall-clock and monotonic time.
 //! 2. [`blob`]: object stores named by URL, with create-if-absent and CAS update.
 //! 3. [`register`]: the manifest register, its record type and its backends.
+//! 4. [`log`]: the replicated write-ahead log: write path, recovery, replay, readers.
 //! 5. [`lease`]: the writer lease, whose `(term, generation)` is a fencing token.
 //! 6. [`snapshot`]: snapshot payloads under immutable keys and the `HEAD.json`
 //!    pointer, advanced only by CAS under a lease (fenced publication).

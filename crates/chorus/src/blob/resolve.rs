@@ -12,7 +12,7 @@ use bytes::Bytes;
 use super::{BlobError, BlobStore, Version};
 
 /// How many times a transient failure is retried while settling an outcome.
-pub const MAX_RESOLVE_ATTEMPTS: u32 = 5;
+const MAX_RESOLVE_ATTEMPTS: u32 = 5;
 
 /// First retry delay; doubles per attempt.
 const RESOLVE_BACKOFF: Duration = Duration::from_millis(20);
@@ -22,7 +22,7 @@ const RESOLVE_BACKOFF: Duration = Duration::from_millis(20);
 /// Returns the object's version if it now holds exactly `bytes` (whether this call
 /// or an earlier attempt of ours wrote it), [`BlobError::AlreadyExists`] if it
 /// holds other bytes, and the last transient error if the outcome stays unknown
-/// after [`MAX_RESOLVE_ATTEMPTS`].
+/// after `MAX_RESOLVE_ATTEMPTS` (5).
 pub async fn create_resolving(
     store: &dyn BlobStore,
     key: &str,
@@ -56,7 +56,7 @@ pub async fn create_resolving(
 /// JSON documents: the writer identity embedded in them; pass a byte comparison
 /// for exact matches). Returns the new version if our document is in place,
 /// [`BlobError::Conflict`] if someone else's write won, and the last transient
-/// error if the outcome stays unknown after [`MAX_RESOLVE_ATTEMPTS`].
+/// error if the outcome stays unknown after `MAX_RESOLVE_ATTEMPTS` (5).
 pub async fn update_resolving(
     store: &dyn BlobStore,
     key: &str,

@@ -47,6 +47,12 @@ pub struct LogConfig {
     pub retry_backoff_max: Duration,
     /// Rounds of the register CAS loop per transition.
     pub register_rounds: u32,
+    /// How often a live writer checks every sealed copy on every replica and
+    /// heals missing or damaged ones (it also runs at start and after a
+    /// degraded seal). Each pass reads every retained sealed object once per
+    /// replica: shorter intervals find damage sooner and cost more reads.
+    /// `None` disables periodic repair. Default 5 min.
+    pub repair_interval: Option<Duration>,
 }
 
 impl Default for LogConfig {
@@ -64,6 +70,7 @@ impl Default for LogConfig {
             retry_backoff_min: Duration::from_millis(10),
             retry_backoff_max: Duration::from_secs(1),
             register_rounds: crate::register::DEFAULT_MAX_ROUNDS,
+            repair_interval: Some(Duration::from_secs(300)),
         }
     }
 }

@@ -130,6 +130,14 @@ pub enum LogError {
         /// Where replay has to reach.
         end: RecordIndex,
     },
+    /// A truncation floor below the committed one, or beyond the durable end.
+    #[error("invalid truncation floor: requested={requested}: {reason}")]
+    InvalidFloor {
+        /// The floor asked for.
+        requested: RecordIndex,
+        /// Why it is refused.
+        reason: String,
+    },
     /// A reader asked for an index below the truncation floor.
     #[error("truncated: requested={requested} floor={floor}")]
     Truncated {
@@ -193,6 +201,7 @@ impl LogError {
             | LogError::RecoveryIncomplete { .. } => ErrorKind::Reopen,
             LogError::RecordTooLarge { .. }
             | LogError::InvalidCheckpoint { .. }
+            | LogError::InvalidFloor { .. }
             | LogError::Truncated { .. }
             | LogError::Config(_) => ErrorKind::FixInput,
             LogError::Register(error) if error.is_transient() => ErrorKind::Retry,

@@ -20,7 +20,7 @@
 mod config;
 mod error;
 pub mod layout;
-mod maintenance;
+pub mod maintenance;
 mod metrics;
 pub mod quorum;
 mod reader;

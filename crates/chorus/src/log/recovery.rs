@@ -53,16 +53,34 @@ impl Recovery {
     /// writer and commits the recovered view. Racing recoveries: exactly one
     /// ends up writing; the others fail with `Fenced`.
     pub async fn run(stores: LogStores, config: LogConfig) -> Result<Recovery, LogError> {
+        Self::run_as(stores, config, OwnerId::random()).await
+    }
+
+    /// [`Recovery::run`] with a caller-chosen incarnation id instead of a
+    /// random one, so a deterministic simulator can seed it.
+    ///
+    /// `owner` must be fresh: never used by another recovery of this log, and
+    /// not [`OwnerId::NONE`]. The claim treats "the register names our owner"
+    /// as "our claim already applied", so a reused id would skip the claim.
+    pub async fn run_as(
+        stores: LogStores,
+        config: LogConfig,
+        owner: OwnerId,
+    ) -> Result<Recovery, LogError> {
+        assert_ne!(owner, OwnerId::NONE, "a recovery needs a non-zero owner id");
         config.validate()?;
         let started = Instant::now();
         metrics::recovery_started();
-        let outcome = Self::run_steps(stores, config).await;
+        let outcome = Self::run_steps(stores, config, owner).await;
         metrics::recovery_finished(started.elapsed(), outcome.is_ok());
         outcome
     }
 
-    async fn run_steps(stores: LogStores, config: LogConfig) -> Result<Recovery, LogError> {
-        let owner = OwnerId::random();
+    async fn run_steps(
+        stores: LogStores,
+        config: LogConfig,
+        owner: OwnerId,
+    ) -> Result<Recovery, LogError> {
         let identities = stores.identities();
         let claimed = transform(
             stores.register.as_ref(),
@@ -150,8 +168,9 @@ impl Recovery {
     }
 
     /// Begins appending, after the replay reached its end and the register
-    /// still names us.
-    pub async fn start(self) -> Result<Writer, LogError> {
+    /// still names us. A refused start leaves the recovery usable: finish the
+    /// replay and call it again.
+    pub async fn start(&self) -> Result<Writer, LogError> {
         if !self.replayed.load(std::sync::atomic::Ordering::Acquire) {
             return Err(LogError::RecoveryIncomplete { end: self.end() });
         }

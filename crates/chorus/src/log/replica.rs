@@ -5,9 +5,9 @@ use std::fmt;
 use bytes::Bytes;
 
 use super::layout::{fragment_key, parse_fragment_key, sealed_key, segment_prefix};
-use crate::blob::{BlobError, DynBlobStore};
+use crate::blob::{BlobError, DynBlobStore, Version};
 use crate::codec::{CodecError, Fragment, SealedSegment};
-use crate::ids::{Epoch, FragmentIndex, SegmentId};
+use crate::ids::{Epoch, FragmentIndex, RecordIndex, SegmentId};
 use crate::register::DirectoryEntry;
 
 /// A replica: its position in the register's replica list and its store.
@@ -154,6 +154,41 @@ impl Replica {
         }
     }
 
+    /// Classifies this replica's copy of the sealed object `entry` names, which
+    /// must hold exactly the records `entry.base..end`.
+    pub async fn inspect_sealed(
+        &self,
+        entry: &DirectoryEntry,
+        end: RecordIndex,
+    ) -> Result<SealedCopy, BlobError> {
+        let key = sealed_key(entry.id, entry.crc32c);
+        let blob = match self.store.get(&key).await {
+            Ok(blob) => blob,
+            Err(BlobError::NotFound { .. }) => return Ok(SealedCopy::Missing),
+            Err(error) => return Err(error),
+        };
+        let verdict =
+            SealedSegment::decode_verified(&blob.bytes, entry.id, entry.base, entry.crc32c)
+                .map_err(|error| error.to_string())
+                .and_then(|segment| {
+                    if segment.end() == end {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "holds records up to {}, the directory says {end}",
+                            segment.end()
+                        ))
+                    }
+                });
+        Ok(match verdict {
+            Ok(()) => SealedCopy::Healthy(blob.bytes),
+            Err(detail) => SealedCopy::Corrupt {
+                version: blob.version,
+                detail,
+            },
+        })
+    }
+
     /// Reads and verifies the sealed object `entry` names.
     pub async fn read_sealed(
         &self,
@@ -175,6 +210,22 @@ pub enum SealWriteError {
     Damaged(String),
     /// The store failed.
     Store(BlobError),
+}
+
+/// A replica's copy of a sealed object.
+#[derive(Debug)]
+pub enum SealedCopy {
+    /// Present and verified; its bytes.
+    Healthy(Bytes),
+    /// Absent.
+    Missing,
+    /// Present but failing verification.
+    Corrupt {
+        /// The damaged object's version, for a CAS replacement.
+        version: Version,
+        /// What is wrong.
+        detail: String,
+    },
 }
 
 /// Why reading a sealed object failed.

@@ -123,15 +123,15 @@ pub fn fold(
     new_pending: SegmentId,
 ) -> Result<Step, Fenced> {
     ours.check(current)?;
-    let new_tail = current.pending;
-    if current.segments.last().map(|e| e.id) == Some(sealed.entry.id) {
+    // Only we move the tail while we hold the epoch: if it is no longer the
+    // segment we sealed, our fold applied (even if maintenance has since
+    // removed its directory entry).
+    if current.tail != sealed.entry.id {
         return Ok(Step::Done);
     }
-    assert_eq!(
-        current.tail, sealed.entry.id,
-        "folding a segment that is not the tail"
-    );
-    let new_tail = new_tail.expect("a writer rotates only into a registered pending segment");
+    let new_tail = current
+        .pending
+        .expect("a writer rotates only into a registered pending segment");
     let mut next = current.clone();
     next.segments.push(sealed.entry);
     next.seal = Some(sealed.seal());
@@ -139,6 +139,59 @@ pub fn fold(
     next.tail_base = new_tail_base;
     next.pending = Some(new_pending);
     Ok(Step::Write(next))
+}
+
+/// Asked for a floor below the committed one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("truncation floor may only rise: requested={requested} committed={committed}")]
+pub struct LowerFloor {
+    /// The floor asked for.
+    pub requested: RecordIndex,
+    /// The committed floor.
+    pub committed: RecordIndex,
+}
+
+/// Raises the truncation floor to `floor` (monotonic; no epoch check, so
+/// maintenance can run beside a live writer). Already applied if the floor is
+/// there; a lower floor than the committed one is an error.
+pub fn raise_trunc(current: &Manifest, floor: RecordIndex) -> Result<Step, LowerFloor> {
+    if floor < current.trunc {
+        return Err(LowerFloor {
+            requested: floor,
+            committed: current.trunc,
+        });
+    }
+    if floor == current.trunc {
+        return Ok(Step::Done);
+    }
+    let mut next = current.clone();
+    next.trunc = floor;
+    Ok(Step::Write(next))
+}
+
+/// Removes the directory entries `removed` (tombstones whose objects are gone
+/// from every replica). Entries still above the floor are never removed; the
+/// seal fields follow the new last entry, or clear with the directory.
+pub fn remove_entries(current: &Manifest, removed: &[SegmentId]) -> Step {
+    let mut next = current.clone();
+    next.segments = current
+        .segments
+        .iter()
+        .enumerate()
+        .filter(|(position, entry)| {
+            !(removed.contains(&entry.id) && current.is_tombstone(*position))
+        })
+        .map(|(_, entry)| *entry)
+        .collect();
+    if next.segments.len() == current.segments.len() {
+        return Step::Done;
+    }
+    if next.segments.is_empty() {
+        next.seal = None;
+    }
+    // Entries are only removed from the front (tombstones lie below the floor),
+    // so a non-empty directory keeps its last entry and its seal.
+    Step::Write(next)
 }
 
 #[cfg(test)]
@@ -244,5 +297,61 @@ mod tests {
             owner: OwnerId(1),
         };
         assert!(fold(&current, stale, sealed, RecordIndex(40), new_pending).is_err());
+    }
+
+    fn with_directory() -> Manifest {
+        let owner = OwnerId(7);
+        let mut m = claimed(owner);
+        m.segments = vec![entry(0, 0, 0).entry, entry(0, 1, 10).entry];
+        m.seal = Some(entry(0, 1, 10).seal());
+        m.tail = SegmentId::new(Epoch(1), 0);
+        m.pending = Some(SegmentId::new(Epoch(1), 1));
+        m.tail_base = RecordIndex(20);
+        validate(&m).unwrap();
+        m
+    }
+
+    #[test]
+    fn the_floor_only_rises() {
+        let m = with_directory();
+        let Step::Write(raised) = raise_trunc(&m, RecordIndex(12)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(raised.trunc, RecordIndex(12));
+        validate(&raised).unwrap();
+        assert_eq!(raise_trunc(&raised, RecordIndex(12)).unwrap(), Step::Done);
+        assert_eq!(
+            raise_trunc(&raised, RecordIndex(11)),
+            Err(LowerFloor {
+                requested: RecordIndex(11),
+                committed: RecordIndex(12)
+            })
+        );
+    }
+
+    #[test]
+    fn only_tombstones_are_removed_and_the_seal_follows() {
+        let m = with_directory();
+        let Step::Write(raised) = raise_trunc(&m, RecordIndex(12)).unwrap() else {
+            panic!()
+        };
+        let first = raised.segments[0].id;
+        let second = raised.segments[1].id;
+        // The second entry [10, 20) still holds retained records.
+        let Step::Write(next) = remove_entries(&raised, &[first, second]) else {
+            panic!()
+        };
+        assert_eq!(next.segments.len(), 1);
+        assert_eq!(next.seal.unwrap().id, second);
+        validate(&next).unwrap();
+        assert_eq!(remove_entries(&next, &[first]), Step::Done);
+        let Step::Write(all) = raise_trunc(&next, RecordIndex(20)).unwrap() else {
+            panic!()
+        };
+        let Step::Write(empty) = remove_entries(&all, &[second]) else {
+            panic!()
+        };
+        assert!(empty.segments.is_empty() && empty.seal.is_none());
+        validate(&empty).unwrap();
     }
 }

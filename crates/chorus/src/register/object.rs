@@ -13,7 +13,7 @@ use crate::blob::{BlobError, DynBlobStore};
 /// The register document's key in its store.
 pub const REGISTER_KEY: &str = "manifest.json";
 
-/// A register stored as the object [`REGISTER_KEY`] in a blob store.
+/// A register stored as the object `manifest.json` in a blob store.
 #[derive(Debug, Clone)]
 pub struct ObjectRegister {
     store: DynBlobStore,

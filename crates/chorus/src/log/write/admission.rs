@@ -12,6 +12,7 @@ use crate::ids::RecordIndex;
 use crate::log::config::LogConfig;
 use crate::log::error::{LogError, StopReason};
 use crate::log::metrics;
+use crate::register::Manifest;
 
 /// The most bytes one directory entry `id:base:crc32c ` can take.
 pub const MAX_DIRECTORY_ENTRY_BYTES: usize = 25 + 1 + 20 + 1 + 8 + 1;
@@ -34,16 +35,37 @@ pub struct Admitted {
 pub struct DirectoryRoom {
     /// The register's capacity.
     pub max_bytes: usize,
-    /// Encoded bytes of the directory, counting a sealed-but-unfolded segment.
+    /// Encoded bytes of the directory as last read from the register.
     pub used_bytes: usize,
-    /// Entries, counting a sealed-but-unfolded segment.
+    /// Entries as last read from the register.
     pub entries: usize,
+    /// Sealed segments not yet folded into the register (0 or 1).
+    pub unfolded: usize,
 }
 
 impl DirectoryRoom {
-    /// Whether `extra` more entries fit.
+    /// The room `manifest`'s directory leaves in a register of `max_bytes`.
+    pub fn of(manifest: &Manifest, max_bytes: usize) -> DirectoryRoom {
+        let mut room = DirectoryRoom {
+            max_bytes,
+            used_bytes: 0,
+            entries: 0,
+            unfolded: 0,
+        };
+        room.refresh(manifest);
+        room
+    }
+
+    /// Takes the committed directory from a newer read of the register (after a
+    /// fold or a truncation); unfolded seals still count.
+    pub fn refresh(&mut self, manifest: &Manifest) {
+        self.used_bytes = crate::register::directory_bytes(&manifest.segments);
+        self.entries = manifest.segments.len();
+    }
+
+    /// Whether `extra` more entries fit, besides the unfolded ones.
     pub fn fits(&self, extra: usize) -> bool {
-        self.used_bytes + extra * MAX_DIRECTORY_ENTRY_BYTES <= self.max_bytes
+        self.used_bytes + (self.unfolded + extra) * MAX_DIRECTORY_ENTRY_BYTES <= self.max_bytes
     }
 }
 
@@ -52,6 +74,8 @@ impl DirectoryRoom {
 pub struct Admission {
     /// The index the next admitted record gets.
     pub next_index: RecordIndex,
+    /// Every index below this one is durable.
+    pub durable_end: RecordIndex,
     /// Bytes admitted and not yet durable (or failed).
     pub inflight_bytes: u64,
     /// Records admitted and not yet durable (or failed).
@@ -124,7 +148,7 @@ impl Admission {
             self.active_bytes >= config.max_segment_bytes && !self.directory.fits(2);
         if !self.directory.fits(1) || rotation_blocked {
             return Err(LogError::SegmentDirectoryFull {
-                entries: self.directory.entries,
+                entries: self.directory.entries + self.directory.unfolded,
                 max: self.directory.max_bytes,
             });
         }
@@ -170,6 +194,7 @@ mod tests {
         let (sender, receiver) = mpsc::unbounded_channel();
         let admission = Admission {
             next_index: RecordIndex(10),
+            durable_end: RecordIndex(10),
             inflight_bytes: 0,
             inflight_records: 0,
             active_bytes: 0,
@@ -178,6 +203,7 @@ mod tests {
                 max_bytes: 1024,
                 used_bytes: 0,
                 entries: 0,
+                unfolded: 0,
             },
             sender,
         };
@@ -248,8 +274,14 @@ mod tests {
             max_bytes: 2 * MAX_DIRECTORY_ENTRY_BYTES,
             used_bytes: MAX_DIRECTORY_ENTRY_BYTES,
             entries: 1,
+            unfolded: 0,
         };
         assert!(room.fits(1));
         assert!(!room.fits(2));
+        let sealing = DirectoryRoom {
+            unfolded: 1,
+            ..room
+        };
+        assert!(!sealing.fits(1));
     }
 }

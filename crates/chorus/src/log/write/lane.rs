@@ -2,7 +2,7 @@
 //! issues fragment k on its replica only after fragment k − window succeeded
 //! there, which is what makes recovery's fence final.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -29,8 +29,8 @@ pub struct Lane {
     lag_bytes: u64,
     /// Last time the lane made progress (or became busy).
     last_progress: Instant,
-    /// Requests in flight.
-    requests: HashMap<u64, AbortHandle>,
+    /// Requests in flight (ordered, so cancellation order is deterministic).
+    requests: BTreeMap<u64, AbortHandle>,
 }
 
 impl Lane {
@@ -44,7 +44,7 @@ impl Lane {
             issued: 0,
             lag_bytes: 0,
             last_progress: now,
-            requests: HashMap::new(),
+            requests: BTreeMap::new(),
         }
     }
 
@@ -120,7 +120,7 @@ impl Lane {
 
     /// Cancels every request in flight.
     pub fn cancel(&mut self) {
-        for (_, request) in self.requests.drain() {
+        for (_, request) in std::mem::take(&mut self.requests) {
             request.abort();
         }
     }

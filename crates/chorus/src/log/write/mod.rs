@@ -2,6 +2,7 @@
 //! per replica, in-order completions, rotation.
 
 mod admission;
+mod background;
 mod lane;
 mod pipeline;
 mod rotation;
@@ -21,6 +22,7 @@ use pipeline::{Pipeline, Start};
 
 use super::config::LogConfig;
 use super::error::{LogError, StopReason};
+use super::maintenance::{Maintenance, TruncateReport};
 use super::recovery::Recovery;
 use crate::ids::{Epoch, RecordIndex};
 
@@ -64,6 +66,8 @@ impl Future for Completion {
 #[derive(Debug)]
 pub(super) struct Shared {
     admission: Mutex<Admission>,
+    /// Signalled after a degraded seal: repair should run now.
+    repair_wanted: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -104,15 +108,18 @@ pub struct Writer {
     config: LogConfig,
     epoch: Epoch,
     commands: mpsc::UnboundedSender<Command>,
+    maintenance: Maintenance,
+    truncations: Arc<background::Truncations>,
 }
 
 impl Writer {
-    pub(super) fn spawn(recovery: Recovery) -> Writer {
+    pub(super) fn spawn(recovery: &Recovery) -> Writer {
         let (sender, admitted) = mpsc::unbounded_channel();
         let (commands, command_receiver) = mpsc::unbounded_channel();
         let manifest = recovery.manifest.clone();
         let admission = Admission {
             next_index: manifest.tail_base,
+            durable_end: manifest.tail_base,
             inflight_bytes: 0,
             inflight_records: 0,
             active_bytes: 0,
@@ -122,7 +129,18 @@ impl Writer {
         };
         let shared = Arc::new(Shared {
             admission: Mutex::new(admission),
+            repair_wanted: tokio::sync::Notify::new(),
         });
+        let maintenance = Maintenance::from_parts(
+            recovery.replicas.clone(),
+            Arc::clone(&recovery.stores.register),
+            recovery.config.register_rounds,
+        );
+        tokio::spawn(background::run(
+            Arc::downgrade(&shared),
+            maintenance.clone(),
+            recovery.config.clone(),
+        ));
         let start = Start {
             shared: Arc::clone(&shared),
             config: recovery.config.clone(),
@@ -134,9 +152,11 @@ impl Writer {
         tokio::spawn(Pipeline::run(start, admitted, command_receiver));
         Writer {
             shared,
-            config: recovery.config,
+            config: recovery.config.clone(),
             epoch: recovery.ownership.epoch,
             commands,
+            maintenance,
+            truncations: Arc::default(),
         }
     }
 
@@ -148,6 +168,15 @@ impl Writer {
             .admission()
             .admit(payload.into(), &self.config)?;
         Ok(Completion { index, receiver })
+    }
+
+    /// Raises the truncation floor to `floor` (at most the durable end) and
+    /// deletes what lies wholly below it, in the caller's task, never on the
+    /// append path. Concurrent calls merge into the highest floor.
+    pub async fn truncate_before(&self, floor: RecordIndex) -> Result<TruncateReport, LogError> {
+        self.truncations
+            .truncate(&self.shared, &self.maintenance, floor)
+            .await
     }
 
     /// The writer's epoch.

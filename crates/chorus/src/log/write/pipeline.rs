@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::admission::{Admitted, DirectoryRoom};
+use super::admission::Admitted;
 use super::lane::Lane;
 use super::rotation::{Rotated, seal_and_fold};
 use super::{Command, Receipt, Shared};
@@ -203,7 +203,12 @@ impl Pipeline {
                 break;
             }
             let linger = self.linger_deadline();
+            // `biased`: branches are tried in order rather than at random, so a
+            // run replays exactly under the deterministic simulator. Every
+            // source is bounded (admission budget, one event per request), so
+            // no branch can starve the ones after it for long.
             tokio::select! {
+                biased;
                 Some(record) = admitted.recv() => self.enqueue(record),
                 Some(event) = events.recv() => self.on_lane_event(event),
                 outcome = wait_rotated(&mut self.rotated) => self.on_rotated(outcome),
@@ -486,7 +491,11 @@ impl Pipeline {
         while let Some(slot) = self.slots.get_mut(&self.committed).filter(|s| s.committed) {
             let records = std::mem::take(&mut slot.records);
             let bytes = slot.payload_bytes;
-            self.shared.admission().release(records.len() as u64, bytes);
+            {
+                let mut admission = self.shared.admission();
+                admission.release(records.len() as u64, bytes);
+                admission.durable_end = RecordIndex(admission.durable_end.0 + records.len() as u64);
+            }
             for _ in 0..records.len() {
                 let waiter = self.waiting.pop_front().expect("a waiter per cut record");
                 metrics::commit_latency(now.duration_since(waiter.admitted_at));
@@ -548,8 +557,7 @@ impl Pipeline {
         {
             let mut admission = self.shared.admission();
             admission.active_bytes -= full.bytes;
-            admission.directory.entries += 1;
-            admission.directory.used_bytes += super::admission::MAX_DIRECTORY_ENTRY_BYTES;
+            admission.directory.unfolded += 1;
         }
         let new_pending = SegmentId::new(self.ownership.epoch, self.next_counter);
         self.next_counter += 1;
@@ -575,11 +583,15 @@ impl Pipeline {
         self.rotation_task = None;
         match outcome {
             Ok(rotated) => {
+                if rotated.degraded {
+                    self.shared.repair_wanted.notify_one();
+                }
                 self.pending = rotated.manifest.pending;
                 self.rotation = Rotation::Idle;
                 metrics::rotation_state(0);
-                self.shared.admission().directory =
-                    DirectoryRoom::of(&rotated.manifest, self.register.max_directory_bytes());
+                let directory = &mut self.shared.admission().directory;
+                directory.refresh(&rotated.manifest);
+                directory.unfolded -= 1;
             }
             Err(LogError::Fenced(fenced)) => self.stop(StopReason::Fenced(fenced)),
             Err(error) => self.stop(StopReason::Register(error.to_string())),
@@ -618,17 +630,6 @@ impl Pipeline {
         }
         if let Some(task) = self.rotation_task.take() {
             task.abort();
-        }
-    }
-}
-
-impl DirectoryRoom {
-    /// The room `manifest`'s directory leaves in a register of `max_bytes`.
-    pub fn of(manifest: &Manifest, max_bytes: usize) -> DirectoryRoom {
-        DirectoryRoom {
-            max_bytes,
-            used_bytes: crate::register::directory_bytes(&manifest.segments),
-            entries: manifest.segments.len(),
         }
     }
 }

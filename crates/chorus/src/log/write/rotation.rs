@@ -23,6 +23,8 @@ use crate::register::{Manifest, ManifestStore, transform};
 pub struct Rotated {
     /// The register as the fold left it.
     pub manifest: Manifest,
+    /// Some replica lacks the sealed object: repair should run now.
+    pub degraded: bool,
 }
 
 /// Seals `(segment, base, records)` and folds it, making the active segment
@@ -99,5 +101,6 @@ async fn attempt_once(
     metrics::seal_finished(true, report.degraded());
     Ok(Rotated {
         manifest: committed.manifest,
+        degraded: report.degraded(),
     })
 }

@@ -1,0 +1,108 @@
+//! Log maintenance (DESIGN 7): truncation, repair, the orphan sweep and
+//! verification. None of it runs on the append path: a live writer runs it in a
+//! background task, and the CLI runs it against a log with or without a writer.
+//! Every step is safe beside a live writer and beside other maintenance runs.
+
+mod classify;
+mod progress;
+mod repair;
+mod sweep;
+mod truncate;
+mod verify;
+
+use std::sync::Arc;
+
+pub use classify::{ObjectClass, classify};
+pub use progress::{NoProgress, Progress};
+pub use repair::RepairReport;
+pub use sweep::SweepReport;
+pub use truncate::TruncateReport;
+pub use verify::{ObjectState, ReplicaReport, VerifyReport};
+
+use super::LogStores;
+use super::error::LogError;
+use super::layout::segment_prefix;
+use super::replica::Replica;
+use crate::blob::BlobError;
+use crate::codec::FRAGMENT_HEADER_BYTES;
+use crate::ids::SegmentId;
+use crate::register::{DEFAULT_MAX_ROUNDS, Manifest, ManifestStore};
+
+/// Runs maintenance against one log.
+#[derive(Debug, Clone)]
+pub struct Maintenance {
+    replicas: Vec<Replica>,
+    register: Arc<dyn ManifestStore>,
+    rounds: u32,
+}
+
+impl Maintenance {
+    /// Maintenance of the log in `stores`.
+    pub fn new(stores: &LogStores) -> Maintenance {
+        Maintenance {
+            replicas: stores.replicas(),
+            register: Arc::clone(&stores.register),
+            rounds: DEFAULT_MAX_ROUNDS,
+        }
+    }
+
+    pub(crate) fn from_parts(
+        replicas: Vec<Replica>,
+        register: Arc<dyn ManifestStore>,
+        rounds: u32,
+    ) -> Maintenance {
+        Maintenance {
+            replicas,
+            register,
+            rounds,
+        }
+    }
+
+    /// The register's current record.
+    pub async fn manifest(&self) -> Result<Manifest, LogError> {
+        let current = self
+            .register
+            .read()
+            .await?
+            .ok_or_else(|| LogError::Transition("register not initialized".into()))?;
+        Ok(Manifest::from_fields(&current.fields)?)
+    }
+}
+
+/// Deletes every fragment of `segments` on every replica, in a background task.
+/// Best effort: failures are logged, and the orphan sweep collects leftovers.
+pub fn delete_segments_in_background(replicas: Vec<Replica>, segments: Vec<SegmentId>) {
+    tokio::spawn(async move {
+        for replica in &replicas {
+            for segment in &segments {
+                if let Err(error) = delete_fragments(replica, *segment).await {
+                    tracing::warn!(?replica, %segment, %error, "could not delete old fragments");
+                }
+            }
+        }
+    });
+}
+
+/// Deletes the data fragments of `segment` on `replica`; returns how many.
+///
+/// Fences are never deleted: a fence keeps a superseded writer from ever
+/// completing its position, and that writer may still be running. They are
+/// header-only objects, recognised by size without reading them.
+async fn delete_fragments(replica: &Replica, segment: SegmentId) -> Result<usize, BlobError> {
+    let listed = replica.store.list(&segment_prefix(segment)).await?;
+    let data: Vec<_> = listed
+        .iter()
+        .filter(|meta| meta.size != FRAGMENT_HEADER_BYTES as u64)
+        .collect();
+    for meta in &data {
+        replica.store.delete(&meta.key).await?;
+    }
+    Ok(data.len())
+}
+
+/// Counts a maintenance failure; maintenance errors are logged and counted,
+/// never propagated to appends.
+pub(crate) fn failed(task: &'static str, error: &dyn std::fmt::Display) {
+    metrics::counter!("chorus_maintenance_errors_total", "task" => task).increment(1);
+    tracing::warn!(task, %error, "maintenance step failed");
+}
