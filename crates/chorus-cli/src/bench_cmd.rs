@@ -1,16 +1,18 @@
 //! `chorus bench log`: ack latency and peak throughput of the write path over
 //! in-memory replicas behind the latency-injecting store.
 //!
-//! Four scenarios: light load (one append at a time) and peak load (appends
+//! Six scenarios: light load (one append at a time) and peak load (appends
 //! pipelined up to the in-flight budget), each with all replicas at the
-//! injected latency and with one replica much slower.
+//! injected latency, with one replica much slower, and with repair passes
+//! running back to back beside the appends.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chorus::blob::{DynBlobStore, Latency, LatencyProfile, LatencyStore, ObjectStoreBlobs};
-use chorus::log::{LogConfig, LogError, LogStores, Recovery, Writer};
+use chorus::log::maintenance::{Maintenance, NoProgress};
+use chorus::log::{Completion, LogConfig, LogError, LogStores, Recovery, Writer};
 use chorus::register::{MemoryRegister, initialize};
 use serde::Serialize;
 
@@ -41,6 +43,10 @@ pub struct LogBenchArgs {
     /// Appends measured at light load.
     #[arg(long, default_value_t = 500)]
     light_appends: usize,
+    /// MiB appended before the repair scenarios, so repair has sealed
+    /// segments to read.
+    #[arg(long, default_value_t = 256)]
+    prefill_mib: u64,
     /// How long each peak-load scenario runs, in seconds.
     #[arg(long, default_value_t = 5)]
     peak_seconds: u64,
@@ -70,10 +76,12 @@ impl BenchCommand {
         }
         let slow = Some(args.slow_latency_ms);
         let scenarios = [
-            ("light", None),
-            ("light, one slow replica", slow),
-            ("peak", None),
-            ("peak, one slow replica", slow),
+            ("light", None, false),
+            ("light, one slow replica", slow, false),
+            ("light, repair running", None, true),
+            ("peak", None, false),
+            ("peak, one slow replica", slow, false),
+            ("peak, repair running", None, true),
         ];
         if !args.json {
             println!(
@@ -81,14 +89,21 @@ impl BenchCommand {
                 "scenario", "appends", "seconds", "MB/s", "p50 ms", "p99 ms", "max ms"
             );
         }
-        for (name, slow) in scenarios {
+        for (name, slow, repair) in scenarios {
             eprintln!("running: {name} …");
-            let writer = open_writer(&args, slow).await?;
+            let (writer, stores) = open_writer(&args, slow).await?;
+            if repair {
+                prefill(&writer, &args).await?;
+            }
+            let repairing = repair.then(|| spawn_repair_loop(&stores));
             let outcome = if name.starts_with("light") {
                 light(&writer, &args).await?
             } else {
                 peak(&writer, &args).await?
             };
+            if let Some(repairing) = repairing {
+                repairing.abort();
+            }
             writer.shutdown(Duration::from_secs(30)).await?;
             print_outcome(
                 &Outcome {
@@ -100,6 +115,20 @@ impl BenchCommand {
         }
         Ok(())
     }
+}
+
+/// Runs repair passes back to back (reading every sealed copy on every
+/// replica) until aborted, as a maintenance load beside the appends.
+fn spawn_repair_loop(stores: &LogStores) -> tokio::task::JoinHandle<()> {
+    let maintenance = Maintenance::new(stores);
+    tokio::spawn(async move {
+        loop {
+            if let Err(error) = maintenance.repair(&NoProgress).await {
+                eprintln!("repair failed: {error}");
+            }
+            tokio::task::yield_now().await;
+        }
+    })
 }
 
 fn print_outcome(outcome: &Outcome, json: bool) {
@@ -124,7 +153,10 @@ fn print_outcome(outcome: &Outcome, json: bool) {
 
 /// A fresh log over in-memory replicas behind the latency store; replica 0
 /// gets `slow_ms` instead when set.
-async fn open_writer(args: &LogBenchArgs, slow_ms: Option<u64>) -> Result<Writer, LogError> {
+async fn open_writer(
+    args: &LogBenchArgs,
+    slow_ms: Option<u64>,
+) -> Result<(Writer, LogStores), LogError> {
     let replicas = (0..args.replicas)
         .map(|position| {
             let latency = match (position, slow_ms) {
@@ -152,10 +184,69 @@ async fn open_writer(args: &LogBenchArgs, slow_ms: Option<u64>) -> Result<Writer
         .await
         .map_err(|e| LogError::Transition(e.to_string()))?;
     let stores = LogStores { replicas, register };
-    let recovery = Recovery::run(stores, LogConfig::default()).await?;
+    let recovery = Recovery::run(stores.clone(), LogConfig::default()).await?;
     let mut replay = recovery.replay(recovery.end())?;
     while replay.next().await?.is_some() {}
-    recovery.start().await
+    Ok((recovery.start().await?, stores))
+}
+
+/// Appends `prefill_mib` of records so repair has sealed segments to read.
+async fn prefill(writer: &Writer, args: &LogBenchArgs) -> Result<(), LogError> {
+    let record = Bytes::from(vec![0x11; args.record_bytes]);
+    let count = args.prefill_mib * 1024 * 1024 / args.record_bytes as u64;
+    let mut pipeline = Pipelined::default();
+    for _ in 0..count {
+        pipeline.append(writer, &record).await?;
+    }
+    pipeline.drain().await?;
+    Ok(())
+}
+
+/// Appends in flight, oldest first, and the ack latencies seen so far.
+#[derive(Default)]
+struct Pipelined {
+    outstanding: std::collections::VecDeque<(Instant, Completion)>,
+    latencies: Vec<Duration>,
+    /// Times admission refused with nothing of ours in flight (the previous
+    /// segment still sealing), each followed by a 1 ms pause.
+    stalls: u64,
+}
+
+impl Pipelined {
+    /// Admits `record`, waiting for the oldest outstanding append while
+    /// admission pushes back.
+    async fn append(&mut self, writer: &Writer, record: &Bytes) -> Result<(), LogError> {
+        loop {
+            match writer.append(record.clone()) {
+                Ok(completion) => {
+                    self.outstanding.push_back((Instant::now(), completion));
+                    return Ok(());
+                }
+                Err(LogError::Backpressure { .. } | LogError::ActiveSegmentFull { .. }) => {
+                    match self.outstanding.pop_front() {
+                        Some((sent, oldest)) => {
+                            oldest.await?;
+                            self.latencies.push(sent.elapsed());
+                        }
+                        None => {
+                            self.stalls += 1;
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// Waits for every outstanding append.
+    async fn drain(mut self) -> Result<(Vec<Duration>, u64), LogError> {
+        for (sent, completion) in self.outstanding.drain(..) {
+            completion.await?;
+            self.latencies.push(sent.elapsed());
+        }
+        Ok((self.latencies, self.stalls))
+    }
 }
 
 /// One append at a time: the latency of an otherwise idle log.
@@ -175,25 +266,14 @@ async fn light(writer: &Writer, args: &LogBenchArgs) -> Result<Outcome, LogError
 async fn peak(writer: &Writer, args: &LogBenchArgs) -> Result<Outcome, LogError> {
     let record = Bytes::from(vec![0xa5; args.record_bytes]);
     let deadline = Instant::now() + Duration::from_secs(args.peak_seconds);
-    let mut outstanding = std::collections::VecDeque::new();
-    let mut latencies = Vec::new();
+    let mut pipeline = Pipelined::default();
     let started = Instant::now();
     while Instant::now() < deadline {
-        match writer.append(record.clone()) {
-            Ok(completion) => outstanding.push_back((Instant::now(), completion)),
-            Err(LogError::Backpressure { .. } | LogError::ActiveSegmentFull { .. }) => {
-                let (sent, oldest) = outstanding
-                    .pop_front()
-                    .expect("backpressure implies appends in flight");
-                oldest.await?;
-                latencies.push(sent.elapsed());
-            }
-            Err(error) => return Err(error),
-        }
+        pipeline.append(writer, &record).await?;
     }
-    for (sent, completion) in outstanding {
-        completion.await?;
-        latencies.push(sent.elapsed());
+    let (latencies, stalls) = pipeline.drain().await?;
+    if stalls > 0 {
+        eprintln!("admission stalled {stalls} times with nothing in flight (sealing behind)");
     }
     Ok(summarize(latencies, started.elapsed(), args.record_bytes))
 }

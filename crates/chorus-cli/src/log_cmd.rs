@@ -2,6 +2,7 @@
 
 mod append;
 mod json_lines;
+mod maintain;
 mod read;
 
 use std::io::Write;
@@ -29,6 +30,12 @@ pub enum LogCommand {
     Read(read::ReadArgs),
     /// Print the register's fields and the replica binding.
     Inspect(InspectArgs),
+    /// Raise the truncation floor and delete what lies wholly below it.
+    Truncate(maintain::TruncateArgs),
+    /// Heal missing or damaged sealed copies, finish deletions, sweep orphans.
+    Repair(maintain::RepairArgs),
+    /// Check every object of every replica; non-zero exit on any problem.
+    Verify(maintain::VerifyArgs),
 }
 
 /// Arguments of `log init`.
@@ -61,6 +68,9 @@ impl LogCommand {
             LogCommand::Append(args) => append::append(args).await,
             LogCommand::Read(args) => read::read(args).await,
             LogCommand::Inspect(args) => inspect(args).await,
+            LogCommand::Truncate(args) => maintain::truncate(args).await,
+            LogCommand::Repair(args) => maintain::repair(args).await,
+            LogCommand::Verify(args) => maintain::verify(args).await,
         }
     }
 }

@@ -6,6 +6,7 @@ mod config;
 mod lease_cmd;
 mod log_cmd;
 mod open;
+mod progress;
 mod snapshot_cmd;
 
 use std::io::Write;
@@ -42,6 +43,7 @@ pub type CommandError = Box<dyn std::error::Error + Send + Sync>;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => return fail(&error),
@@ -58,6 +60,17 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => fail(error.as_ref()),
     }
+}
+
+/// Diagnostics go to stderr, filtered by `CHORUS_LOG` (for example `info` or
+/// `chorus=debug`); warnings and errors are shown by default.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CHORUS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 /// Prints `chorus: <error>: <cause>: …` on one line and picks the exit code.

@@ -22,6 +22,7 @@ mod error;
 pub mod layout;
 pub mod maintenance;
 mod metrics;
+mod offload;
 pub mod quorum;
 mod reader;
 mod recovery;

@@ -61,6 +61,20 @@ impl Reader {
         }
     }
 
+    /// The first index not known to be committed: the end of the sealed
+    /// directory plus the committed prefix of the active segments. Reads the
+    /// active segments' data; for maintenance without a writer.
+    pub async fn committed_end(stores: &LogStores) -> Result<RecordIndex, LogError> {
+        let probe = Reader::new(stores, RecordIndex(0));
+        let manifest = probe.read_manifest().await?;
+        let mut reader = Reader::new(stores, manifest.tail_base.max(manifest.trunc));
+        let mut end = reader.position();
+        while let Some((index, _)) = reader.try_next().await? {
+            end = RecordIndex(index.0 + 1);
+        }
+        Ok(end)
+    }
+
     /// Sets the pause between polls of [`Reader::next`].
     pub fn with_poll_interval(mut self, interval: Duration) -> Reader {
         self.poll_interval = interval;

@@ -5,6 +5,7 @@ use std::fmt;
 use bytes::Bytes;
 
 use super::layout::{fragment_key, parse_fragment_key, sealed_key, segment_prefix};
+use super::offload::offload;
 use crate::blob::{BlobError, DynBlobStore, Version};
 use crate::codec::{CodecError, Fragment, SealedSegment};
 use crate::ids::{Epoch, FragmentIndex, RecordIndex, SegmentId};
@@ -167,19 +168,21 @@ impl Replica {
             Err(BlobError::NotFound { .. }) => return Ok(SealedCopy::Missing),
             Err(error) => return Err(error),
         };
-        let verdict =
-            SealedSegment::decode_verified(&blob.bytes, entry.id, entry.base, entry.crc32c)
-                .map_err(|error| error.to_string())
-                .and_then(|segment| {
-                    if segment.end() == end {
-                        Ok(())
-                    } else {
-                        Err(format!(
-                            "holds records up to {}, the directory says {end}",
-                            segment.end()
-                        ))
-                    }
-                });
+        let (entry, bytes) = (*entry, blob.bytes.clone());
+        let verdict = offload(move || {
+            let segment =
+                SealedSegment::decode_verified(&bytes, entry.id, entry.base, entry.crc32c)
+                    .map_err(|error| error.to_string())?;
+            if segment.end() == end {
+                Ok(())
+            } else {
+                Err(format!(
+                    "holds records up to {}, the directory says {end}",
+                    segment.end()
+                ))
+            }
+        })
+        .await;
         Ok(match verdict {
             Ok(()) => SealedCopy::Healthy(blob.bytes),
             Err(detail) => SealedCopy::Corrupt {
@@ -196,8 +199,12 @@ impl Replica {
     ) -> Result<SealedSegment, ReadSealedError> {
         let key = sealed_key(entry.id, entry.crc32c);
         let blob = self.store.get(&key).await.map_err(ReadSealedError::Store)?;
-        SealedSegment::decode_verified(&blob.bytes, entry.id, entry.base, entry.crc32c)
-            .map_err(|error| ReadSealedError::Corrupt(format!("{key} on {self:?}: {error}")))
+        let entry = *entry;
+        offload(move || {
+            SealedSegment::decode_verified(&blob.bytes, entry.id, entry.base, entry.crc32c)
+        })
+        .await
+        .map_err(|error| ReadSealedError::Corrupt(format!("{key} on {self:?}: {error}")))
     }
 }
 

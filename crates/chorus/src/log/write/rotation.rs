@@ -12,6 +12,7 @@ use crate::log::config::LogConfig;
 use crate::log::error::LogError;
 use crate::log::maintenance::delete_segments_in_background;
 use crate::log::metrics;
+use crate::log::offload::offload;
 use crate::log::quorum::quorum;
 use crate::log::replica::Replica;
 use crate::log::seal::{PreparedSeal, backoff_delay, write_seal};
@@ -39,7 +40,9 @@ pub async fn seal_and_fold(
     (new_base, new_pending): (RecordIndex, SegmentId),
     done: oneshot::Sender<Result<Rotated, LogError>>,
 ) {
-    let seal = PreparedSeal::new(segment, base, records);
+    let started = tokio::time::Instant::now();
+    let seal = offload(move || PreparedSeal::new(segment, base, records)).await;
+    let prepared = started.elapsed();
     let backoff = (config.retry_backoff_min, config.retry_backoff_max);
     let mut attempt = 0;
     let outcome = loop {
@@ -69,6 +72,13 @@ pub async fn seal_and_fold(
         }
     };
     if outcome.is_ok() {
+        tracing::info!(
+            %segment,
+            bytes = seal.bytes.len(),
+            prepare_ms = prepared.as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64,
+            "sealed and folded"
+        );
         delete_segments_in_background(replicas, vec![segment]);
     }
     let _ = done.send(outcome);
