@@ -1,0 +1,436 @@
+//! The schedule: choosing the next action of the safety phase from the
+//! seeded generator, and performing it. Every action is a decision of the
+//! simulated application or of the environment; none waits, except `Sleep`.
+//!
+//! Extension points: truncation, repair and sweep passes, lease and snapshot
+//! actors become more [`Action`] variants here, with their checkers in
+//! `check.rs` / `model.rs`.
+
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use chorus::ids::OwnerId;
+use chorus::log::{LogError, Reader};
+use rand::Rng;
+
+use crate::actors::{PendingAppend, ReaderSlot, RecoveryTask, read_some, recover};
+use crate::faults::{RuleLabel, draw_register_rule, draw_store_rule};
+use crate::model::{Violation, WriterId};
+use crate::sim::Sim;
+use crate::world::ActorFaults;
+
+/// Readers the simulation runs at most.
+const MAX_READERS: usize = 3;
+/// Recoveries running at once at most.
+const MAX_RECOVERIES: usize = 3;
+
+/// One step of the schedule.
+#[derive(Debug, Clone)]
+enum Action {
+    /// Append a burst to a writer (the current one or a zombie).
+    Append { writer: WriterId, count: u64 },
+    /// Start a recovery (a new writer incarnation).
+    Recover,
+    /// Start two recoveries at once.
+    RacingRecoveries,
+    /// Kill a recovery at whatever await point it is at.
+    AbortRecovery(usize),
+    /// Crash a writer: abort it, or drop its handle.
+    CrashWriter { writer: WriterId, abort: bool },
+    /// Shut a writer down gracefully, with a deadline.
+    Shutdown { writer: WriterId, timeout: Duration },
+    /// Let a reader read up to `max` records.
+    Read { slot: usize, max: usize },
+    /// Start another reader (or replace one) at a known index.
+    NewReader,
+    /// Add a fault rule to a replica, or to one actor's view of it.
+    StoreFault,
+    /// Add a fault rule to the register, everyone's or one actor's.
+    RegisterFault,
+    /// Toggle an outage of one replica.
+    Outage(usize),
+    /// Remove the rules of one controller.
+    Clear,
+    /// The application drops some completions without awaiting them.
+    DropCompletions,
+    /// Let time pass.
+    Sleep(Duration),
+}
+
+impl Sim {
+    /// Chooses and performs the next action.
+    pub(crate) async fn act(&mut self) -> Result<(), Violation> {
+        let action = self.choose();
+        self.event(format!("do {action:?}"));
+        self.perform(action).await
+    }
+
+    fn alive_writers(&self) -> Vec<WriterId> {
+        self.writers
+            .iter()
+            .filter(|slot| slot.writer.is_some())
+            .map(|slot| slot.id)
+            .collect()
+    }
+
+    fn choose(&mut self) -> Action {
+        let alive = self.alive_writers();
+        let zombies: Vec<WriterId> = alive
+            .iter()
+            .copied()
+            .filter(|w| Some(*w) != self.current)
+            .collect();
+        let current = self.current.filter(|w| alive.contains(w));
+        let recovering = self.recoveries.len();
+        let idle = current.is_none() && recovering == 0;
+        let mut options: Vec<(u32, Action)> = Vec::new();
+        let count = self.draw_burst();
+        if let Some(writer) = current {
+            options.push((30, Action::Append { writer, count }));
+        }
+        if !zombies.is_empty() {
+            let writer = zombies[self.rng.random_range(0..zombies.len())];
+            options.push((6, Action::Append { writer, count }));
+        }
+        if recovering < MAX_RECOVERIES {
+            options.push((if idle { 60 } else { 3 }, Action::Recover));
+        }
+        if recovering + 1 < MAX_RECOVERIES {
+            options.push((2, Action::RacingRecoveries));
+        }
+        if recovering > 0 {
+            let task = self.rng.random_range(0..recovering);
+            options.push((3, Action::AbortRecovery(task)));
+        }
+        if !alive.is_empty() {
+            let writer = current.unwrap_or(alive[0]);
+            let abort = self.rng.random_bool(0.5);
+            options.push((3, Action::CrashWriter { writer, abort }));
+            let timeout = Duration::from_millis(self.rng.random_range(1..=2000));
+            options.push((1, Action::Shutdown { writer, timeout }));
+        }
+        self.push_environment_options(&mut options);
+        pick(&mut self.rng, options)
+    }
+
+    fn push_environment_options(&mut self, options: &mut Vec<(u32, Action)>) {
+        let slot = self.rng.random_range(0..MAX_READERS);
+        let max = if self.rng.random_bool(0.8) {
+            self.rng.random_range(1..=16)
+        } else {
+            self.rng.random_range(16..=256)
+        };
+        options.push((10, Action::Read { slot, max }));
+        options.push((1, Action::NewReader));
+        options.push((8, Action::StoreFault));
+        options.push((3, Action::RegisterFault));
+        let replica = self.rng.random_range(0..self.params.replicas);
+        options.push((4, Action::Outage(replica)));
+        options.push((4, Action::Clear));
+        if !self.pending.is_empty() {
+            options.push((1, Action::DropCompletions));
+        }
+        let sleep = if self.rng.random_bool(0.7) {
+            self.rng.random_range(10..=500)
+        } else {
+            self.rng.random_range(500..=10_000)
+        };
+        options.push((4, Action::Sleep(Duration::from_millis(sleep))));
+    }
+
+    fn draw_burst(&mut self) -> u64 {
+        match self.rng.random_range(0..10) {
+            0..=5 => self.rng.random_range(1..=3),
+            6..=8 => self.rng.random_range(4..=16),
+            _ => self.rng.random_range(16..=64),
+        }
+    }
+
+    async fn perform(&mut self, action: Action) -> Result<(), Violation> {
+        match action {
+            Action::Append { writer, count } => self.append(writer, count, true)?,
+            Action::Recover => {
+                self.start_recovery();
+            }
+            Action::RacingRecoveries => {
+                self.start_recovery();
+                self.start_recovery();
+            }
+            Action::AbortRecovery(task) => self.recoveries[task].handle.abort(),
+            Action::CrashWriter { writer, abort } => self.crash(writer, abort),
+            Action::Shutdown { writer, timeout } => self.shutdown(writer, timeout),
+            Action::Read { slot, max } => self.read(slot, max),
+            Action::NewReader => self.new_reader(),
+            Action::StoreFault => self.store_fault(),
+            Action::RegisterFault => self.register_fault(),
+            Action::Outage(replica) => self.toggle_outage(replica),
+            Action::Clear => self.clear_faults(),
+            Action::DropCompletions => self.drop_completions()?,
+            Action::Sleep(duration) => tokio::time::sleep(duration).await,
+        }
+        Ok(())
+    }
+
+    /// Appends `count` records to `writer`; with `may_drop`, the application
+    /// sometimes drops a completion instead of keeping it.
+    pub(crate) fn append(
+        &mut self,
+        writer: WriterId,
+        count: u64,
+        may_drop: bool,
+    ) -> Result<(), Violation> {
+        for _ in 0..count {
+            let bytes = self.payload(writer);
+            let slot = self
+                .writers
+                .iter()
+                .position(|s| s.id == writer)
+                .expect("known");
+            let Some(handle) = self.writers[slot].writer.as_ref() else {
+                return Ok(());
+            };
+            match handle.append(bytes.clone()) {
+                Ok(completion) => {
+                    let index = completion.index().0;
+                    self.model.admitted(writer, index, &bytes)?;
+                    self.stats.admitted += 1;
+                    self.pending.push(PendingAppend {
+                        writer,
+                        index,
+                        bytes,
+                        completion,
+                    });
+                    if may_drop && self.rng.random_bool(0.02) {
+                        self.pending.pop();
+                        self.model.dropped(writer, index);
+                    }
+                }
+                Err(error) => return self.refused(writer, &error),
+            }
+        }
+        Ok(())
+    }
+
+    fn refused(&mut self, writer: WriterId, error: &LogError) -> Result<(), Violation> {
+        self.stats.refused += 1;
+        self.event(format!("refused w{writer}: {error}"));
+        if error.may_have_committed() {
+            return Err(format!(
+                "ambiguity: an admission refusal of writer {writer} says may_have_committed: {error}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// A unique payload naming its writer and sequence number, padded to a
+    /// random length.
+    fn payload(&mut self, writer: WriterId) -> Bytes {
+        let slot = self
+            .writers
+            .iter_mut()
+            .find(|s| s.id == writer)
+            .expect("known");
+        slot.sequence += 1;
+        let name = format!("w{writer}.{}.", slot.sequence);
+        let max = self.params.max_payload_bytes.max(name.len());
+        let length = self.rng.random_range(name.len()..=max);
+        let fill = self.rng.random::<u8>();
+        let mut bytes = BytesMut::with_capacity(length);
+        bytes.put_slice(name.as_bytes());
+        bytes.put_bytes(fill, length - name.len());
+        bytes.freeze()
+    }
+
+    /// Spawns a recovery with a fresh owner id and a view of its own.
+    pub(crate) fn start_recovery(&mut self) -> u64 {
+        let id = self.fresh_id();
+        let rng = &mut self.rng;
+        let (stores, faults) = self.world.view(|| rng.random());
+        let owner = OwnerId(self.rng.random::<u128>().max(1));
+        let handle = tokio::spawn(recover(
+            id,
+            stores,
+            self.params.config.clone(),
+            owner,
+            self.notices.clone(),
+        ));
+        self.stats.recoveries_started += 1;
+        self.recoveries.push(RecoveryTask {
+            id,
+            started_at: self.origin.elapsed(),
+            faults,
+            handle,
+        });
+        id
+    }
+
+    fn crash(&mut self, writer: WriterId, abort: bool) {
+        let slot = self
+            .writers
+            .iter_mut()
+            .find(|s| s.id == writer)
+            .expect("known");
+        if let Some(handle) = slot.writer.take() {
+            if abort {
+                handle.abort();
+            }
+        }
+        if self.current == Some(writer) {
+            self.current = None;
+        }
+        self.stats.writers_crashed += 1;
+    }
+
+    fn shutdown(&mut self, writer: WriterId, timeout: Duration) {
+        let slot = self
+            .writers
+            .iter_mut()
+            .find(|s| s.id == writer)
+            .expect("known");
+        if let Some(handle) = slot.writer.take() {
+            tokio::spawn(handle.shutdown(timeout));
+        }
+        if self.current == Some(writer) {
+            self.current = None;
+        }
+    }
+
+    fn reader_slot(&mut self, slot: usize) -> usize {
+        while self.readers.len() <= slot {
+            let rng = &mut self.rng;
+            let (stores, faults) = self.world.view(|| rng.random());
+            let reader = Reader::new(&stores, chorus::ids::RecordIndex(0));
+            self.readers.push(ReaderSlot {
+                stores,
+                faults,
+                reader: Some(reader),
+                task: None,
+            });
+        }
+        slot
+    }
+
+    fn read(&mut self, slot: usize, max: usize) {
+        let slot = self.reader_slot(slot);
+        let Some(reader) = self.readers[slot].reader.take() else {
+            return; // a read is running
+        };
+        let task = tokio::spawn(read_some(reader, max, self.origin));
+        self.readers[slot].task = Some(task);
+    }
+
+    fn new_reader(&mut self) {
+        let slot = self.rng.random_range(0..MAX_READERS);
+        let slot = self.reader_slot(slot);
+        if self.readers[slot].task.is_some() {
+            return;
+        }
+        let from = self.rng.random_range(0..=self.model.log_len());
+        let reader = Reader::new(&self.readers[slot].stores, chorus::ids::RecordIndex(from));
+        self.readers[slot].reader = Some(reader);
+        self.event(format!("reader r{slot} restarts at {from}"));
+    }
+
+    /// Every live actor's private fault controllers.
+    fn actor_faults(&self) -> Vec<(String, ActorFaults)> {
+        let writers = self
+            .writers
+            .iter()
+            .filter(|slot| slot.writer.is_some())
+            .map(|slot| (format!("w{}", slot.id), slot.faults.clone()));
+        let recoveries = self
+            .recoveries
+            .iter()
+            .map(|task| (format!("recovery {}", task.id), task.faults.clone()));
+        let readers = self
+            .readers
+            .iter()
+            .enumerate()
+            .map(|(slot, reader)| (format!("r{slot}"), reader.faults.clone()));
+        writers.chain(recoveries).chain(readers).collect()
+    }
+
+    fn store_fault(&mut self) {
+        let rule = draw_store_rule(&mut self.rng);
+        let replica = self.rng.random_range(0..self.params.replicas);
+        let actors = self.actor_faults();
+        let text = RuleLabel(&rule).to_string();
+        if actors.is_empty() || self.rng.random_bool(0.6) {
+            self.world.replica_faults[replica].add(rule);
+            self.event(format!("fault replica {replica}: {text}"));
+        } else {
+            let (name, faults) = &actors[self.rng.random_range(0..actors.len())];
+            faults.replicas[replica].add(rule);
+            self.event(format!("fault {name} replica {replica}: {text}"));
+        }
+        self.stats.faults_added += 1;
+    }
+
+    fn register_fault(&mut self) {
+        let rule = draw_register_rule(&mut self.rng);
+        let actors = self.actor_faults();
+        let text = RuleLabel(&rule).to_string();
+        if actors.is_empty() || self.rng.random_bool(0.5) {
+            self.world.register_faults.add(rule);
+            self.event(format!("fault register: {text}"));
+        } else {
+            let (name, faults) = &actors[self.rng.random_range(0..actors.len())];
+            faults.register.add(rule);
+            self.event(format!("fault {name} register: {text}"));
+        }
+        self.stats.faults_added += 1;
+    }
+
+    fn toggle_outage(&mut self, replica: usize) {
+        let controller = &self.world.replica_faults[replica];
+        let on = !controller.outage();
+        controller.set_outage(on);
+        self.stats.outages += u64::from(on);
+        self.event(format!(
+            "outage replica {replica} {}",
+            if on { "on" } else { "off" }
+        ));
+    }
+
+    fn clear_faults(&mut self) {
+        let actors = self.actor_faults();
+        match self.rng.random_range(0..3) {
+            0 => {
+                let replica = self.rng.random_range(0..self.params.replicas);
+                self.world.replica_faults[replica].clear();
+                self.event(format!("clear replica {replica}"));
+            }
+            1 => {
+                self.world.register_faults.clear();
+                self.event("clear register");
+            }
+            _ if !actors.is_empty() => {
+                let (name, faults) = &actors[self.rng.random_range(0..actors.len())];
+                faults.clear();
+                self.event(format!("clear {name}"));
+            }
+            _ => {}
+        }
+    }
+
+    fn drop_completions(&mut self) -> Result<(), Violation> {
+        let keep = self.rng.random_range(0..self.pending.len());
+        for append in self.pending.split_off(keep) {
+            self.model.dropped(append.writer, append.index);
+        }
+        Ok(())
+    }
+}
+
+/// Picks one option with probability proportional to its weight.
+fn pick(rng: &mut rand::rngs::StdRng, options: Vec<(u32, Action)>) -> Action {
+    let total: u32 = options.iter().map(|(weight, _)| weight).sum();
+    let mut draw = rng.random_range(0..total);
+    for (weight, action) in options {
+        if draw < weight {
+            return action;
+        }
+        draw -= weight;
+    }
+    unreachable!("the draw is below the total weight")
+}

@@ -1,0 +1,423 @@
+//! The model: what the simulated application was told, and the checkers that
+//! compare it with what recoveries and readers return. Pure bookkeeping, no
+//! I/O; every method returns the first violated rule.
+//!
+//! Rules (numbers as in docs/testing.md):
+//!
+//! - **2, recovery content**: every successful recovery's content is dense
+//!   from 0, extends every lower epoch's content and is extended by every
+//!   higher epoch's; it holds every record acknowledged by a lower epoch with
+//!   identical bytes ("never fewer"); every other record in it was admitted at
+//!   that index and its append did not fail with `may_have_committed() ==
+//!   false` (the ambiguous ones).
+//! - **3, superseded acks**: an ack from epoch e observed after a recovery of
+//!   epoch f > e must be for a record inside f's content (a late ack of a
+//!   record already on Q replicas, docs/protocol.md); anything else is an ack
+//!   the fence should have prevented.
+//! - **4, readers**: a record a reader returned agrees with every ack and
+//!   recovery at its index, was admitted there, never fails with
+//!   `may_have_committed() == false`, and is in the content of every recovery
+//!   that started after the read returned.
+//! - **order**: per writer, admitted indices are dense from its recovery's
+//!   end (refusals consume none), and acks never follow a failure.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use bytes::Bytes;
+use chorus::ids::Epoch;
+
+use crate::trace::label;
+
+/// Identifies one writer incarnation in the simulation.
+pub type WriterId = u64;
+
+/// A broken guarantee, described for the report.
+pub type Violation = String;
+
+/// What the application knows about one admitted record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Its completion has not resolved.
+    Pending,
+    /// Acknowledged.
+    Acked,
+    /// Failed with `may_have_committed() == true`.
+    Ambiguous,
+    /// Failed with `may_have_committed() == false`: must never appear.
+    NotCommitted,
+    /// The application dropped its completion; the outcome is unknown.
+    Dropped,
+}
+
+#[derive(Debug, Clone)]
+struct Candidate {
+    writer: WriterId,
+    bytes: Bytes,
+    status: Status,
+}
+
+#[derive(Debug, Clone)]
+struct WriterModel {
+    epoch: Epoch,
+    next_index: u64,
+    first_failure: Option<u64>,
+    acked: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RecoveredView {
+    end: u64,
+    started_at: Duration,
+}
+
+/// The model of one run; see the module docs.
+#[derive(Debug, Default)]
+pub struct Model {
+    candidates: BTreeMap<u64, Vec<Candidate>>,
+    writers: BTreeMap<WriterId, WriterModel>,
+    acks: BTreeMap<u64, (Epoch, Bytes)>,
+    /// The longest recovered content so far; every recovery's content is a
+    /// prefix of it.
+    log: Vec<Bytes>,
+    recovered: BTreeMap<Epoch, RecoveredView>,
+    reads: BTreeMap<u64, (Bytes, Duration)>,
+    /// Indices that became known-committed since the store checker last looked.
+    fresh: BTreeSet<u64>,
+}
+
+impl Model {
+    /// A writer of `epoch` whose first index will be `end`.
+    pub fn writer_started(&mut self, writer: WriterId, epoch: Epoch, end: u64) {
+        self.writers.insert(
+            writer,
+            WriterModel {
+                epoch,
+                next_index: end,
+                first_failure: None,
+                acked: 0,
+            },
+        );
+    }
+
+    /// `writer` admitted `bytes` at `index`.
+    pub fn admitted(
+        &mut self,
+        writer: WriterId,
+        index: u64,
+        bytes: &Bytes,
+    ) -> Result<(), Violation> {
+        let model = self.writers.get_mut(&writer).expect("known writer");
+        if index != model.next_index {
+            return Err(format!(
+                "order: writer {writer} (epoch {}) admitted index {index}, expected {} \
+                 (indices must be dense; refusals consume none)",
+                model.epoch, model.next_index
+            ));
+        }
+        model.next_index += 1;
+        self.candidates.entry(index).or_default().push(Candidate {
+            writer,
+            bytes: bytes.clone(),
+            status: Status::Pending,
+        });
+        Ok(())
+    }
+
+    fn set_status(&mut self, writer: WriterId, index: u64, status: Status) {
+        let candidate = self
+            .candidates
+            .get_mut(&index)
+            .and_then(|all| all.iter_mut().find(|c| c.writer == writer))
+            .expect("admitted records are known");
+        candidate.status = status;
+    }
+
+    /// The application dropped the completion of `index`.
+    pub fn dropped(&mut self, writer: WriterId, index: u64) {
+        self.set_status(writer, index, Status::Dropped);
+    }
+
+    /// The record known committed at `index`, if any.
+    pub fn committed_at(&self, index: u64) -> Option<&Bytes> {
+        self.log
+            .get(index as usize)
+            .or_else(|| self.acks.get(&index).map(|(_, bytes)| bytes))
+            .or_else(|| self.reads.get(&index).map(|(bytes, _)| bytes))
+    }
+
+    /// Checks that `bytes` agrees with everything known committed at `index`.
+    fn agree(&self, index: u64, bytes: &Bytes, what: &str) -> Result<(), Violation> {
+        let known = [
+            ("recovered", self.log.get(index as usize)),
+            ("acknowledged", self.acks.get(&index).map(|(_, b)| b)),
+            ("read", self.reads.get(&index).map(|(b, _)| b)),
+        ];
+        for (source, existing) in known {
+            if let Some(existing) = existing.filter(|existing| *existing != bytes) {
+                return Err(format!(
+                    "{what} at index {index} is {} but a {source} record there is {}",
+                    label(bytes),
+                    label(existing)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Rule 3: an ack from `epoch` at `index` is inside every higher epoch's
+    /// recovered content.
+    fn check_superseded_ack(
+        &self,
+        epoch: Epoch,
+        index: u64,
+        bytes: &Bytes,
+    ) -> Result<(), Violation> {
+        let newer = self.recovered.range(Epoch(epoch.0 + 1)..).next();
+        if let Some((newer, view)) = newer {
+            if index >= view.end || self.log[index as usize] != *bytes {
+                return Err(format!(
+                    "superseded ack: epoch {epoch} acknowledged index {index} ({}) but epoch \
+                     {newer} recovered {} records without it",
+                    label(bytes),
+                    view.end
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `writer`'s append at `index` was acknowledged with `receipt`.
+    pub fn acked(
+        &mut self,
+        writer: WriterId,
+        index: u64,
+        receipt: u64,
+        bytes: &Bytes,
+    ) -> Result<(), Violation> {
+        let model = &self.writers[&writer];
+        if receipt != index {
+            return Err(format!(
+                "order: writer {writer} admitted index {index} but its receipt says {receipt}"
+            ));
+        }
+        if let Some(failed) = model.first_failure.filter(|failed| *failed < index) {
+            return Err(format!(
+                "order: writer {writer} acknowledged index {index} after index {failed} failed"
+            ));
+        }
+        self.check_superseded_ack(model.epoch, index, bytes)?;
+        self.agree(index, bytes, "acknowledged record")?;
+        self.acks.insert(index, (model.epoch, bytes.clone()));
+        self.writers.get_mut(&writer).expect("known writer").acked += 1;
+        self.fresh.insert(index);
+        self.set_status(writer, index, Status::Acked);
+        Ok(())
+    }
+
+    /// `writer`'s append at `index` failed.
+    pub fn failed(
+        &mut self,
+        writer: WriterId,
+        index: u64,
+        bytes: &Bytes,
+        may_have_committed: bool,
+    ) -> Result<(), Violation> {
+        let model = self.writers.get_mut(&writer).expect("known writer");
+        model.first_failure = Some(model.first_failure.map_or(index, |f| f.min(index)));
+        if may_have_committed {
+            self.set_status(writer, index, Status::Ambiguous);
+            return Ok(());
+        }
+        self.set_status(writer, index, Status::NotCommitted);
+        if self.committed_at(index) == Some(bytes) {
+            return Err(format!(
+                "ambiguity: index {index} ({}) failed without may_have_committed, yet it is \
+                 committed (recovered, acknowledged or read)",
+                label(bytes)
+            ));
+        }
+        Ok(())
+    }
+
+    /// Rule 2's "admitted and not definitely failed" test for one record.
+    fn check_admissible(&self, index: u64, bytes: &Bytes, what: &str) -> Result<(), Violation> {
+        let candidate = self
+            .candidates
+            .get(&index)
+            .and_then(|all| all.iter().find(|c| c.bytes == *bytes));
+        match candidate {
+            None => Err(format!(
+                "{what} at index {index} ({}) was never admitted there",
+                label(bytes)
+            )),
+            Some(c) if c.status == Status::NotCommitted => Err(format!(
+                "{what} at index {index} ({}) failed without may_have_committed",
+                label(bytes)
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// A recovery of `epoch`, started at `started_at`, committed `content`.
+    pub fn recovered(
+        &mut self,
+        epoch: Epoch,
+        content: &[Bytes],
+        started_at: Duration,
+    ) -> Result<(), Violation> {
+        let end = content.len() as u64;
+        if self.recovered.contains_key(&epoch) {
+            return Err(format!("two recoveries committed epoch {epoch}"));
+        }
+        for (other, view) in &self.recovered {
+            let ordered = if *other < epoch {
+                view.end <= end
+            } else {
+                view.end >= end
+            };
+            if !ordered {
+                return Err(format!(
+                    "recovery of epoch {epoch} ended at {end}, but epoch {other} ended at {}",
+                    view.end
+                ));
+            }
+        }
+        self.check_prefix(epoch, content)?;
+        self.check_acks_kept(epoch, content)?;
+        self.check_reads_kept(epoch, content, started_at)?;
+        for index in self.log.len()..content.len() {
+            self.check_admissible(index as u64, &content[index], "recovered record")?;
+        }
+        for index in self.log.len()..content.len() {
+            self.fresh.insert(index as u64);
+        }
+        if content.len() > self.log.len() {
+            self.log = content.to_vec();
+        }
+        self.recovered
+            .insert(epoch, RecoveredView { end, started_at });
+        Ok(())
+    }
+
+    fn check_prefix(&self, epoch: Epoch, content: &[Bytes]) -> Result<(), Violation> {
+        let common = content.len().min(self.log.len());
+        match (0..common).find(|i| content[*i] != self.log[*i]) {
+            Some(index) => Err(format!(
+                "recovery of epoch {epoch} holds {} at index {index}, an earlier recovery {}",
+                label(&content[index]),
+                label(&self.log[index])
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn check_acks_kept(&self, epoch: Epoch, content: &[Bytes]) -> Result<(), Violation> {
+        for (index, (acked_by, bytes)) in &self.acks {
+            if *acked_by >= epoch {
+                continue;
+            }
+            if content.get(*index as usize) != Some(bytes) {
+                return Err(format!(
+                    "lost ack: epoch {acked_by} acknowledged index {index} ({}) but the \
+                     recovery of epoch {epoch} holds {} of {} records",
+                    label(bytes),
+                    content
+                        .get(*index as usize)
+                        .map_or("nothing".into(), |b| label(b)),
+                    content.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_reads_kept(
+        &self,
+        epoch: Epoch,
+        content: &[Bytes],
+        started_at: Duration,
+    ) -> Result<(), Violation> {
+        for (index, (bytes, read_at)) in &self.reads {
+            if *read_at < started_at && content.get(*index as usize) != Some(bytes) {
+                return Err(format!(
+                    "reader saw index {index} ({}) but a later recovery (epoch {epoch}) \
+                     does not hold it",
+                    label(bytes)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A reader returned `bytes` at `index`; its read finished at `read_at`.
+    pub fn read(&mut self, index: u64, bytes: &Bytes, read_at: Duration) -> Result<(), Violation> {
+        self.agree(index, bytes, "record a reader returned")?;
+        self.check_admissible(index, bytes, "record a reader returned")?;
+        for (epoch, view) in &self.recovered {
+            if view.started_at > read_at
+                && (index >= view.end || self.log[index as usize] != *bytes)
+            {
+                return Err(format!(
+                    "reader saw index {index} ({}) but the later recovery of epoch {epoch} \
+                     does not hold it",
+                    label(bytes)
+                ));
+            }
+        }
+        if !self.reads.contains_key(&index) {
+            self.reads.insert(index, (bytes.clone(), read_at));
+            self.fresh.insert(index);
+        }
+        Ok(())
+    }
+
+    /// Indices that became known-committed since the last call.
+    pub fn take_fresh(&mut self) -> BTreeSet<u64> {
+        std::mem::take(&mut self.fresh)
+    }
+
+    /// Every known-committed record at or above `from` (acks and reads; the
+    /// recovered log lies below every later `tail_base`, but is included).
+    pub fn committed_from(&self, from: u64) -> BTreeMap<u64, Bytes> {
+        let mut all: BTreeMap<u64, Bytes> = self
+            .reads
+            .range(from..)
+            .map(|(i, (b, _))| (*i, b.clone()))
+            .collect();
+        for (index, (_, bytes)) in self.acks.range(from..) {
+            all.insert(*index, bytes.clone());
+        }
+        for index in from as usize..self.log.len() {
+            all.insert(index as u64, self.log[index].clone());
+        }
+        all
+    }
+
+    /// Appends of `writer` acknowledged so far.
+    pub fn acked_by(&self, writer: WriterId) -> u64 {
+        self.writers.get(&writer).map_or(0, |model| model.acked)
+    }
+
+    /// One past the highest known-committed index.
+    pub fn committed_end(&self) -> u64 {
+        let acked = self.acks.keys().next_back().map_or(0, |i| i + 1);
+        let read = self.reads.keys().next_back().map_or(0, |i| i + 1);
+        acked.max(read).max(self.log.len() as u64)
+    }
+
+    /// Records recovered so far.
+    pub fn log_len(&self) -> u64 {
+        self.log.len() as u64
+    }
+
+    /// Acknowledged records so far.
+    pub fn ack_count(&self) -> usize {
+        self.acks.len()
+    }
+
+    /// The highest epoch that recovered.
+    pub fn last_recovered(&self) -> Option<Epoch> {
+        self.recovered.keys().next_back().copied()
+    }
+}

@@ -1,0 +1,190 @@
+//! Running seeds: each on its own current-thread runtime with the paused
+//! clock, twice, comparing trace digests; panics anywhere in a run (driver or
+//! any task of the system under test) are violations.
+
+use std::cell::{Cell, RefCell};
+use std::panic::AssertUnwindSafe;
+use std::sync::Once;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::sim::{Failure, RunReport, Sim, SimOptions};
+
+thread_local! {
+    static IN_RUN: Cell<bool> = const { Cell::new(false) };
+    static PANICS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Panics recorded on this thread since the last call.
+pub fn take_panics() -> Vec<String> {
+    PANICS.with(|panics| std::mem::take(&mut *panics.borrow_mut()))
+}
+
+/// Routes panics on threads that are running a simulation into a list (the
+/// run reports them as violations); other panics print as usual.
+fn install_panic_hook() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if IN_RUN.with(Cell::get) {
+                PANICS.with(|panics| panics.borrow_mut().push(info.to_string()));
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Runs one seed once.
+pub fn run_once(options: SimOptions) -> RunReport {
+    install_panic_hook();
+    IN_RUN.with(|flag| flag.set(true));
+    take_panics();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime builds");
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        runtime.block_on(async { Sim::new(options).await.run().await })
+    }));
+    drop(runtime);
+    IN_RUN.with(|flag| flag.set(false));
+    let panics = take_panics();
+    match outcome {
+        Ok(report) => report,
+        Err(_) => RunReport {
+            seed: options.seed,
+            params: String::new(),
+            steps_run: 0,
+            digest: [0; 32],
+            events: 0,
+            virtual_time: Duration::ZERO,
+            stats: Default::default(),
+            failure: Some(Failure {
+                step: 0,
+                message: format!("the simulator panicked: {}", panics.join("; ")),
+                recent: Vec::new(),
+            }),
+        },
+    }
+}
+
+/// The result of checking one seed: two runs, digests compared.
+#[derive(Debug, Clone)]
+pub struct SeedResult {
+    /// The first run's report.
+    pub report: RunReport,
+    /// What failed: a checker in the first run, or nondeterminism.
+    pub failure: Option<Failure>,
+}
+
+/// Runs `options` twice (unless `twice` is false) and compares the digests.
+pub fn check_seed(options: SimOptions, twice: bool) -> SeedResult {
+    let first = run_once(options);
+    if first.failure.is_some() || !twice {
+        return SeedResult {
+            failure: first.failure.clone(),
+            report: first,
+        };
+    }
+    let second = run_once(options);
+    let failure = if second.digest != first.digest {
+        Some(Failure {
+            step: first.steps_run.min(second.steps_run),
+            message: format!(
+                "nondeterminism: two runs of seed {} differ (digests {} and {}, {} and {} events)",
+                options.seed,
+                hex::encode(&first.digest[..8]),
+                hex::encode(&second.digest[..8]),
+                first.events,
+                second.events
+            ),
+            recent: second.failure.map(|f| f.recent).unwrap_or_default(),
+        })
+    } else {
+        second.failure
+    };
+    SeedResult {
+        report: first,
+        failure,
+    }
+}
+
+/// The one-line command that replays `seed`.
+pub fn replay_command(seed: u64, steps: u64) -> String {
+    format!("cargo run --release -p chorus-sim -- --seed {seed} --steps {steps}")
+}
+
+/// What a batch of seeds did.
+#[derive(Debug, Clone, Default)]
+pub struct BatchSummary {
+    /// Seeds run.
+    pub seeds: u64,
+    /// Steps run, over all seeds (first runs only).
+    pub steps: u64,
+    /// Seeds that failed.
+    pub failures: Vec<SeedResult>,
+    /// Wall time.
+    pub wall_time: Duration,
+    /// Virtual time simulated (first runs only).
+    pub virtual_time: Duration,
+    /// Acknowledged appends, over all seeds.
+    pub acked: u64,
+    /// Successful recoveries, over all seeds.
+    pub recoveries: u64,
+}
+
+/// Runs `seeds` on `jobs` threads; `progress` is called with each result.
+pub fn run_batch(
+    seeds: Vec<u64>,
+    steps: u64,
+    jobs: usize,
+    twice: bool,
+    mut progress: impl FnMut(&SeedResult, &BatchSummary),
+) -> BatchSummary {
+    let started = Instant::now();
+    let next = AtomicU64::new(0);
+    let (sender, receiver) = mpsc::channel();
+    let mut summary = BatchSummary::default();
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.max(1) {
+            let sender = sender.clone();
+            let (seeds, next) = (&seeds, &next);
+            scope.spawn(move || {
+                loop {
+                    let position = next.fetch_add(1, Ordering::Relaxed) as usize;
+                    let Some(&seed) = seeds.get(position) else {
+                        break;
+                    };
+                    let options = SimOptions {
+                        seed,
+                        steps,
+                        verbose: false,
+                    };
+                    if sender.send(check_seed(options, twice)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(sender);
+        for result in receiver {
+            summary.seeds += 1;
+            summary.steps += result.report.steps_run;
+            summary.virtual_time += result.report.virtual_time;
+            summary.acked += result.report.stats.acked;
+            summary.recoveries += result.report.stats.recoveries_committed;
+            if result.failure.is_some() {
+                summary.failures.push(result.clone());
+            }
+            summary.wall_time = started.elapsed();
+            progress(&result, &summary);
+        }
+    });
+    summary.wall_time = started.elapsed();
+    summary.failures.sort_by_key(|result| result.report.seed);
+    summary
+}

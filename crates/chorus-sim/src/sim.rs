@@ -1,0 +1,599 @@
+//! The driver: one seeded run of a safety phase (random actions and faults,
+//! every checker after every step) followed by a liveness phase (every fault
+//! healed; a fresh recovery must succeed, an append must commit and a reader
+//! must read everything back).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chorus::ids::Epoch;
+use futures::FutureExt;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::actors::{
+    CommitNotice, PendingAppend, ReadOutcome, ReaderSlot, RecoveryEnd, RecoveryTask, WriterSlot,
+};
+use crate::check::{RESYNC_EVERY_STEPS, StoreChecker};
+use crate::model::{Model, Violation, WriterId};
+use crate::params::Params;
+use crate::trace::{Trace, label};
+use crate::world::World;
+
+/// Recoveries the liveness phase tries before declaring no progress.
+const LIVENESS_RECOVERY_ATTEMPTS: u32 = 3;
+/// How long (virtual) one liveness recovery, or the final append, may take.
+const LIVENESS_DEADLINE: Duration = Duration::from_secs(600);
+/// Records the liveness phase appends and waits for.
+const LIVENESS_APPENDS: u64 = 3;
+
+/// What to run.
+#[derive(Debug, Clone, Copy)]
+pub struct SimOptions {
+    /// The seed: the run is a pure function of it and `steps`.
+    pub seed: u64,
+    /// Steps of the safety phase.
+    pub steps: u64,
+    /// Print every trace event to stderr.
+    pub verbose: bool,
+}
+
+/// Counters of what a run exercised.
+#[derive(Debug, Clone, Default)]
+#[allow(missing_docs)]
+pub struct Stats {
+    pub admitted: u64,
+    pub refused: u64,
+    pub acked: u64,
+    pub zombie_acks: u64,
+    pub ambiguous: u64,
+    pub not_committed: u64,
+    pub recoveries_started: u64,
+    pub recoveries_committed: u64,
+    pub recoveries_failed: u64,
+    pub recoveries_aborted: u64,
+    pub writers_started: u64,
+    pub writers_crashed: u64,
+    pub reads: u64,
+    pub records_read: u64,
+    pub read_errors: u64,
+    pub faults_added: u64,
+    pub outages: u64,
+}
+
+/// Why a run failed.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    /// The step at which a checker fired.
+    pub step: u64,
+    /// What broke.
+    pub message: String,
+    /// The last trace events before it.
+    pub recent: Vec<String>,
+}
+
+/// The result of one run.
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    /// The seed.
+    pub seed: u64,
+    /// The run's parameters, for the report.
+    pub params: String,
+    /// Steps executed (safety and liveness).
+    pub steps_run: u64,
+    /// Digest of the event trace.
+    pub digest: [u8; 32],
+    /// Events in the trace.
+    pub events: u64,
+    /// Virtual time the run took.
+    pub virtual_time: Duration,
+    /// What the run exercised.
+    pub stats: Stats,
+    /// The first violation, if any.
+    pub failure: Option<Failure>,
+}
+
+/// The state of one run.
+pub struct Sim {
+    pub(crate) options: SimOptions,
+    pub(crate) params: Params,
+    pub(crate) rng: StdRng,
+    pub(crate) world: World,
+    pub(crate) model: Model,
+    checker: StoreChecker,
+    pub(crate) trace: Trace,
+    pub(crate) origin: Instant,
+    pub(crate) step: u64,
+    pub(crate) writers: Vec<WriterSlot>,
+    pub(crate) current: Option<WriterId>,
+    pub(crate) pending: Vec<PendingAppend>,
+    pub(crate) recoveries: Vec<RecoveryTask>,
+    pub(crate) notices: mpsc::UnboundedSender<CommitNotice>,
+    notice_receiver: mpsc::UnboundedReceiver<CommitNotice>,
+    /// Recovery tasks whose view committed: epoch and end.
+    committed: BTreeMap<u64, (Epoch, u64)>,
+    pub(crate) readers: Vec<ReaderSlot>,
+    pub(crate) next_id: u64,
+    pub(crate) stats: Stats,
+    /// The writer the most recent successful start produced, with its task.
+    last_started: Option<(u64, WriterId)>,
+}
+
+impl Sim {
+    /// Builds the cluster for `options` (inside the paused runtime).
+    pub async fn new(options: SimOptions) -> Sim {
+        let mut rng = StdRng::seed_from_u64(options.seed);
+        let params = Params::draw(&mut rng);
+        let world = World::new(params.replicas, params.window, || rng.random()).await;
+        let (notices, notice_receiver) = mpsc::unbounded_channel();
+        let mut trace = Trace::new(options.verbose);
+        trace.event(0, Duration::ZERO, format!("params {params}"));
+        Sim {
+            checker: StoreChecker::new(params.replicas),
+            options,
+            params,
+            rng,
+            world,
+            model: Model::default(),
+            trace,
+            origin: Instant::now(),
+            step: 0,
+            writers: Vec::new(),
+            current: None,
+            pending: Vec::new(),
+            recoveries: Vec::new(),
+            notices,
+            notice_receiver,
+            committed: BTreeMap::new(),
+            readers: Vec::new(),
+            next_id: 0,
+            stats: Stats::default(),
+            last_started: None,
+        }
+    }
+
+    /// Runs both phases and reports.
+    pub async fn run(mut self) -> RunReport {
+        let outcome = match self.safety_phase().await {
+            Ok(()) => self.liveness_phase().await,
+            Err(violation) => Err(violation),
+        };
+        let failure = outcome.err().map(|message| Failure {
+            step: self.step,
+            message,
+            recent: self.trace.recent(),
+        });
+        let virtual_time = self.origin.elapsed();
+        self.trace.event(self.step, virtual_time, "end");
+        RunReport {
+            seed: self.options.seed,
+            params: self.params.to_string(),
+            steps_run: self.step,
+            digest: self.trace.digest(),
+            events: self.trace.events(),
+            virtual_time,
+            stats: self.stats.clone(),
+            failure,
+        }
+    }
+
+    /// Records a trace event now.
+    pub(crate) fn event(&mut self, what: impl std::fmt::Display) {
+        let now = self.origin.elapsed();
+        self.trace.event(self.step, now, what);
+    }
+
+    /// A fresh id for a writer, recovery or reader.
+    pub(crate) fn fresh_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    async fn safety_phase(&mut self) -> Result<(), Violation> {
+        for _ in 0..self.options.steps {
+            self.step += 1;
+            self.act().await?;
+            let settle = if self.rng.random_bool(0.9) {
+                self.rng.random_range(0..=5)
+            } else {
+                self.rng.random_range(5..=200)
+            };
+            tokio::time::sleep(Duration::from_millis(settle)).await;
+            self.observe()?;
+        }
+        Ok(())
+    }
+
+    /// Collects everything that happened and runs every checker.
+    pub(crate) fn observe(&mut self) -> Result<(), Violation> {
+        self.checker.refresh(&self.world)?;
+        while let Ok(notice) = self.notice_receiver.try_recv() {
+            self.on_commit(notice)?;
+        }
+        self.poll_completions()?;
+        self.poll_readers()?;
+        self.poll_recoveries()?;
+        let panics = crate::runner::take_panics();
+        if let Some(panic) = panics.first() {
+            return Err(format!("panic in the system under test: {panic}"));
+        }
+        let manifest = self.checker.check_register(&self.world)?;
+        let fresh = self.model.take_fresh();
+        self.checker
+            .check_durability(&manifest, &self.model, &fresh)?;
+        if self.step % RESYNC_EVERY_STEPS == 0 {
+            self.checker.resync(&self.world)?;
+        }
+        Ok(())
+    }
+
+    fn on_commit(&mut self, notice: CommitNotice) -> Result<(), Violation> {
+        let started_at = self
+            .recoveries
+            .iter()
+            .find(|task| task.id == notice.task)
+            .map(|task| task.started_at)
+            .expect("commit notices come from known tasks");
+        let content = self.checker.content(&notice.manifest)?;
+        self.event(format!(
+            "recovery {} committed epoch {} end {} tail {}",
+            notice.task,
+            notice.epoch,
+            content.len(),
+            notice.manifest.tail
+        ));
+        self.stats.recoveries_committed += 1;
+        self.committed
+            .insert(notice.task, (notice.epoch, content.len() as u64));
+        self.model.recovered(notice.epoch, &content, started_at)
+    }
+
+    fn poll_completions(&mut self) -> Result<(), Violation> {
+        let mut unresolved = std::collections::BTreeSet::new();
+        for mut append in std::mem::take(&mut self.pending) {
+            let Some(outcome) = (&mut append.completion).now_or_never() else {
+                unresolved.insert(append.writer);
+                self.pending.push(append);
+                continue;
+            };
+            self.on_outcome(&append, outcome, unresolved.contains(&append.writer))?;
+        }
+        Ok(())
+    }
+
+    fn on_outcome(
+        &mut self,
+        append: &PendingAppend,
+        outcome: Result<chorus::log::Receipt, chorus::log::LogError>,
+        earlier_unresolved: bool,
+    ) -> Result<(), Violation> {
+        let (writer, index, bytes) = (append.writer, append.index, &append.bytes);
+        match outcome {
+            Ok(receipt) => {
+                if earlier_unresolved {
+                    return Err(format!(
+                        "order: writer {writer} acknowledged index {index} while an earlier \
+                         append of it is unresolved"
+                    ));
+                }
+                let superseded = self.is_superseded(writer);
+                self.event(format!("ack w{writer} i{index} {}", label(bytes)));
+                self.stats.acked += 1;
+                self.stats.zombie_acks += u64::from(superseded);
+                self.model.acked(writer, index, receipt.index.0, bytes)
+            }
+            Err(error) => {
+                let may = error.may_have_committed();
+                self.event(format!("fail w{writer} i{index} may={may} {error}"));
+                if may {
+                    self.stats.ambiguous += 1;
+                } else {
+                    self.stats.not_committed += 1;
+                }
+                self.model.failed(writer, index, bytes, may)
+            }
+        }
+    }
+
+    /// Whether a recovery of a higher epoch than `writer`'s has committed.
+    fn is_superseded(&self, writer: WriterId) -> bool {
+        let epoch = self.writer_slot(writer).epoch;
+        self.model.last_recovered().is_some_and(|last| last > epoch)
+    }
+
+    pub(crate) fn writer_slot(&self, writer: WriterId) -> &WriterSlot {
+        self.writers
+            .iter()
+            .find(|slot| slot.id == writer)
+            .expect("known writer")
+    }
+
+    fn poll_readers(&mut self) -> Result<(), Violation> {
+        for slot in 0..self.readers.len() {
+            let Some(task) = self.readers[slot].task.as_mut() else {
+                continue;
+            };
+            let Some(joined) = task.now_or_never() else {
+                continue;
+            };
+            self.readers[slot].task = None;
+            match joined {
+                Ok(outcome) => self.on_read(slot, outcome)?,
+                Err(error) if error.is_cancelled() => self.event(format!("read r{slot} aborted")),
+                Err(error) => return Err(format!("reader task panicked: {error}")),
+            }
+        }
+        Ok(())
+    }
+
+    fn on_read(&mut self, slot: usize, outcome: ReadOutcome) -> Result<(), Violation> {
+        let ReadOutcome {
+            reader,
+            from,
+            records,
+            error,
+            finished_at,
+        } = outcome;
+        self.readers[slot].reader = Some(reader);
+        self.stats.reads += 1;
+        self.stats.records_read += records.len() as u64;
+        for (offset, (index, bytes)) in records.iter().enumerate() {
+            if index.0 != from + offset as u64 {
+                return Err(format!(
+                    "reader r{slot} returned index {index} at position {offset} of a read from {from}"
+                ));
+            }
+            self.model.read(index.0, bytes, finished_at)?;
+        }
+        let error = error.map(|e| {
+            self.stats.read_errors += 1;
+            format!(" error: {e}")
+        });
+        self.event(format!(
+            "read r{slot} from {from}: {} records{}",
+            records.len(),
+            error.unwrap_or_default()
+        ));
+        Ok(())
+    }
+
+    fn poll_recoveries(&mut self) -> Result<(), Violation> {
+        let mut index = 0;
+        while index < self.recoveries.len() {
+            let Some(joined) = (&mut self.recoveries[index].handle).now_or_never() else {
+                index += 1;
+                continue;
+            };
+            let task = self.recoveries.remove(index);
+            match joined {
+                Ok(end) => self.on_recovery_end(&task, end)?,
+                Err(error) if error.is_cancelled() => {
+                    self.stats.recoveries_aborted += 1;
+                    self.event(format!("recovery {} aborted", task.id));
+                }
+                Err(error) => return Err(format!("recovery task panicked: {error}")),
+            }
+        }
+        Ok(())
+    }
+
+    fn on_recovery_end(&mut self, task: &RecoveryTask, end: RecoveryEnd) -> Result<(), Violation> {
+        match end {
+            RecoveryEnd::Failed(error) => {
+                self.stats.recoveries_failed += 1;
+                self.event(format!("recovery {} failed: {error}", task.id));
+                Ok(())
+            }
+            RecoveryEnd::ReplayFailed { epoch, error } => {
+                self.event(format!(
+                    "recovery {} epoch {epoch} replay failed: {error}",
+                    task.id
+                ));
+                Ok(())
+            }
+            RecoveryEnd::Replayed {
+                epoch,
+                end,
+                records,
+                writer,
+            } => {
+                self.check_replay(task.id, epoch, end, &records)?;
+                match writer {
+                    Ok(writer) => self.adopt_writer(task, epoch, end, writer),
+                    Err(error) => {
+                        self.event(format!(
+                            "recovery {} epoch {epoch} start failed: {error}",
+                            task.id
+                        ));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Checker 2 on the replay stream itself: dense from 0 and identical to
+    /// the content the checkers derived from the raw stores.
+    fn check_replay(
+        &mut self,
+        task: u64,
+        epoch: Epoch,
+        end: u64,
+        records: &[(chorus::ids::RecordIndex, Bytes)],
+    ) -> Result<(), Violation> {
+        let committed = self.committed.get(&task).copied();
+        if committed != Some((epoch, end)) || records.len() as u64 != end {
+            return Err(format!(
+                "replay of epoch {epoch} returned {} records, end {end}, committed {committed:?}",
+                records.len()
+            ));
+        }
+        for (position, (index, bytes)) in records.iter().enumerate() {
+            if index.0 != position as u64 || self.model.committed_at(index.0) != Some(bytes) {
+                return Err(format!(
+                    "replay of epoch {epoch} returned index {index} ({}) at position {position}, \
+                     the recovered content differs",
+                    label(bytes)
+                ));
+            }
+        }
+        self.event(format!(
+            "recovery {task} epoch {epoch} replayed {end} records"
+        ));
+        Ok(())
+    }
+
+    fn adopt_writer(
+        &mut self,
+        task: &RecoveryTask,
+        epoch: Epoch,
+        end: u64,
+        writer: chorus::log::Writer,
+    ) {
+        let id = self.fresh_id();
+        self.model.writer_started(id, epoch, end);
+        self.writers.push(WriterSlot {
+            id,
+            epoch,
+            writer: Some(writer),
+            faults: task.faults.clone(),
+            sequence: 0,
+        });
+        self.stats.writers_started += 1;
+        self.event(format!("writer w{id} started epoch {epoch} at {end}"));
+        self.current = Some(id);
+        self.last_started = Some((task.id, id));
+        self.retire_zombies();
+    }
+
+    /// Keeps at most three superseded writers alive; older ones are dropped
+    /// (a dropped writer drains briefly, then stops).
+    fn retire_zombies(&mut self) {
+        let current = self.current;
+        let mut alive: Vec<usize> = (0..self.writers.len())
+            .filter(|slot| {
+                self.writers[*slot].writer.is_some() && Some(self.writers[*slot].id) != current
+            })
+            .collect();
+        while alive.len() > 3 {
+            let slot = alive.remove(0);
+            self.writers[slot].writer = None;
+            let id = self.writers[slot].id;
+            self.event(format!("zombie w{id} dropped"));
+        }
+    }
+
+    async fn liveness_phase(&mut self) -> Result<(), Violation> {
+        self.event("liveness: healing every fault");
+        self.heal_everything();
+        for task in &self.recoveries {
+            task.handle.abort();
+        }
+        for slot in &self.readers {
+            if let Some(task) = &slot.task {
+                task.abort();
+            }
+        }
+        self.advance(Duration::from_secs(5)).await?;
+        let writer = self.liveness_recovery().await?;
+        self.liveness_append(writer).await?;
+        self.liveness_read().await?;
+        self.checker.resync(&self.world)?;
+        Ok(())
+    }
+
+    fn heal_everything(&mut self) {
+        self.world.heal();
+        for slot in &self.writers {
+            slot.faults.clear();
+        }
+        for task in &self.recoveries {
+            task.faults.clear();
+        }
+        for slot in &self.readers {
+            slot.faults.clear();
+        }
+    }
+
+    /// Lets `duration` of virtual time pass in small steps, observing each.
+    async fn advance(&mut self, duration: Duration) -> Result<(), Violation> {
+        let step = Duration::from_millis(100);
+        let deadline = Instant::now() + duration;
+        while Instant::now() < deadline {
+            self.step += 1;
+            tokio::time::sleep(step).await;
+            self.observe()?;
+        }
+        Ok(())
+    }
+
+    async fn liveness_recovery(&mut self) -> Result<WriterId, Violation> {
+        for attempt in 1..=LIVENESS_RECOVERY_ATTEMPTS {
+            let task = self.start_recovery();
+            let deadline = Instant::now() + LIVENESS_DEADLINE;
+            while self.recoveries.iter().any(|t| t.id == task) && Instant::now() < deadline {
+                self.step += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                self.observe()?;
+            }
+            if let Some((started_by, writer)) = self.last_started {
+                if started_by == task {
+                    return Ok(writer);
+                }
+            }
+            self.event(format!(
+                "liveness: recovery attempt {attempt} made no writer"
+            ));
+        }
+        Err(format!(
+            "liveness: no recovery started a writer in {LIVENESS_RECOVERY_ATTEMPTS} attempts \
+             after every fault was healed"
+        ))
+    }
+
+    async fn liveness_append(&mut self, writer: WriterId) -> Result<(), Violation> {
+        self.append(writer, LIVENESS_APPENDS, false)?;
+        let deadline = Instant::now() + LIVENESS_DEADLINE;
+        while self.pending.iter().any(|p| p.writer == writer) && Instant::now() < deadline {
+            self.step += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            self.observe()?;
+        }
+        let acked = self.model.acked_by(writer);
+        if acked < LIVENESS_APPENDS {
+            return Err(format!(
+                "liveness: {acked} of {LIVENESS_APPENDS} appends committed after every fault was healed"
+            ));
+        }
+        Ok(())
+    }
+
+    /// A fresh reader must read every record back, from 0 to the last ack.
+    async fn liveness_read(&mut self) -> Result<(), Violation> {
+        let (stores, _faults) = self.world.view(|| 0);
+        let reader = chorus::log::Reader::new(&stores, chorus::ids::RecordIndex(0));
+        let outcome = crate::actors::read_some(reader, usize::MAX, self.origin).await;
+        if let Some(error) = &outcome.error {
+            return Err(format!("liveness: a reader failed after healing: {error}"));
+        }
+        let read = outcome.records.len() as u64;
+        let needed = self.model.committed_end();
+        if read < needed {
+            return Err(format!(
+                "liveness: a reader returned {read} records, {needed} are committed"
+            ));
+        }
+        self.readers.push(ReaderSlot {
+            stores,
+            faults: _faults,
+            reader: None,
+            task: None,
+        });
+        let slot = self.readers.len() - 1;
+        self.on_read(slot, outcome)?;
+        self.observe()
+    }
+}

@@ -1,0 +1,218 @@
+//! The simulated cluster: N in-memory replicas and a register. Each replica
+//! is layered
+//!
+//! ```text
+//! actor view   FaultyStore (this actor's faults: lost responses, partitions)
+//!   replica    FaultyStore (replica-wide faults: outages, slow replica)
+//!   recording  RecordingStore (notes every key a write touched; harness only)
+//!   raw        ObjectStoreBlobs over object_store::memory::InMemory
+//! ```
+//!
+//! and the register the same way (`FaultyRegister` twice over a
+//! `MemoryRegister`). Checkers read the raw layer only, never through a
+//! fault-injecting wrapper.
+
+use std::collections::BTreeSet;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use chorus::blob::{
+    Blob, BlobError, BlobStore, DynBlobStore, FaultController, FaultyStore, ObjectMeta,
+    ObjectStoreBlobs, Version,
+};
+use chorus::log::LogStores;
+use chorus::register::{FaultyRegister, ManifestStore, MemoryRegister, initialize};
+
+/// Keys written (created, updated or deleted) on one replica since the
+/// checker last looked.
+pub type DirtyKeys = Arc<Mutex<BTreeSet<String>>>;
+
+/// A pass-through store that records the key of every write, so the
+/// checkers' mirror of the raw stores only re-reads what changed.
+#[derive(Debug)]
+pub struct RecordingStore {
+    inner: DynBlobStore,
+    dirty: DirtyKeys,
+}
+
+impl RecordingStore {
+    fn note(&self, key: &str) {
+        self.dirty
+            .lock()
+            .expect("dirty set poisoned")
+            .insert(key.to_owned());
+    }
+}
+
+#[async_trait]
+impl BlobStore for RecordingStore {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
+        let outcome = self.inner.create(key, bytes).await;
+        self.note(key);
+        outcome
+    }
+
+    async fn update(
+        &self,
+        key: &str,
+        expected: &Version,
+        bytes: Bytes,
+    ) -> Result<Version, BlobError> {
+        let outcome = self.inner.update(key, expected, bytes).await;
+        self.note(key);
+        outcome
+    }
+
+    async fn get(&self, key: &str) -> Result<Blob, BlobError> {
+        self.inner.get(key).await
+    }
+
+    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, BlobError> {
+        self.inner.get_range(key, range).await
+    }
+
+    async fn head(&self, key: &str) -> Result<ObjectMeta, BlobError> {
+        self.inner.head(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, BlobError> {
+        self.inner.list(prefix).await
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), BlobError> {
+        let outcome = self.inner.delete(key).await;
+        self.note(key);
+        outcome
+    }
+}
+
+/// The fault controllers private to one actor (a writer's recovery, a reader).
+#[derive(Debug, Clone)]
+pub struct ActorFaults {
+    /// One per replica, in replica order.
+    pub replicas: Vec<FaultController>,
+    /// The actor's register faults.
+    pub register: FaultController,
+}
+
+impl ActorFaults {
+    /// Removes every rule.
+    pub fn clear(&self) {
+        for controller in &self.replicas {
+            controller.clear();
+        }
+        self.register.clear();
+    }
+}
+
+/// The simulated replicas and register.
+#[derive(Debug)]
+pub struct World {
+    /// Replica identities, in register order.
+    pub identities: Vec<String>,
+    /// The raw replicas: what the checkers read.
+    pub raw: Vec<DynBlobStore>,
+    /// Per replica, the keys written since the checker last looked.
+    pub dirty: Vec<DirtyKeys>,
+    /// Replica-wide faults (every actor sees them): outages, slow replicas.
+    pub replica_faults: Vec<FaultController>,
+    replica_stores: Vec<DynBlobStore>,
+    /// The raw register: what the checkers read.
+    pub raw_register: Arc<MemoryRegister>,
+    /// Register faults every actor sees.
+    pub register_faults: FaultController,
+    register: Arc<dyn ManifestStore>,
+}
+
+impl World {
+    /// A fresh log of `replicas` replicas with `window`; `seeds` seeds the
+    /// fault controllers' random choices.
+    pub async fn new(replicas: usize, window: u32, mut seeds: impl FnMut() -> u64) -> World {
+        let mut world = World {
+            identities: Vec::new(),
+            raw: Vec::new(),
+            dirty: Vec::new(),
+            replica_faults: Vec::new(),
+            replica_stores: Vec::new(),
+            raw_register: Arc::new(MemoryRegister::new()),
+            register_faults: FaultController::new(seeds()),
+            register: Arc::new(MemoryRegister::new()),
+        };
+        for position in 0..replicas {
+            let identity = format!("memory://sim-r{position}");
+            let memory = Arc::new(object_store::memory::InMemory::new());
+            let raw: DynBlobStore = Arc::new(ObjectStoreBlobs::new(memory, "", identity.clone()));
+            let dirty = DirtyKeys::default();
+            let recording: DynBlobStore = Arc::new(RecordingStore {
+                inner: raw.clone(),
+                dirty: dirty.clone(),
+            });
+            let controller = FaultController::new(seeds());
+            world
+                .replica_stores
+                .push(Arc::new(FaultyStore::new(recording, controller.clone())));
+            world.identities.push(identity);
+            world.raw.push(raw);
+            world.dirty.push(dirty);
+            world.replica_faults.push(controller);
+        }
+        world.register = Arc::new(FaultyRegister::new(
+            world.raw_register.clone(),
+            world.register_faults.clone(),
+        ));
+        initialize(
+            world.raw_register.as_ref(),
+            world.identities.clone(),
+            window,
+        )
+        .await
+        .expect("initializing an in-memory register cannot fail");
+        world
+    }
+
+    /// The number of replicas.
+    pub fn replica_count(&self) -> usize {
+        self.raw.len()
+    }
+
+    /// Stores for one actor, with fault controllers of its own on top of the
+    /// replica-wide ones.
+    pub fn view(&self, mut seeds: impl FnMut() -> u64) -> (LogStores, ActorFaults) {
+        let faults = ActorFaults {
+            replicas: (0..self.raw.len())
+                .map(|_| FaultController::new(seeds()))
+                .collect(),
+            register: FaultController::new(seeds()),
+        };
+        let replicas = self
+            .identities
+            .iter()
+            .zip(&self.replica_stores)
+            .zip(&faults.replicas)
+            .map(|((identity, store), controller)| {
+                let store: DynBlobStore =
+                    Arc::new(FaultyStore::new(store.clone(), controller.clone()));
+                (identity.clone(), store)
+            })
+            .collect();
+        let register: Arc<dyn ManifestStore> = Arc::new(FaultyRegister::new(
+            self.register.clone(),
+            faults.register.clone(),
+        ));
+        (LogStores { replicas, register }, faults)
+    }
+
+    /// Ends every replica-wide and register-wide fault.
+    pub fn heal(&self) {
+        for controller in &self.replica_faults {
+            controller.clear();
+        }
+        self.register_faults.clear();
+    }
+}
