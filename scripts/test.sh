@@ -37,6 +37,17 @@ if ! cargo test --workspace --all-targets --no-fail-fast 2>&1 | tee "$test_log";
   failed+=("cargo test")
 fi
 
+section "cargo test --workspace --doc"
+if ! cargo test --workspace --doc 2>&1 | tee -a "$test_log"; then
+  failed+=("doc tests")
+fi
+
+# The fuzz targets are their own workspace (cargo-fuzz needs nightly flags to
+# run them, see docs/fuzzing.md); here we only prove they still build.
+section "cargo check --manifest-path fuzz/Cargo.toml"
+CARGO_TARGET_DIR="$ROOT/target/fuzz-check" cargo check --manifest-path fuzz/Cargo.toml --all-targets \
+  || failed+=("fuzz targets")
+
 section "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings || failed+=("cargo clippy")
 
