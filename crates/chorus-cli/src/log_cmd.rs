@@ -28,6 +28,9 @@ pub enum LogCommand {
     Append(append::AppendArgs),
     /// Print committed records as JSON lines `{"index":N,"data":"…"}`.
     Read(read::ReadArgs),
+    /// Follow new committed records from the current end (`read --follow`
+    /// starting at the end unless --from is given).
+    Tail(read::ReadArgs),
     /// Print the register's fields and the replica binding.
     Inspect(InspectArgs),
     /// Raise the truncation floor and delete what lies wholly below it.
@@ -67,6 +70,7 @@ impl LogCommand {
             LogCommand::Init(args) => init(args).await,
             LogCommand::Append(args) => append::append(args).await,
             LogCommand::Read(args) => read::read(args).await,
+            LogCommand::Tail(args) => read::tail(args).await,
             LogCommand::Inspect(args) => inspect(args).await,
             LogCommand::Truncate(args) => maintain::truncate(args).await,
             LogCommand::Repair(args) => maintain::repair(args).await,

@@ -327,6 +327,42 @@ fn follow_picks_up_records_appended_later() {
 }
 
 #[test]
+fn tail_starts_at_the_end_and_follows() {
+    let log = TestLog::embedded();
+    log.init();
+    log.append(b"old-0\nold-1\n");
+    let mut tail = log
+        .command(&["log", "tail", "--poll-interval-ms", "20"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(tail.stdout.take().unwrap());
+    // Append until tail prints something: however long tail takes to find
+    // the end, what it prints first must be new, and then dense.
+    let mut first = None;
+    for k in 2..60u64 {
+        log.append(format!("new-{k}\n").as_bytes());
+        if let Ok(line) = lines.recv_timeout(Duration::from_millis(500)) {
+            first = Some(record(&line));
+            break;
+        }
+    }
+    let (index, data) = first.expect("tail printed nothing");
+    assert_eq!(
+        data,
+        format!("new-{index}").into_bytes(),
+        "tail printed an old record"
+    );
+    log.append(b"last\n");
+    let next = record(&lines.recv_timeout(LINE_TIMEOUT).expect("a line in time"));
+    assert_eq!(next.0, index + 1);
+    assert!(tail.try_wait().unwrap().is_none(), "tail exited");
+    tail.kill().unwrap();
+    tail.wait().unwrap();
+}
+
+#[test]
 fn a_read_below_the_floor_is_truncated() {
     let log = TestLog::embedded();
     log.init();

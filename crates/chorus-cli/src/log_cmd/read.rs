@@ -58,8 +58,28 @@ enum Line<'a> {
     Base64 { index: u64, data_b64: String },
 }
 
+/// Where printing starts when `--from` is not given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// The truncation floor (`log read`).
+    Floor,
+    /// The committed end (`log tail`).
+    End,
+}
+
 /// Runs `log read`.
 pub async fn read(args: ReadArgs) -> Result<(), CommandError> {
+    run(args, Start::Floor).await
+}
+
+/// Runs `log tail`: follows new committed records from the current end (or
+/// from `--from`), like `tail -f`.
+pub async fn tail(mut args: ReadArgs) -> Result<(), CommandError> {
+    args.follow = true;
+    run(args, Start::End).await
+}
+
+async fn run(args: ReadArgs, start: Start) -> Result<(), CommandError> {
     let location = args.store.resolve()?;
     if let (Some(from), Some(to)) = (args.from, args.to)
         && to < from
@@ -70,7 +90,11 @@ pub async fn read(args: ReadArgs) -> Result<(), CommandError> {
         return Err("--poll-interval-ms must be positive".into());
     }
     let log = open_log(&location, Access::Read).await?;
-    let from = args.from.unwrap_or(log.manifest.trunc.0);
+    let from = match (args.from, start) {
+        (Some(from), _) => from,
+        (None, Start::Floor) => log.manifest.trunc.0,
+        (None, Start::End) => Reader::committed_end(&log.stores).await?.0,
+    };
     let mut reader = Reader::new(&log.stores, RecordIndex(from))
         .with_poll_interval(Duration::from_millis(args.poll_interval_ms));
     let mut out = JsonLines::stdout();
