@@ -3,10 +3,11 @@
 
 use std::sync::Arc;
 
-use chorus::blob::{DynBlobStore, StoreUrl, open_store, open_store_unprobed};
+use chorus::blob::{DynBlobStore, StoreUrl, open_store_unprobed, probe};
 use chorus::log::LogStores;
+use chorus::log::quorum::quorum;
 use chorus::register::{Manifest, ManifestStore, OpenMode, check_binding, open_register};
-use futures::future::try_join_all;
+use futures::future::join_all;
 
 use crate::CommandError;
 use crate::config::Location;
@@ -66,19 +67,25 @@ pub async fn read_manifest(
 
 /// Opens the log at `location`: the register, a check that it binds exactly
 /// these replicas in this order, then every replica (concurrently).
+///
+/// For writing, every replica is probed; a replica that is unreachable (a
+/// transient failure) is tolerated as long as a quorum probes fine, because the
+/// protocol runs on Q replicas; a replica that answers but does not enforce
+/// conditional writes is always refused.
 pub async fn open_log(location: &Location, access: Access) -> Result<OpenedLog, CommandError> {
     let register = open_existing_register(location).await?;
     let (manifest, _) = read_manifest(register.as_ref(), location).await?;
     let identities = location.replica_identities();
     check_binding(&manifest.replicas, &identities)
         .map_err(|e| format!("replicas do not match register {}: {e}", location.register))?;
-    let stores = try_join_all(
-        location
-            .replicas
-            .iter()
-            .map(|url| open_replica(url, access)),
-    )
-    .await?;
+    let stores = location
+        .replicas
+        .iter()
+        .map(|url| open_store_unprobed(url).map_err(|e| format!("cannot open replica {url}: {e}")))
+        .collect::<Result<Vec<DynBlobStore>, String>>()?;
+    if access == Access::Write {
+        probe_quorum(&location.replicas, &stores).await?;
+    }
     let replicas = identities.into_iter().zip(stores).collect();
     Ok(OpenedLog {
         stores: LogStores { replicas, register },
@@ -86,10 +93,30 @@ pub async fn open_log(location: &Location, access: Access) -> Result<OpenedLog, 
     })
 }
 
-async fn open_replica(url: &StoreUrl, access: Access) -> Result<DynBlobStore, CommandError> {
-    let opened = match access {
-        Access::Write => open_store(url).await,
-        Access::Read => open_store_unprobed(url),
-    };
-    Ok(opened.map_err(|e| format!("cannot open replica {url}: {e}"))?)
+/// Probes every replica; fails if one refuses conditional writes or if more
+/// than N − Q are unreachable.
+async fn probe_quorum(urls: &[StoreUrl], stores: &[DynBlobStore]) -> Result<(), CommandError> {
+    let outcomes = join_all(stores.iter().map(|store| probe(store.as_ref()))).await;
+    let mut unreachable = Vec::new();
+    for (url, outcome) in urls.iter().zip(outcomes) {
+        match outcome {
+            Ok(()) => {}
+            Err(error) if error.is_transient() => unreachable.push(format!("{url}: {error}")),
+            Err(error) => return Err(format!("cannot open replica {url}: {error}").into()),
+        }
+    }
+    let tolerated = stores.len() - quorum(stores.len());
+    if unreachable.len() > tolerated {
+        return Err(format!(
+            "cannot open replicas: {} of {} unreachable, at most {tolerated} may be: {}",
+            unreachable.len(),
+            stores.len(),
+            unreachable.join("; ")
+        )
+        .into());
+    }
+    for replica in unreachable {
+        tracing::warn!(%replica, "replica unreachable; continuing on the others");
+    }
+    Ok(())
 }

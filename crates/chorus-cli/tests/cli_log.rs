@@ -618,3 +618,102 @@ fn append_and_read_on_s3_and_postgres() {
     ];
     assert_eq!(read, expected);
 }
+
+/// A moto server of the test's own, so it can be stopped without disturbing
+/// the shared ones. Killed on drop.
+struct PrivateS3 {
+    child: Child,
+    endpoint: String,
+}
+
+impl PrivateS3 {
+    fn start() -> Option<PrivateS3> {
+        // scripts/services.sh installs moto into this virtualenv.
+        let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../.ci/state/venv/bin/moto_server");
+        if !venv.exists() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "moto_server missing under CI: {venv:?}"
+            );
+            eprintln!("skipping: {venv:?} missing; run `bash scripts/services.sh start`");
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(venv)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("moto_server starts");
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // Create the bucket once the server answers (unsigned PUT works on moto).
+        loop {
+            let created = Command::new("curl")
+                .args(["-sf", "-X", "PUT", &format!("{endpoint}/private-zone")])
+                .status()
+                .is_ok_and(|status| status.success());
+            if created {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "private moto server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Some(PrivateS3 { child, endpoint })
+    }
+}
+
+impl Drop for PrivateS3 {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn append_continues_with_one_replica_unreachable() {
+    let Some(shared) = support::s3_urls("one-down") else {
+        return;
+    };
+    let Some(private) = PrivateS3::start() else {
+        return;
+    };
+    let prefix = support::unique("one-down");
+    let third = format!(
+        "s3://private-zone/{prefix}?endpoint={}&allow_http=true&region=us-east-1",
+        private.endpoint
+    );
+    let replicas = format!("{},{},{third}", shared[0], shared[1]);
+    let log = TestLog {
+        dir: TempDir::new().unwrap(),
+        store: vec!["--replicas".into(), replicas],
+    };
+    log.init();
+    log.append(b"all-up\n");
+    drop(private);
+    let output = log.run(&["log", "append"], b"one-down-1\none-down-2\n");
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(stdout_lines(&output).len(), 2);
+    assert!(
+        stderr(&output).contains("replica unreachable"),
+        "{}",
+        stderr(&output)
+    );
+    let records = log.read(&["--from", "0"]);
+    assert_eq!(
+        records,
+        vec![
+            (0, b"all-up".to_vec()),
+            (1, b"one-down-1".to_vec()),
+            (2, b"one-down-2".to_vec())
+        ]
+    );
+}
