@@ -12,7 +12,6 @@
 //! - **corrupt on read**: one random bit of the returned bytes is flipped;
 //! - **outage**: while on, every call fails before applying.
 
-use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -21,7 +20,10 @@ use bytes::{Bytes, BytesMut};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{Blob, BlobError, BlobStore, DynBlobStore, ObjectMeta, Op, Version};
+use futures::future::BoxFuture;
+
+use super::layer::Layer;
+use super::{BlobError, BlobStore, DynBlobStore, Op};
 
 /// A set of [`Op`]s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -335,30 +337,6 @@ impl FaultyStore {
     pub fn controller(&self) -> &FaultController {
         &self.controller
     }
-
-    /// Runs `call` under the faults planned for (`op`, `key`).
-    async fn run<T>(
-        &self,
-        op: Op,
-        key: &str,
-        call: impl Future<Output = Result<T, BlobError>>,
-    ) -> Result<T, BlobError> {
-        let plan = self.controller.plan(op, key);
-        plan.run(call, |cause| {
-            BlobError::unavailable(self.name(), op, key, cause)
-        })
-        .await
-    }
-
-    fn corrupt(&self, op: Op, key: &str, bytes: Bytes) -> Bytes {
-        let fired = self
-            .controller
-            .fire(op, key, |fault| *fault == Fault::Corrupt);
-        match fired.first() {
-            Some((_, random)) if !bytes.is_empty() => flip_bit(bytes, *random),
-            _ => bytes,
-        }
-    }
 }
 
 fn flip_bit(bytes: Bytes, random: u64) -> Bytes {
@@ -369,48 +347,32 @@ fn flip_bit(bytes: Bytes, random: u64) -> Bytes {
 }
 
 #[async_trait]
-impl BlobStore for FaultyStore {
-    fn name(&self) -> &str {
-        self.inner.name()
+impl Layer for FaultyStore {
+    fn inner(&self) -> &DynBlobStore {
+        &self.inner
     }
 
-    async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
-        self.run(Op::Create, key, self.inner.create(key, bytes))
-            .await
-    }
-
-    async fn update(
+    async fn around<T: Send + 'static>(
         &self,
+        op: Op,
         key: &str,
-        expected: &Version,
-        bytes: Bytes,
-    ) -> Result<Version, BlobError> {
-        self.run(Op::Update, key, self.inner.update(key, expected, bytes))
-            .await
+        call: BoxFuture<'_, Result<T, BlobError>>,
+    ) -> Result<T, BlobError> {
+        let plan = self.controller.plan(op, key);
+        plan.run(call, |cause| {
+            BlobError::unavailable(self.name(), op, key, cause)
+        })
+        .await
     }
 
-    async fn get(&self, key: &str) -> Result<Blob, BlobError> {
-        let mut blob = self.run(Op::Get, key, self.inner.get(key)).await?;
-        blob.bytes = self.corrupt(Op::Get, key, blob.bytes);
-        Ok(blob)
-    }
-
-    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, BlobError> {
-        let bytes = self
-            .run(Op::Get, key, self.inner.get_range(key, range))
-            .await?;
-        Ok(self.corrupt(Op::Get, key, bytes))
-    }
-
-    async fn head(&self, key: &str) -> Result<ObjectMeta, BlobError> {
-        self.run(Op::Head, key, self.inner.head(key)).await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, BlobError> {
-        self.run(Op::List, prefix, self.inner.list(prefix)).await
-    }
-
-    async fn delete(&self, key: &str) -> Result<(), BlobError> {
-        self.run(Op::Delete, key, self.inner.delete(key)).await
+    /// Corruption applies to the bytes a read returns.
+    fn received(&self, key: &str, bytes: Bytes) -> Bytes {
+        let fired = self
+            .controller
+            .fire(Op::Get, key, |fault| *fault == Fault::Corrupt);
+        match fired.first() {
+            Some((_, random)) if !bytes.is_empty() => flip_bit(bytes, *random),
+            _ => bytes,
+        }
     }
 }

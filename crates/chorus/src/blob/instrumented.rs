@@ -2,13 +2,13 @@
 //! key) and records request counts and latencies (DESIGN 12). `open_store`
 //! applies it to every store it opens.
 
-use std::ops::Range;
-
 use async_trait::async_trait;
-use bytes::Bytes;
 use tracing::Instrument;
 
-use super::{Blob, BlobError, BlobStore, DynBlobStore, ObjectMeta, Op, Version};
+use futures::future::BoxFuture;
+
+use super::layer::Layer;
+use super::{BlobError, DynBlobStore, Op};
 
 /// A [`BlobStore`] that traces and measures every call to the store it wraps.
 #[derive(Debug, Clone)]
@@ -57,45 +57,17 @@ impl InstrumentedStore {
 }
 
 #[async_trait]
-impl BlobStore for InstrumentedStore {
-    fn name(&self) -> &str {
-        self.inner.name()
+impl Layer for InstrumentedStore {
+    fn inner(&self) -> &DynBlobStore {
+        &self.inner
     }
 
-    async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
-        self.observe(Op::Create, key, self.inner.create(key, bytes))
-            .await
-    }
-
-    async fn update(
+    async fn around<T: Send + 'static>(
         &self,
+        op: Op,
         key: &str,
-        expected: &Version,
-        bytes: Bytes,
-    ) -> Result<Version, BlobError> {
-        self.observe(Op::Update, key, self.inner.update(key, expected, bytes))
-            .await
-    }
-
-    async fn get(&self, key: &str) -> Result<Blob, BlobError> {
-        self.observe(Op::Get, key, self.inner.get(key)).await
-    }
-
-    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, BlobError> {
-        self.observe(Op::Get, key, self.inner.get_range(key, range))
-            .await
-    }
-
-    async fn head(&self, key: &str) -> Result<ObjectMeta, BlobError> {
-        self.observe(Op::Head, key, self.inner.head(key)).await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, BlobError> {
-        self.observe(Op::List, prefix, self.inner.list(prefix))
-            .await
-    }
-
-    async fn delete(&self, key: &str) -> Result<(), BlobError> {
-        self.observe(Op::Delete, key, self.inner.delete(key)).await
+        call: BoxFuture<'_, Result<T, BlobError>>,
+    ) -> Result<T, BlobError> {
+        self.observe(op, key, call).await
     }
 }

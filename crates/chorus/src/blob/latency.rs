@@ -1,16 +1,17 @@
 //! A latency-injecting wrapper around any [`BlobStore`], for benchmarks and the
 //! simulator: each operation waits a fixed or randomly drawn time first.
 
-use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{Blob, BlobError, BlobStore, DynBlobStore, ObjectMeta, Op, Version};
+use futures::future::BoxFuture;
+
+use super::layer::Layer;
+use super::{BlobError, DynBlobStore, Op};
 
 /// A latency distribution.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -126,49 +127,19 @@ impl LatencyStore {
 }
 
 #[async_trait]
-impl BlobStore for LatencyStore {
-    fn name(&self) -> &str {
-        self.inner.name()
+impl Layer for LatencyStore {
+    fn inner(&self) -> &DynBlobStore {
+        &self.inner
     }
 
-    async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
-        self.wait(Op::Create).await;
-        self.inner.create(key, bytes).await
-    }
-
-    async fn update(
+    async fn around<T: Send + 'static>(
         &self,
-        key: &str,
-        expected: &Version,
-        bytes: Bytes,
-    ) -> Result<Version, BlobError> {
-        self.wait(Op::Update).await;
-        self.inner.update(key, expected, bytes).await
-    }
-
-    async fn get(&self, key: &str) -> Result<Blob, BlobError> {
-        self.wait(Op::Get).await;
-        self.inner.get(key).await
-    }
-
-    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, BlobError> {
-        self.wait(Op::Get).await;
-        self.inner.get_range(key, range).await
-    }
-
-    async fn head(&self, key: &str) -> Result<ObjectMeta, BlobError> {
-        self.wait(Op::Head).await;
-        self.inner.head(key).await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, BlobError> {
-        self.wait(Op::List).await;
-        self.inner.list(prefix).await
-    }
-
-    async fn delete(&self, key: &str) -> Result<(), BlobError> {
-        self.wait(Op::Delete).await;
-        self.inner.delete(key).await
+        op: Op,
+        _key: &str,
+        call: BoxFuture<'_, Result<T, BlobError>>,
+    ) -> Result<T, BlobError> {
+        self.wait(op).await;
+        call.await
     }
 }
 

@@ -19,6 +19,7 @@ mod faulty;
 mod instrumented;
 mod key;
 mod latency;
+mod layer;
 mod local;
 mod object;
 mod probe;
@@ -38,6 +39,7 @@ pub use faulty::{Fault, FaultController, FaultRule, FaultyStore, KeyMatch, OpSet
 pub use instrumented::InstrumentedStore;
 pub use key::validate_key;
 pub use latency::{Latency, LatencyProfile, LatencyStore};
+pub use layer::Layer;
 pub use local::LocalDirStore;
 pub use object::ObjectStoreBlobs;
 pub use probe::probe;

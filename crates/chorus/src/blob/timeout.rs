@@ -5,13 +5,14 @@
 //! apply), which is exactly how callers already treat a lost response. Leases
 //! need this: a holder must get an answer (or give up) well within its lease.
 
-use std::ops::Range;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 
-use super::{Blob, BlobError, BlobStore, DynBlobStore, ObjectMeta, Op, Version};
+use futures::future::BoxFuture;
+
+use super::layer::Layer;
+use super::{BlobError, BlobStore, DynBlobStore, Op};
 
 /// A [`BlobStore`] whose every call fails as `Unavailable` after `timeout`.
 #[derive(Debug, Clone)]
@@ -60,51 +61,26 @@ impl TimeoutStore {
 }
 
 #[async_trait]
-impl BlobStore for TimeoutStore {
-    fn name(&self) -> &str {
-        self.inner.name()
+impl Layer for TimeoutStore {
+    fn inner(&self) -> &DynBlobStore {
+        &self.inner
     }
 
-    async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
-        self.run(Op::Create, key, self.inner.create(key, bytes))
-            .await
-    }
-
-    async fn update(
+    async fn around<T: Send + 'static>(
         &self,
+        op: Op,
         key: &str,
-        expected: &Version,
-        bytes: Bytes,
-    ) -> Result<Version, BlobError> {
-        self.run(Op::Update, key, self.inner.update(key, expected, bytes))
-            .await
-    }
-
-    async fn get(&self, key: &str) -> Result<Blob, BlobError> {
-        self.run(Op::Get, key, self.inner.get(key)).await
-    }
-
-    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, BlobError> {
-        self.run(Op::Get, key, self.inner.get_range(key, range))
-            .await
-    }
-
-    async fn head(&self, key: &str) -> Result<ObjectMeta, BlobError> {
-        self.run(Op::Head, key, self.inner.head(key)).await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, BlobError> {
-        self.run(Op::List, prefix, self.inner.list(prefix)).await
-    }
-
-    async fn delete(&self, key: &str) -> Result<(), BlobError> {
-        self.run(Op::Delete, key, self.inner.delete(key)).await
+        call: BoxFuture<'_, Result<T, BlobError>>,
+    ) -> Result<T, BlobError> {
+        self.run(op, key, call).await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    use bytes::Bytes;
 
     use super::*;
     use crate::blob::{Fault, FaultController, FaultRule, FaultyStore, StoreUrl, open_store};
