@@ -1,64 +1,7 @@
-//! Where the test services are, for the CLI's integration tests (the same
-//! rules as `crates/chorus/tests/support`).
-//!
-//! `scripts/services.sh start` runs three S3-compatible servers and PostgreSQL
-//! and writes their addresses to `.ci/state/env`; `scripts/test.sh` exports them.
-//! Without them a test skips with a message, except under CI (`CI` set), where
-//! a missing service fails the test loudly.
+//! Where the test services are: the library's test helpers, shared so both
+//! crates follow the same rules (skip outside CI, fail loudly under CI).
 
-#![allow(dead_code)] // each test binary uses a different subset
+#[path = "../../../chorus/tests/support/mod.rs"]
+mod shared;
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
-
-/// The value of the service variable `name`, or `None` (after printing why)
-/// when it is unset outside CI. Panics under CI.
-pub fn service_var(name: &str) -> Option<String> {
-    match std::env::var(name) {
-        Ok(value) if !value.is_empty() => Some(value),
-        _ if std::env::var_os("CI").is_some() => {
-            panic!(
-                "{name} is not set under CI: the test services did not start (scripts/services.sh)"
-            )
-        }
-        _ => {
-            eprintln!(
-                "skipping: {name} is not set; run `bash scripts/services.sh start` and source .ci/state/env"
-            );
-            None
-        }
-    }
-}
-
-/// A name no other test run uses, for prefixes and register names.
-pub fn unique(label: &str) -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_nanos();
-    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{label}-{nanos:x}-{:x}-{count}", std::process::id())
-}
-
-/// URLs of S3 stores under a fresh prefix, one per zone (three zones).
-pub fn s3_urls(label: &str) -> Option<Vec<String>> {
-    let endpoints = service_var("CHORUS_TEST_S3_ENDPOINTS")?;
-    let buckets = service_var("CHORUS_TEST_S3_BUCKETS")?;
-    let prefix = unique(label);
-    let urls = endpoints
-        .split(',')
-        .zip(buckets.split(','))
-        .map(|(endpoint, bucket)| {
-            format!("s3://{bucket}/{prefix}?endpoint={endpoint}&allow_http=true&region=us-east-1")
-        })
-        .collect();
-    Some(urls)
-}
-
-/// A PostgreSQL register URL naming a fresh register.
-pub fn postgres_register_url(label: &str) -> Option<String> {
-    let base = service_var("CHORUS_TEST_POSTGRES_URL")?;
-    let separator = if base.contains('?') { '&' } else { '?' };
-    Some(format!("{base}{separator}register={}", unique(label)))
-}
+pub use shared::*;

@@ -7,6 +7,7 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The value of the service variable `name`, or `None` (after printing why)
@@ -30,11 +31,13 @@ pub fn service_var(name: &str) -> Option<String> {
 
 /// A name no other test run uses, for prefixes and register names.
 pub fn unique(label: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("clock after 1970")
         .as_nanos();
-    format!("{label}-{nanos:x}-{:08x}", rand::random::<u32>())
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{label}-{nanos:x}-{:x}-{count}", std::process::id())
 }
 
 /// URLs of S3 stores under a fresh prefix, one per zone (three zones).
