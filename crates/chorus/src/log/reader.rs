@@ -27,6 +27,9 @@ use crate::register::{Manifest, ManifestStore};
 /// Default pause between polls when a reader has caught up.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(100);
 
+/// Register reads one fill may follow the tail through while folds race it.
+const MAX_FILL_ROUNDS: usize = 3;
+
 /// Where scanning of an active segment resumes: fragment `fragment` of
 /// `segment` starts at record `first`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,7 +112,25 @@ impl Reader {
     }
 
     async fn fill(&mut self) -> Result<(), LogError> {
-        let manifest = self.read_manifest().await?;
+        let mut manifest = self.read_manifest().await?;
+        for _ in 0..MAX_FILL_ROUNDS {
+            self.fill_from(&manifest).await?;
+            if !self.buffered.is_empty() || self.next < manifest.tail_base {
+                return Ok(());
+            }
+            // Caught up in the active segments `manifest` names. The writer
+            // may have folded the tail and deleted its fragments under the
+            // scan; then a newer register holds the rest in its directory.
+            let newer = self.read_manifest().await?;
+            if newer.tail == manifest.tail {
+                return Ok(());
+            }
+            manifest = newer;
+        }
+        Ok(())
+    }
+
+    async fn fill_from(&mut self, manifest: &Manifest) -> Result<(), LogError> {
         if self.next < manifest.trunc {
             return Err(LogError::Truncated {
                 requested: self.next,
@@ -117,9 +138,9 @@ impl Reader {
             });
         }
         if self.next < manifest.tail_base {
-            return self.fill_sealed(&manifest).await;
+            return self.fill_sealed(manifest).await;
         }
-        self.fill_active(&manifest).await
+        self.fill_active(manifest).await
     }
 
     async fn read_manifest(&self) -> Result<Manifest, LogError> {

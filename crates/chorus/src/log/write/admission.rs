@@ -41,7 +41,16 @@ pub struct DirectoryRoom {
     pub entries: usize,
     /// Sealed segments not yet folded into the register (0 or 1).
     pub unfolded: usize,
+    /// Where in the register's history the last refresh came from.
+    pub seen: Option<HistoryPoint>,
 }
+
+/// A register record's place in its history as far as the directory goes:
+/// every change a live writer sees moves it strictly up (a fold raises
+/// `tail_base`, a truncation raises `trunc`, a removal of tombstones drops
+/// entries with both unchanged), so reads that answer out of order can be told
+/// apart by it.
+pub type HistoryPoint = (RecordIndex, RecordIndex, std::cmp::Reverse<usize>);
 
 impl DirectoryRoom {
     /// The room `manifest`'s directory leaves in a register of `max_bytes`.
@@ -51,6 +60,7 @@ impl DirectoryRoom {
             used_bytes: 0,
             entries: 0,
             unfolded: 0,
+            seen: None,
         };
         room.refresh(manifest);
         room
@@ -58,7 +68,19 @@ impl DirectoryRoom {
 
     /// Takes the committed directory from a newer read of the register (after a
     /// fold or a truncation); unfolded seals still count.
+    ///
+    /// A read older than the last one applied (a slow answer overtaken by a
+    /// fold or a truncation) is ignored: it would undo newer room.
     pub fn refresh(&mut self, manifest: &Manifest) {
+        let point = (
+            manifest.tail_base,
+            manifest.trunc,
+            std::cmp::Reverse(manifest.segments.len()),
+        );
+        if self.seen.is_some_and(|seen| point < seen) {
+            return;
+        }
+        self.seen = Some(point);
         self.used_bytes = crate::register::directory_bytes(&manifest.segments);
         self.entries = manifest.segments.len();
     }
@@ -204,6 +226,7 @@ mod tests {
                 used_bytes: 0,
                 entries: 0,
                 unfolded: 0,
+                seen: None,
             },
             sender,
         };
@@ -275,6 +298,7 @@ mod tests {
             used_bytes: MAX_DIRECTORY_ENTRY_BYTES,
             entries: 1,
             unfolded: 0,
+            seen: None,
         };
         assert!(room.fits(1));
         assert!(!room.fits(2));
@@ -283,5 +307,40 @@ mod tests {
             ..room
         };
         assert!(!sealing.fits(1));
+    }
+
+    #[test]
+    fn an_older_read_does_not_undo_newer_room() {
+        use crate::ids::{Epoch, SegmentId};
+        use crate::register::DirectoryEntry;
+        let entry = |counter: u32, base: u64| DirectoryEntry {
+            id: SegmentId::new(Epoch(1), counter),
+            base: RecordIndex(base),
+            crc32c: 0,
+        };
+        let mut full = Manifest::initial(vec!["a".into()], 4);
+        full.segments = vec![entry(0, 0), entry(1, 10), entry(2, 20)];
+        full.tail_base = RecordIndex(30);
+        let mut raised = full.clone();
+        raised.trunc = RecordIndex(20);
+        let mut swept = raised.clone();
+        swept.segments.drain(..2);
+        let mut folded = swept.clone();
+        folded.segments.push(entry(3, 30));
+        folded.tail_base = RecordIndex(40);
+
+        let mut room = DirectoryRoom::of(&full, 1024);
+        room.refresh(&swept);
+        assert_eq!(room.entries, 1);
+        for stale in [&full, &raised] {
+            room.refresh(stale);
+            assert_eq!(room.entries, 1, "a stale read was applied");
+        }
+        room.refresh(&folded);
+        assert_eq!(room.entries, 2);
+        room.refresh(&swept);
+        assert_eq!(room.entries, 2, "a stale read was applied");
+        room.refresh(&folded);
+        assert_eq!(room.entries, 2);
     }
 }

@@ -75,8 +75,17 @@ pub(super) async fn refresh_directory(shared: &Shared, maintenance: &Maintenance
 /// highest requested floor.
 #[derive(Debug, Default)]
 pub(super) struct Truncations {
-    requested: std::sync::Mutex<Option<RecordIndex>>,
+    requested: std::sync::Mutex<Queued>,
     running: tokio::sync::Mutex<Option<TruncateReport>>,
+}
+
+/// The floors waiting for, and running in, the truncation lock.
+#[derive(Debug, Default)]
+struct Queued {
+    /// The highest floor requested and not yet taken by a pass.
+    waiting: Option<RecordIndex>,
+    /// The floor of the pass holding the lock, if any.
+    running: Option<RecordIndex>,
 }
 
 impl Truncations {
@@ -89,23 +98,36 @@ impl Truncations {
         floor: RecordIndex,
     ) -> Result<TruncateReport, LogError> {
         {
-            let mut requested = self.requested.lock().expect("truncation queue poisoned");
-            *requested = Some(requested.map_or(floor, |queued| queued.max(floor)));
+            let mut queued = self.requested.lock().expect("truncation queue poisoned");
+            // A floor at or below the running pass's merges into that pass.
+            if queued.running.is_none_or(|running| running < floor) {
+                queued.waiting = Some(queued.waiting.map_or(floor, |w| w.max(floor)));
+            }
         }
         let mut last = self.running.lock().await;
-        let queued = self
-            .requested
-            .lock()
-            .expect("truncation queue poisoned")
-            .take();
-        let Some(target) = queued else {
-            // Another caller ran our floor (or a higher one) while we waited.
+        let target = {
+            let mut queued = self.requested.lock().expect("truncation queue poisoned");
+            // Nothing waiting: another caller ran our floor (or a higher one)
+            // while we waited, unless that pass failed; then we run our own.
+            let target = queued.waiting.take().or_else(|| match last.as_ref() {
+                Some(report) if report.floor >= floor => None,
+                _ => Some(floor),
+            });
+            queued.running = target;
+            target
+        };
+        let Some(target) = target else {
             return Ok(last.clone().expect("a merged truncation left its report"));
         };
         let durable_end = shared.admission().durable_end;
-        let report = maintenance
+        let outcome = maintenance
             .truncate_before(target, durable_end, &NoProgress)
-            .await?;
+            .await;
+        self.requested
+            .lock()
+            .expect("truncation queue poisoned")
+            .running = None;
+        let report = outcome?;
         refresh_directory(shared, maintenance).await;
         *last = Some(report.clone());
         Ok(report)
