@@ -1,7 +1,8 @@
-//! The writer's background maintenance: repair and the orphan sweep at start,
-//! every `repair_interval` and right after a degraded seal; truncations merged
-//! to the highest requested floor; and refreshes of the directory room while it
-//! is tight, so truncation by another process unblocks a full directory.
+//! The writer's background maintenance: repair, tombstone deletion and the
+//! orphan sweep at start, every `repair_interval` and right after a degraded
+//! seal; truncations merged to the highest requested floor; and refreshes of
+//! the directory room while it is tight, so truncation by another process
+//! unblocks a full directory.
 //! Failures are counted and logged; they never reach appends.
 
 use std::sync::{Arc, Weak};
@@ -57,6 +58,17 @@ async fn repair_and_sweep(maintenance: &Maintenance) {
         ),
         Ok(_) => {}
         Err(error) => super::super::maintenance::failed("repair", &error),
+    }
+    // Tombstones a failed truncation left behind are finished here too.
+    let tombstones = match maintenance.manifest().await {
+        Ok(manifest) => maintenance
+            .sweep_tombstones(&manifest, &NoProgress)
+            .await
+            .map(drop),
+        Err(error) => Err(error),
+    };
+    if let Err(error) = tombstones {
+        super::super::maintenance::failed("truncate", &error);
     }
     if let Err(error) = maintenance.sweep_orphans(&NoProgress).await {
         super::super::maintenance::failed("sweep", &error);
