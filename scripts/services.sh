@@ -46,6 +46,15 @@ pid_alive() { [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null; }
 
 joined() { local IFS=,; echo "$*"; }
 
+# The moto servers' pid files, in endpoint order. Each holds the pid of the
+# moto_server process itself (setsid execs it without forking), which the
+# chaos test (crates/chorus-cli/tests/chaos.rs) SIGSTOPs and SIGCONTs.
+pid_files() {
+  local out=() z
+  for z in "${ZONES[@]}"; do out+=("$STATE/moto-$z.pid"); done
+  joined "${out[@]}"
+}
+
 endpoints() {
   local out=() p
   for p in "${MOTO_PORTS[@]}"; do out+=("http://$MOTO_HOST:$p"); done
@@ -66,6 +75,7 @@ export AWS_ACCESS_KEY_ID="testing"
 export AWS_SECRET_ACCESS_KEY="testing"
 export AWS_DEFAULT_REGION="us-east-1"
 export CHORUS_TEST_POSTGRES_URL="postgresql://postgres@127.0.0.1:$PG_PORT/$PG_DB"
+export CHORUS_TEST_MOTO_PID_FILES="$(pid_files)"
 EOF
 }
 
@@ -90,6 +100,11 @@ start_moto() {
     zone="${ZONES[$i]}"; port="${MOTO_PORTS[$i]}"
     pidfile="$STATE/moto-$zone.pid"; logf="$STATE/moto-$zone.log"
     pid="$(cat "$pidfile" 2>/dev/null || true)"
+    # A chaos test killed mid-run may have left a server SIGSTOPped; a frozen
+    # server still accepts connections but never answers.
+    if pid_alive "$pid" && grep -q moto_server "/proc/$pid/cmdline" 2>/dev/null; then
+      kill -CONT "$pid" 2>/dev/null || true
+    fi
     if pid_alive "$pid" && port_open "$MOTO_HOST" "$port"; then
       log "moto zone $zone already running (pid $pid, port $port)"
     else
@@ -128,6 +143,7 @@ stop_moto() {
     # Only kill the pid if it still is a moto server (pids get reused).
     if pid_alive "$pid" && grep -q moto_server "/proc/$pid/cmdline" 2>/dev/null; then
       log "stopping moto zone $zone (pid $pid)"
+      kill -CONT "$pid" 2>/dev/null || true  # a frozen one acts on SIGTERM only once resumed
       kill_wait "$pid"
     fi
     rm -f "$pidfile"

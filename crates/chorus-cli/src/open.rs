@@ -2,15 +2,19 @@
 //! creates nothing), then the replica binding check, then every replica.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use chorus::blob::{DynBlobStore, StoreUrl, open_store_unprobed, probe};
 use chorus::log::LogStores;
+use chorus::log::gather::gather;
 use chorus::log::quorum::quorum;
 use chorus::register::{Manifest, ManifestStore, OpenMode, check_binding, open_register};
-use futures::future::join_all;
 
 use crate::CommandError;
 use crate::config::Location;
+
+/// How long the last replicas may take to answer the probe once a quorum has.
+const PROBE_GRACE: Duration = Duration::from_secs(5);
 
 /// What a command does to the log, which decides how its replicas are opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,14 +99,30 @@ pub async fn open_log(location: &Location, access: Access) -> Result<OpenedLog, 
 
 /// Probes every replica; fails if one refuses conditional writes or if more
 /// than N − Q are unreachable.
+///
+/// Once a quorum has probed fine, the others get [`PROBE_GRACE`] more: a
+/// replica that hangs counts as unreachable instead of holding up the start.
 async fn probe_quorum(urls: &[StoreUrl], stores: &[DynBlobStore]) -> Result<(), CommandError> {
-    let outcomes = join_all(stores.iter().map(|store| probe(store.as_ref()))).await;
+    let needed = quorum(stores.len());
+    let probes = urls
+        .iter()
+        .zip(stores)
+        .map(|(url, store)| async move { (url, probe(store.as_ref()).await) });
+    let outcomes = gather(probes, PROBE_GRACE, |done| {
+        done.iter().filter(|(_, outcome)| outcome.is_ok()).count() >= needed
+    })
+    .await;
     let mut unreachable = Vec::new();
-    for (url, outcome) in urls.iter().zip(outcomes) {
+    for (url, outcome) in &outcomes {
         match outcome {
             Ok(()) => {}
             Err(error) if error.is_transient() => unreachable.push(format!("{url}: {error}")),
             Err(error) => return Err(format!("cannot open replica {url}: {error}").into()),
+        }
+    }
+    for url in urls {
+        if !outcomes.iter().any(|(answered, _)| *answered == url) {
+            unreachable.push(format!("{url}: no answer within {PROBE_GRACE:?}"));
         }
     }
     let tolerated = stores.len() - quorum(stores.len());

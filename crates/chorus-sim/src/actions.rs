@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use chorus::blob::{FaultController, FaultRule};
 use chorus::ids::OwnerId;
 use chorus::log::{LogError, Reader};
 use rand::Rng;
@@ -93,7 +94,7 @@ impl Sim {
             options.push((6, Action::Append { writer, count }));
         }
         if recovering < MAX_RECOVERIES {
-            options.push((if idle { 60 } else { 3 }, Action::Recover));
+            options.push((if idle { 20 } else { 3 }, Action::Recover));
         }
         if recovering + 1 < MAX_RECOVERIES {
             options.push((2, Action::RacingRecoveries));
@@ -122,10 +123,11 @@ impl Sim {
         };
         options.push((10, Action::Read { slot, max }));
         options.push((1, Action::NewReader));
-        options.push((8, Action::StoreFault));
-        options.push((3, Action::RegisterFault));
-        let replica = self.rng.random_range(0..self.params.replicas);
-        options.push((4, Action::Outage(replica)));
+        let intensity = self.params.fault_intensity;
+        options.push((2 * intensity, Action::StoreFault));
+        options.push((intensity, Action::RegisterFault));
+        let replica = self.draw_outage_replica();
+        options.push((intensity, Action::Outage(replica)));
         options.push((4, Action::Clear));
         if !self.pending.is_empty() {
             options.push((1, Action::DropCompletions));
@@ -138,6 +140,20 @@ impl Sim {
         options.push((4, Action::Sleep(Duration::from_millis(sleep))));
     }
 
+    /// A replica to toggle: with more than N − Q replicas out, mostly one
+    /// that is out, so that quorums come back often enough to make progress.
+    fn draw_outage_replica(&mut self) -> usize {
+        let out: Vec<usize> = (0..self.params.replicas)
+            .filter(|r| self.world.replica_faults[*r].outage())
+            .collect();
+        let tolerated = self.params.replicas - chorus::log::quorum::quorum(self.params.replicas);
+        if out.len() > tolerated && self.rng.random_bool(0.7) {
+            out[self.rng.random_range(0..out.len())]
+        } else {
+            self.rng.random_range(0..self.params.replicas)
+        }
+    }
+
     fn draw_burst(&mut self) -> u64 {
         match self.rng.random_range(0..10) {
             0..=5 => self.rng.random_range(1..=3),
@@ -148,7 +164,9 @@ impl Sim {
 
     async fn perform(&mut self, action: Action) -> Result<(), Violation> {
         match action {
-            Action::Append { writer, count } => self.append(writer, count, true)?,
+            Action::Append { writer, count } => {
+                self.append(writer, count, true)?;
+            }
             Action::Recover => {
                 self.start_recovery();
             }
@@ -171,15 +189,16 @@ impl Sim {
         Ok(())
     }
 
-    /// Appends `count` records to `writer`; with `may_drop`, the application
-    /// sometimes drops a completion instead of keeping it.
+    /// Appends up to `count` records to `writer`, stopping at the first
+    /// refusal; with `may_drop`, the application sometimes drops a completion
+    /// instead of keeping it. Returns how many were admitted.
     pub(crate) fn append(
         &mut self,
         writer: WriterId,
         count: u64,
         may_drop: bool,
-    ) -> Result<(), Violation> {
-        for _ in 0..count {
+    ) -> Result<u64, Violation> {
+        for admitted in 0..count {
             let bytes = self.payload(writer);
             let slot = self
                 .writers
@@ -187,7 +206,7 @@ impl Sim {
                 .position(|s| s.id == writer)
                 .expect("known");
             let Some(handle) = self.writers[slot].writer.as_ref() else {
-                return Ok(());
+                return Ok(admitted);
             };
             match handle.append(bytes.clone()) {
                 Ok(completion) => {
@@ -205,10 +224,10 @@ impl Sim {
                         self.model.dropped(writer, index);
                     }
                 }
-                Err(error) => return self.refused(writer, &error),
+                Err(error) => return self.refused(writer, &error).map(|()| admitted),
             }
         }
-        Ok(())
+        Ok(count)
     }
 
     fn refused(&mut self, writer: WriterId, error: &LogError) -> Result<(), Violation> {
@@ -270,10 +289,8 @@ impl Sim {
             .iter_mut()
             .find(|s| s.id == writer)
             .expect("known");
-        if let Some(handle) = slot.writer.take() {
-            if abort {
-                handle.abort();
-            }
+        if let Some(handle) = slot.writer.take().filter(|_| abort) {
+            handle.abort();
         }
         if self.current == Some(writer) {
             self.current = None;
@@ -354,42 +371,72 @@ impl Sim {
         let rule = draw_store_rule(&mut self.rng);
         let replica = self.rng.random_range(0..self.params.replicas);
         let actors = self.actor_faults();
-        let text = RuleLabel(&rule).to_string();
-        if actors.is_empty() || self.rng.random_bool(0.6) {
-            self.world.replica_faults[replica].add(rule);
-            self.event(format!("fault replica {replica}: {text}"));
+        let (name, controller) = if actors.is_empty() || self.rng.random_bool(0.6) {
+            let controller = self.world.replica_faults[replica].clone();
+            (format!("replica {replica}"), controller)
         } else {
             let (name, faults) = &actors[self.rng.random_range(0..actors.len())];
-            faults.replicas[replica].add(rule);
-            self.event(format!("fault {name} replica {replica}: {text}"));
-        }
+            (
+                format!("{name} replica {replica}"),
+                faults.replicas[replica].clone(),
+            )
+        };
+        self.add_expiring(&name, controller, rule);
+    }
+
+    /// Installs `rule` on `controller` for a random number of steps.
+    fn add_expiring(&mut self, name: &str, controller: FaultController, rule: FaultRule) {
+        let text = RuleLabel(&rule).to_string();
+        let lasts = self.rng.random_range(10..=400);
+        let id = controller.add(rule);
+        self.expiring.push((self.step + lasts, controller, id));
+        self.event(format!("fault {name} for {lasts} steps: {text}"));
         self.stats.faults_added += 1;
+    }
+
+    /// Removes the rules and ends the outages whose time is up.
+    pub(crate) fn expire_rules(&mut self) {
+        let step = self.step;
+        for (_, replica) in self.outages.iter().filter(|(until, _)| *until <= step) {
+            self.world.replica_faults[*replica].set_outage(false);
+        }
+        self.outages.retain(|(until, _)| *until > step);
+        self.expiring.retain(|(until, controller, id)| {
+            let keep = *until > step;
+            if !keep {
+                controller.remove(*id);
+            }
+            keep
+        });
     }
 
     fn register_fault(&mut self) {
         let rule = draw_register_rule(&mut self.rng);
         let actors = self.actor_faults();
-        let text = RuleLabel(&rule).to_string();
-        if actors.is_empty() || self.rng.random_bool(0.5) {
-            self.world.register_faults.add(rule);
-            self.event(format!("fault register: {text}"));
+        let (name, controller) = if actors.is_empty() || self.rng.random_bool(0.5) {
+            ("register".to_owned(), self.world.register_faults.clone())
         } else {
             let (name, faults) = &actors[self.rng.random_range(0..actors.len())];
-            faults.register.add(rule);
-            self.event(format!("fault {name} register: {text}"));
-        }
-        self.stats.faults_added += 1;
+            (format!("{name} register"), faults.register.clone())
+        };
+        self.add_expiring(&name, controller, rule);
     }
 
+    /// Starts an outage of `replica` for a random number of steps, or ends
+    /// its current one.
     fn toggle_outage(&mut self, replica: usize) {
-        let controller = &self.world.replica_faults[replica];
+        let controller = self.world.replica_faults[replica].clone();
         let on = !controller.outage();
         controller.set_outage(on);
-        self.stats.outages += u64::from(on);
-        self.event(format!(
-            "outage replica {replica} {}",
-            if on { "on" } else { "off" }
-        ));
+        if on {
+            let lasts = self.rng.random_range(5..=300);
+            self.outages.push((self.step + lasts, replica));
+            self.stats.outages += 1;
+            self.event(format!("outage replica {replica} on for {lasts} steps"));
+        } else {
+            self.outages.retain(|(_, r)| *r != replica);
+            self.event(format!("outage replica {replica} off"));
+        }
     }
 
     fn clear_faults(&mut self) {

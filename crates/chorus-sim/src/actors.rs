@@ -60,6 +60,7 @@ pub struct CommitNotice {
 
 /// How a recovery task ended.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // one per recovery task; boxing buys nothing
 pub enum RecoveryEnd {
     /// `Recovery::run` failed.
     Failed(LogError),

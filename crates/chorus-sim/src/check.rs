@@ -24,8 +24,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use chorus::blob::BlobError;
 use chorus::codec::{Fragment, SealedSegment};
-use chorus::ids::{Epoch, OwnerId, SegmentId};
-use chorus::log::layout::{parse_fragment_key, sealed_key, segment_prefix};
+use chorus::ids::{Epoch, FragmentIndex, OwnerId, SegmentId};
+use chorus::log::layout::{sealed_key, segment_prefix};
 use chorus::log::quorum::quorum;
 use chorus::register::{DirectoryEntry, Manifest, ManifestStore};
 use futures::FutureExt;
@@ -46,10 +46,20 @@ pub struct StoreChecker {
     fragments: Vec<BTreeMap<String, Option<Fragment>>>,
     /// Directory entries verified on Q replicas, by sealed key, with records.
     entries: BTreeMap<String, Arc<Vec<Bytes>>>,
+    /// The directory prefix whose entries have been checked.
+    checked: Vec<DirectoryEntry>,
+    /// Directory position of each checked entry's sealed key.
+    key_positions: BTreeMap<String, usize>,
+    /// Sealed keys written since the last check.
+    dirty_sealed: BTreeSet<String>,
+    /// The last register version read, with its decoded record.
+    register_version: Option<chorus::register::RegisterVersion>,
     /// Segments whose fragments changed since the last active check.
     touched_segments: BTreeSet<String>,
-    /// The tail and pending segments the last active check looked at.
+    /// The tail and pending segments the last active check looked at, and
+    /// every data copy of their records: index → (replica, bytes).
     active: Option<(SegmentId, Option<SegmentId>)>,
+    active_copies: BTreeMap<u64, Vec<(usize, Bytes)>>,
     last: Option<Manifest>,
     owners: BTreeMap<Epoch, OwnerId>,
 }
@@ -62,8 +72,13 @@ impl StoreChecker {
             mirror: vec![BTreeMap::new(); replicas],
             fragments: vec![BTreeMap::new(); replicas],
             entries: BTreeMap::new(),
+            checked: Vec::new(),
+            key_positions: BTreeMap::new(),
+            dirty_sealed: BTreeSet::new(),
+            register_version: None,
             touched_segments: BTreeSet::new(),
             active: None,
+            active_copies: BTreeMap::new(),
             last: None,
             owners: BTreeMap::new(),
         }
@@ -87,7 +102,9 @@ impl StoreChecker {
 
     fn forget(&mut self, replica: usize, key: &str) {
         self.fragments[replica].remove(key);
-        self.entries.remove(key);
+        if self.entries.remove(key).is_some() || key.starts_with("sealed/") {
+            self.dirty_sealed.insert(key.to_owned());
+        }
         if let Some(rest) = key.strip_prefix("segments/") {
             let segment = rest.split('/').next().unwrap_or_default();
             self.touched_segments.insert(segment.to_owned());
@@ -132,15 +149,22 @@ impl StoreChecker {
             .expect("the in-memory register answers at once")
             .map_err(|error| format!("raw register read failed: {error}"))?
             .ok_or("the register vanished")?;
+        if let Some(last) = self
+            .last
+            .as_ref()
+            .filter(|_| self.register_version.as_ref() == Some(&current.version))
+        {
+            return Ok(last.clone());
+        }
+        self.register_version = Some(current.version.clone());
         let manifest = Manifest::from_fields(&current.fields)
             .map_err(|error| format!("register invariant: {error}"))?;
-        if let Some(owner) = self.owners.insert(manifest.epoch, manifest.owner) {
-            if owner != manifest.owner {
-                return Err(format!(
-                    "register history: epoch {} changed owner from {owner} to {}",
-                    manifest.epoch, manifest.owner
-                ));
-            }
+        let previous = self.owners.insert(manifest.epoch, manifest.owner);
+        if let Some(owner) = previous.filter(|owner| *owner != manifest.owner) {
+            return Err(format!(
+                "register history: epoch {} changed owner from {owner} to {}",
+                manifest.epoch, manifest.owner
+            ));
         }
         if let Some(last) = &self.last {
             check_history(last, &manifest)?;
@@ -156,32 +180,114 @@ impl StoreChecker {
         model: &Model,
         fresh: &BTreeSet<u64>,
     ) -> Result<(), Violation> {
-        for position in 0..manifest.segments.len() {
-            if manifest.entry_end(position) <= manifest.trunc {
-                continue;
-            }
-            let entry = manifest.segments[position];
-            let end = manifest.entry_end(position).0;
-            let key = sealed_key(entry.id, entry.crc32c);
-            let records = match self.entries.get(&key) {
-                Some(records) => {
-                    let records = Arc::clone(records);
-                    let range = fresh.range(entry.base.0..end).copied();
-                    check_records(&entry, &records, range, model)?;
-                    continue;
-                }
-                None => self.verify_entry(&entry, end)?,
-            };
-            check_records(&entry, &records, entry.base.0..end, model)?;
+        self.check_sealed(manifest, model, fresh)?;
+        self.check_tail(manifest, model, fresh)
+    }
+
+    /// Checker 1 below `tail_base`. An entry checked once stays checked
+    /// until its sealed key is written again on some replica or a newly
+    /// committed record falls into its range, so each step looks only at
+    /// what changed.
+    fn check_sealed(
+        &mut self,
+        manifest: &Manifest,
+        model: &Model,
+        fresh: &BTreeSet<u64>,
+    ) -> Result<(), Violation> {
+        if !manifest.segments.starts_with(&self.checked) {
+            // The directory changed other than by appending (truncation):
+            // check everything again.
+            self.checked.clear();
         }
+        let mut recheck: BTreeSet<usize> = std::mem::take(&mut self.dirty_sealed)
+            .iter()
+            .filter_map(|key| self.key_positions.get(key).copied())
+            .filter(|position| *position < self.checked.len())
+            .collect();
+        recheck.extend(self.checked.len()..manifest.segments.len());
+        let bases = &manifest.segments;
+        for index in fresh.range(..manifest.tail_base.0) {
+            let position = bases.partition_point(|entry| entry.base.0 <= *index);
+            if position > 0 {
+                recheck.insert(position - 1);
+            }
+        }
+        for position in recheck {
+            self.check_entry(manifest, position, model)?;
+        }
+        let known = self.checked.len();
+        self.checked.extend_from_slice(&manifest.segments[known..]);
+        Ok(())
+    }
+
+    /// Verifies directory entry `position` and the committed records in it.
+    fn check_entry(
+        &mut self,
+        manifest: &Manifest,
+        position: usize,
+        model: &Model,
+    ) -> Result<(), Violation> {
+        let end = manifest.entry_end(position).0;
+        if end <= manifest.trunc.0 {
+            return Ok(());
+        }
+        let entry = manifest.segments[position];
+        let key = sealed_key(entry.id, entry.crc32c);
+        let records = match self.entries.get(&key) {
+            Some(records) => Arc::clone(records),
+            None => self.verify_entry(&entry, end)?,
+        };
+        self.key_positions.insert(key, position);
+        check_records(
+            &entry,
+            &records,
+            entry.base.0.max(manifest.trunc.0)..end,
+            model,
+        )
+    }
+
+    /// Checker 1 at and above `tail_base`.
+    fn check_tail(
+        &mut self,
+        manifest: &Manifest,
+        model: &Model,
+        fresh: &BTreeSet<u64>,
+    ) -> Result<(), Violation> {
         let active_fresh = fresh.range(manifest.tail_base.0..).next().is_some();
         let active = Some((manifest.tail, manifest.pending));
-        if active_fresh || self.active != active || !self.touched_segments.is_empty() {
-            self.check_active(manifest, model)?;
-        }
-        self.active = active;
+        let touched = [Some(manifest.tail), manifest.pending]
+            .into_iter()
+            .flatten()
+            .any(|segment| self.touched_segments.contains(&segment.to_string()));
         self.touched_segments.clear();
-        Ok(())
+        if touched || self.active != active {
+            self.active = active;
+            self.collect_active_copies(manifest);
+        } else if !active_fresh {
+            return Ok(());
+        }
+        self.check_active(manifest, model)
+    }
+
+    /// Indexes every data copy of the tail and pending segments' records.
+    fn collect_active_copies(&mut self, manifest: &Manifest) {
+        let mut copies: BTreeMap<u64, Vec<(usize, Bytes)>> = BTreeMap::new();
+        for segment in [Some(manifest.tail), manifest.pending]
+            .into_iter()
+            .flatten()
+        {
+            for replica in 0..self.mirror.len() {
+                for (first, records) in self.data_fragments(replica, segment) {
+                    for (offset, record) in records.into_iter().enumerate() {
+                        copies
+                            .entry(first + offset as u64)
+                            .or_default()
+                            .push((replica, record));
+                    }
+                }
+            }
+        }
+        self.active_copies = copies;
     }
 
     /// Verifies the sealed object `entry` names on every replica; it must be
@@ -235,27 +341,9 @@ impl StoreChecker {
     /// fragment record on at least Q replicas, in the tail or pending segment.
     fn check_active(&mut self, manifest: &Manifest, model: &Model) -> Result<(), Violation> {
         let committed = model.committed_from(manifest.tail_base.0);
-        if committed.is_empty() {
-            return Ok(());
-        }
-        let mut copies: BTreeMap<u64, Vec<(usize, Bytes)>> = BTreeMap::new();
-        for segment in [Some(manifest.tail), manifest.pending]
-            .into_iter()
-            .flatten()
-        {
-            for replica in 0..self.mirror.len() {
-                for (first, records) in self.data_fragments(replica, segment) {
-                    for (offset, record) in records.into_iter().enumerate() {
-                        copies
-                            .entry(first + offset as u64)
-                            .or_default()
-                            .push((replica, record));
-                    }
-                }
-            }
-        }
         for (index, bytes) in committed {
-            let holders: BTreeSet<usize> = copies
+            let holders: BTreeSet<usize> = self
+                .active_copies
                 .get(&index)
                 .into_iter()
                 .flatten()
@@ -289,7 +377,8 @@ impl StoreChecker {
             .collect();
         let mut found = Vec::new();
         for key in keys {
-            let Some(index) = parse_fragment_key(segment, &key) else {
+            // The prefix matched; the rest must be the 20-digit index.
+            let Some(index) = parse_index(&key[prefix.len()..]) else {
                 continue;
             };
             let decoded = self.fragments[replica]
@@ -301,10 +390,10 @@ impl StoreChecker {
                 first,
                 records,
             }) = decoded
+                && *epoch == segment.epoch
+                && *at == index
             {
-                if *epoch == segment.epoch && *at == index {
-                    found.push((first.0, records.clone()));
-                }
+                found.push((first.0, records.clone()));
             }
         }
         found
@@ -327,6 +416,15 @@ impl StoreChecker {
         }
         Ok(content)
     }
+}
+
+/// A fragment key's last component: exactly 20 decimal digits.
+fn parse_index(component: &str) -> Option<FragmentIndex> {
+    let digits = component.len() == FragmentIndex::KEY_DIGITS
+        && component.bytes().all(|b| b.is_ascii_digit());
+    digits
+        .then(|| component.parse().ok().map(FragmentIndex))
+        .flatten()
 }
 
 fn raw_get(world: &World, replica: usize, key: &str) -> Result<Option<Bytes>, Violation> {

@@ -13,6 +13,7 @@ mod actions;
 pub mod actors;
 pub mod check;
 pub mod faults;
+pub mod lease;
 pub mod model;
 pub mod params;
 pub mod runner;

@@ -174,15 +174,15 @@ impl Model {
         bytes: &Bytes,
     ) -> Result<(), Violation> {
         let newer = self.recovered.range(Epoch(epoch.0 + 1)..).next();
-        if let Some((newer, view)) = newer {
-            if index >= view.end || self.log[index as usize] != *bytes {
-                return Err(format!(
-                    "superseded ack: epoch {epoch} acknowledged index {index} ({}) but epoch \
-                     {newer} recovered {} records without it",
-                    label(bytes),
-                    view.end
-                ));
-            }
+        if let Some((newer, view)) = newer
+            && (index >= view.end || self.log[index as usize] != *bytes)
+        {
+            return Err(format!(
+                "superseded ack: epoch {epoch} acknowledged index {index} ({}) but epoch \
+                 {newer} recovered {} records without it",
+                label(bytes),
+                view.end
+            ));
         }
         Ok(())
     }
@@ -286,12 +286,11 @@ impl Model {
         self.check_prefix(epoch, content)?;
         self.check_acks_kept(epoch, content)?;
         self.check_reads_kept(epoch, content, started_at)?;
-        for index in self.log.len()..content.len() {
-            self.check_admissible(index as u64, &content[index], "recovered record")?;
+        let known = self.log.len();
+        for (index, record) in content.iter().enumerate().skip(known) {
+            self.check_admissible(index as u64, record, "recovered record")?;
         }
-        for index in self.log.len()..content.len() {
-            self.fresh.insert(index as u64);
-        }
+        self.fresh.extend(known as u64..content.len() as u64);
         if content.len() > self.log.len() {
             self.log = content.to_vec();
         }
@@ -365,8 +364,8 @@ impl Model {
                 ));
             }
         }
-        if !self.reads.contains_key(&index) {
-            self.reads.insert(index, (bytes.clone(), read_at));
+        if let std::collections::btree_map::Entry::Vacant(entry) = self.reads.entry(index) {
+            entry.insert((bytes.clone(), read_at));
             self.fresh.insert(index);
         }
         Ok(())
@@ -419,5 +418,94 @@ impl Model {
     /// The highest epoch that recovered.
     pub fn last_recovered(&self) -> Option<Epoch> {
         self.recovered.keys().next_back().copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The checkers catch what they claim to catch.
+
+    use super::*;
+
+    fn bytes(text: &str) -> Bytes {
+        Bytes::copy_from_slice(text.as_bytes())
+    }
+
+    /// A writer 1 of epoch 1 from index 0 that admitted `records`.
+    fn admitted(records: &[&str]) -> Model {
+        let mut model = Model::default();
+        model.writer_started(1, Epoch(1), 0);
+        for (index, record) in records.iter().enumerate() {
+            model.admitted(1, index as u64, &bytes(record)).unwrap();
+        }
+        model
+    }
+
+    #[test]
+    fn a_recovery_missing_an_acknowledged_record_is_a_lost_ack() {
+        let mut model = admitted(&["a"]);
+        model.acked(1, 0, 0, &bytes("a")).unwrap();
+        let error = model.recovered(Epoch(2), &[], Duration::ZERO).unwrap_err();
+        assert!(error.contains("lost ack"), "{error}");
+    }
+
+    #[test]
+    fn a_late_ack_must_be_inside_the_successors_content() {
+        let mut model = admitted(&["a", "b"]);
+        model
+            .recovered(Epoch(2), &[bytes("a")], Duration::ZERO)
+            .unwrap();
+        model.acked(1, 0, 0, &bytes("a")).unwrap();
+        let error = model.acked(1, 1, 1, &bytes("b")).unwrap_err();
+        assert!(error.contains("superseded ack"), "{error}");
+    }
+
+    #[test]
+    fn recovered_records_were_admitted_and_not_refused() {
+        let mut model = admitted(&["a"]);
+        model.failed(1, 0, &bytes("a"), false).unwrap();
+        let error = model
+            .recovered(Epoch(2), &[bytes("a")], Duration::ZERO)
+            .unwrap_err();
+        assert!(error.contains("without may_have_committed"), "{error}");
+        let error = model
+            .recovered(Epoch(2), &[bytes("z")], Duration::ZERO)
+            .unwrap_err();
+        assert!(error.contains("never admitted"), "{error}");
+    }
+
+    #[test]
+    fn recoveries_extend_each_other() {
+        let mut model = admitted(&["a", "b"]);
+        model
+            .recovered(Epoch(2), &[bytes("a"), bytes("b")], Duration::ZERO)
+            .unwrap();
+        let error = model
+            .recovered(Epoch(3), &[bytes("a")], Duration::ZERO)
+            .unwrap_err();
+        assert!(error.contains("ended at"), "{error}");
+    }
+
+    #[test]
+    fn what_a_reader_saw_stays() {
+        let mut model = admitted(&["a"]);
+        model.read(0, &bytes("a"), Duration::from_secs(1)).unwrap();
+        model
+            .recovered(Epoch(2), &[], Duration::from_secs(1) / 2)
+            .expect("a recovery that started before the read need not hold it");
+        let error = model
+            .recovered(Epoch(3), &[], Duration::from_secs(2))
+            .unwrap_err();
+        assert!(error.contains("reader saw"), "{error}");
+    }
+
+    #[test]
+    fn indices_are_dense_and_acks_follow_no_failure() {
+        let mut model = admitted(&["a", "b"]);
+        let error = model.admitted(1, 3, &bytes("d")).unwrap_err();
+        assert!(error.contains("dense"), "{error}");
+        model.failed(1, 0, &bytes("a"), true).unwrap();
+        let error = model.acked(1, 1, 1, &bytes("b")).unwrap_err();
+        assert!(error.contains("after index 0 failed"), "{error}");
     }
 }

@@ -19,6 +19,9 @@ pub struct Params {
     pub config: LogConfig,
     /// Largest payload the workload appends (at most `max_record_bytes`).
     pub max_payload_bytes: usize,
+    /// How often faults are injected, 1 (rarely) to 4 (a storm): scales the
+    /// weights of the fault actions.
+    pub fault_intensity: u32,
 }
 
 fn millis(rng: &mut StdRng, range: std::ops::RangeInclusive<u64>) -> Duration {
@@ -39,6 +42,8 @@ impl Params {
         let max_segment_bytes = rng.random_range(512..=16 * 1024u64);
         let retry_backoff_min = millis(rng, 1..=20);
         let retry_backoff_max = retry_backoff_min.max(millis(rng, 20..=500));
+        // Settings added later take their defaults.
+        #[allow(clippy::needless_update)]
         let config = LogConfig {
             max_fragment_bytes,
             max_record_bytes,
@@ -59,7 +64,7 @@ impl Params {
             repair_interval: if rng.random_bool(0.5) {
                 None
             } else {
-                Some(millis(rng, 200..=5000))
+                Some(millis(rng, 1000..=20_000))
             },
             ..LogConfig::default()
         };
@@ -76,6 +81,7 @@ impl Params {
             window,
             config,
             max_payload_bytes,
+            fault_intensity: rng.random_range(1..=4),
         }
     }
 }
@@ -88,7 +94,7 @@ impl std::fmt::Display for Params {
             "replicas={} window={} max_fragment_bytes={} max_segment_bytes={} \
              max_active_segment_bytes={} max_inflight_bytes={} max_inflight_records={} \
              max_replica_lag_bytes={} lane_stall_timeout={:?} linger={:?} backoff={:?}..{:?} \
-             register_rounds={} max_payload_bytes={}",
+             register_rounds={} max_payload_bytes={} fault_intensity={}",
             self.replicas,
             self.window,
             c.max_fragment_bytes,
@@ -103,6 +109,7 @@ impl std::fmt::Display for Params {
             c.retry_backoff_max,
             c.register_rounds,
             self.max_payload_bytes,
+            self.fault_intensity,
         )
     }
 }

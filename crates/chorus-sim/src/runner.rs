@@ -4,9 +4,9 @@
 
 use std::cell::{Cell, RefCell};
 use std::panic::AssertUnwindSafe;
-use std::sync::Once;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
+use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
 use crate::sim::{Failure, RunReport, Sim, SimOptions};
@@ -118,6 +118,31 @@ pub fn replay_command(seed: u64, steps: u64) -> String {
     format!("cargo run --release -p chorus-sim -- --seed {seed} --steps {steps}")
 }
 
+/// Wall time after which a seed counts as hung. A busy loop in the system
+/// under test never lets virtual time advance, so the run can never end by
+/// itself; all a watchdog can do is report the seed and stop the process.
+pub const HANG_LIMIT: Duration = Duration::from_secs(600);
+
+fn watchdog(running: &[Mutex<Option<(u64, Instant)>>], done: &AtomicBool, steps: u64) {
+    while !done.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(500));
+        for slot in running {
+            let running = *slot.lock().expect("slot");
+            if let Some((seed, since)) = running
+                && since.elapsed() > HANG_LIMIT
+            {
+                eprintln!(
+                    "HANG seed {seed}: no result after {} s of wall time (a busy loop \
+                     stops virtual time)\n  replay: {}",
+                    HANG_LIMIT.as_secs(),
+                    replay_command(seed, steps)
+                );
+                std::process::exit(2);
+            }
+        }
+    }
+}
+
 /// What a batch of seeds did.
 #[derive(Debug, Clone, Default)]
 pub struct BatchSummary {
@@ -149,8 +174,11 @@ pub fn run_batch(
     let next = AtomicU64::new(0);
     let (sender, receiver) = mpsc::channel();
     let mut summary = BatchSummary::default();
+    let running: Vec<Mutex<Option<(u64, Instant)>>> =
+        (0..jobs.max(1)).map(|_| Mutex::new(None)).collect();
+    let done = AtomicBool::new(false);
     std::thread::scope(|scope| {
-        for _ in 0..jobs.max(1) {
+        for slot in &running {
             let sender = sender.clone();
             let (seeds, next) = (&seeds, &next);
             scope.spawn(move || {
@@ -159,18 +187,22 @@ pub fn run_batch(
                     let Some(&seed) = seeds.get(position) else {
                         break;
                     };
+                    *slot.lock().expect("slot") = Some((seed, Instant::now()));
                     let options = SimOptions {
                         seed,
                         steps,
                         verbose: false,
                     };
-                    if sender.send(check_seed(options, twice)).is_err() {
+                    let result = check_seed(options, twice);
+                    *slot.lock().expect("slot") = None;
+                    if sender.send(result).is_err() {
                         break;
                     }
                 }
             });
         }
         drop(sender);
+        scope.spawn(|| watchdog(&running, &done, steps));
         for result in receiver {
             summary.seeds += 1;
             summary.steps += result.report.steps_run;
@@ -183,6 +215,7 @@ pub fn run_batch(
             summary.wall_time = started.elapsed();
             progress(&result, &summary);
         }
+        done.store(true, Ordering::Relaxed);
     });
     summary.wall_time = started.elapsed();
     summary.failures.sort_by_key(|result| result.report.seed);

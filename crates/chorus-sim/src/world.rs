@@ -38,6 +38,11 @@ pub struct RecordingStore {
 }
 
 impl RecordingStore {
+    /// Wraps `inner`, noting written keys in `dirty`.
+    pub fn new(inner: DynBlobStore, dirty: DirtyKeys) -> RecordingStore {
+        RecordingStore { inner, dirty }
+    }
+
     fn note(&self, key: &str) {
         self.dirty
             .lock()

@@ -19,6 +19,7 @@
 
 mod config;
 mod error;
+pub mod gather;
 pub mod layout;
 pub mod maintenance;
 mod metrics;

@@ -11,18 +11,18 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use futures::future::join_all;
 
 use super::LogStores;
 use super::config::LogConfig;
 use super::error::LogError;
+use super::gather::gather;
 use super::layout::fragment_key;
 use super::metrics;
-use super::quorum::{Recovered, choose_recovered, quorum};
+use super::quorum::{Recovered, choose_recovered, copies_needed, quorum};
 use super::replay::Replay;
 use super::replica::{FenceOutcome, Replica, first_missing};
 use super::seal::{PreparedSeal, write_seal};
@@ -99,7 +99,8 @@ impl Recovery {
         let replicas = stores.replicas();
         tracing::info!(epoch = %ownership.epoch, tail = %manifest.tail, "recovery claimed epoch");
 
-        let observed = observe_all(&replicas, &manifest, ownership.epoch).await?;
+        let grace = config.lane_stall_timeout;
+        let observed = observe_all(&replicas, &manifest, ownership.epoch, grace).await?;
         let view = build_view(&manifest, ownership.epoch, &observed)?;
         for (seal, _) in &view.seals {
             write_seal(
@@ -107,6 +108,7 @@ impl Recovery {
                 seal,
                 quorum(replicas.len()),
                 (config.retry_backoff_min, config.retry_backoff_max),
+                grace,
             )
             .await?;
         }
@@ -199,24 +201,36 @@ struct Observation {
 }
 
 /// Fences and reads every replica; fails with `NoQuorum` if fewer than Q succeed.
+///
+/// Once a quorum is observed, the other replicas get at most `grace` more: a
+/// hung replica must not hold recovery up, and an unobserved replica is what
+/// the Q − (N − k) rule is for (a half-fenced one is simply unobserved).
 async fn observe_all(
     replicas: &[Replica],
     manifest: &Manifest,
     epoch: Epoch,
+    grace: Duration,
 ) -> Result<Vec<Observation>, LogError> {
     let window = u64::from(manifest.window);
-    let outcomes = join_all(replicas.iter().map(|replica| async move {
-        let tail = observe_segment(replica, manifest.tail, epoch, window).await?;
-        let pending = match manifest.pending {
-            Some(pending) => observe_segment(replica, pending, epoch, window).await?,
-            None => SegmentCopies::new(),
+    let needed = quorum(replicas.len());
+    let observations = replicas.iter().map(|replica| async move {
+        let observed = async {
+            let tail = observe_segment(replica, manifest.tail, epoch, window).await?;
+            let pending = match manifest.pending {
+                Some(pending) => observe_segment(replica, pending, epoch, window).await?,
+                None => SegmentCopies::new(),
+            };
+            Ok::<_, BlobError>(Observation { tail, pending })
         };
-        Ok::<_, BlobError>(Observation { tail, pending })
-    }))
+        (replica, observed.await)
+    });
+    let outcomes = gather(observations, grace, |done| {
+        done.iter().filter(|(_, outcome)| outcome.is_ok()).count() >= needed
+    })
     .await;
     let mut observed = Vec::new();
     let mut failures = Vec::new();
-    for (replica, outcome) in replicas.iter().zip(outcomes) {
+    for (replica, outcome) in outcomes {
         match outcome {
             Ok(observation) => observed.push(observation),
             Err(error) => {
@@ -225,7 +239,6 @@ async fn observe_all(
             }
         }
     }
-    let needed = quorum(replicas.len());
     if observed.len() < needed {
         return Err(LogError::NoQuorum {
             observed: observed.len(),
@@ -326,15 +339,22 @@ fn build_view(
         Some(id) => merge_copies(id, observed.iter().map(|o| &o.pending))?,
         None => Merged::default(),
     };
+    let (tail_vouching, pending_vouching) = (vouching_copies(&tail), vouching_copies(&pending));
     let Recovered {
         tail: tail_len,
         pending: pending_len,
     } = choose_recovered(
         manifest.replica_count(),
         observed.len(),
-        &vouching_copies(&tail),
-        &vouching_copies(&pending),
+        &tail_vouching,
+        &pending_vouching,
     );
+    let needed = copies_needed(manifest.replica_count(), observed.len());
+    check_decidable(manifest.tail, &tail, tail_len, needed)?;
+    let tail_has_gap = tail_vouching[tail_len..].iter().any(|c| *c > 0);
+    if let Some(pending_id) = manifest.pending.filter(|_| !tail_has_gap) {
+        check_decidable(pending_id, &pending, pending_len, needed)?;
+    }
     let mut seals = Vec::new();
     let mut end = manifest.tail_base;
     let candidates = [
@@ -369,7 +389,7 @@ fn build_view(
 
 /// Per-position valid and damaged copy counts of one segment across observed
 /// replicas, and one copy of each position (positions 0.. up to the highest
-/// with data).
+/// with data or damage).
 #[derive(Debug, Default)]
 struct Merged {
     copies: Vec<usize>,
@@ -427,11 +447,42 @@ fn merge_copies<'a>(
         }
     }
     for position in damaged {
-        if let Some(count) = merged.damaged.get_mut(position) {
-            *count += 1;
+        if merged.damaged.len() <= position {
+            merged.copies.resize(position + 1, 0);
+            merged.damaged.resize(position + 1, 0);
+            merged.fragments.resize(position + 1, None);
         }
+        merged.damaged[position] += 1;
     }
     Ok(merged)
+}
+
+/// Refuses to decide the first failing position `position` of `segment` when
+/// it has no valid copy but enough damaged ones that, were they valid, it
+/// would pass: the damage may hide an acknowledged fragment (a copy that
+/// reads corrupt now may read back fine, and its twin may sit on an
+/// unobserved replica). Discarding it could lose an ack, so recovery fails
+/// with a retryable `NoQuorum` instead. (Found by the simulator, seed 3.)
+fn check_decidable(
+    segment: SegmentId,
+    merged: &Merged,
+    position: usize,
+    needed: usize,
+) -> Result<(), LogError> {
+    let valid = merged.copies.get(position).copied().unwrap_or(0);
+    let damaged = merged.damaged.get(position).copied().unwrap_or(0);
+    if valid == 0 && damaged >= needed {
+        return Err(LogError::NoQuorum {
+            observed: valid,
+            quorum: needed,
+            detail: format!(
+                "{}: no valid copy and {damaged} damaged copies: the damage may hide an \
+                 acknowledged fragment; retry once the copies read back",
+                fragment_key(segment, FragmentIndex(position as u64))
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Concatenates the kept fragments' records, checking that they continue
@@ -551,7 +602,9 @@ mod tests {
         ];
         let planned = build_view(&manifest, Epoch(2), &observed).unwrap();
         assert_eq!(planned.view.tail_base, RecordIndex(2));
-        // Without a valid copy there is nothing to recover, damaged or not.
+        // Without a valid copy, enough damaged ones may hide an acknowledged
+        // fragment (its twin on the unobserved replica): recovery refuses to
+        // decide rather than discard it (see `check_decidable`).
         let observed = vec![
             Observation {
                 tail: copies(&[]),
@@ -562,8 +615,10 @@ mod tests {
                 pending: SegmentCopies::new(),
             },
         ];
-        let planned = build_view(&manifest, Epoch(2), &observed).unwrap();
-        assert_eq!(planned.view.tail_base, RecordIndex(0));
+        let Err(error) = build_view(&manifest, Epoch(2), &observed) else {
+            panic!("recovery decided a position hidden by damage");
+        };
+        assert!(matches!(error, LogError::NoQuorum { .. }), "{error}");
     }
 
     #[test]

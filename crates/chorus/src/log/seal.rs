@@ -4,11 +4,10 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use sha2::{Digest, Sha256};
 
 use super::error::LogError;
+use super::gather::gather;
 use super::replica::{Replica, SealWriteError};
 use super::transitions::SealedEntry;
 use crate::codec::{SealedSegment, object_crc32c};
@@ -66,20 +65,25 @@ impl SealReport {
 }
 
 /// Writes `seal` to every replica, retrying transient failures, and succeeds
-/// once at least `quorum` replicas hold it. Replicas still retrying at that
-/// point are waited for, bounded by their attempts, so the report is complete.
+/// once at least `quorum` replicas hold it. Once a quorum holds it, the other
+/// replicas get at most `grace` more (a hung replica must not hold up the
+/// fold); a replica still writing then counts as failed, and repair copies it.
 pub async fn write_seal(
     replicas: &[Replica],
     seal: &PreparedSeal,
     quorum: usize,
     backoff: (Duration, Duration),
+    grace: Duration,
 ) -> Result<SealReport, LogError> {
-    let mut writes: FuturesUnordered<_> = replicas
+    let writes = replicas
         .iter()
-        .map(|replica| async move { (replica.position, write_one(replica, seal, backoff).await) })
-        .collect();
+        .map(|replica| async move { (replica.position, write_one(replica, seal, backoff).await) });
+    let outcomes = gather(writes, grace, |done| {
+        done.iter().filter(|(_, outcome)| outcome.is_ok()).count() >= quorum
+    })
+    .await;
     let mut report = SealReport::default();
-    while let Some((position, outcome)) = writes.next().await {
+    for (position, outcome) in outcomes {
         match outcome {
             Ok(()) => report.written.push(position),
             Err(SealWriteError::Collision(key)) => {
@@ -90,6 +94,18 @@ pub async fn write_seal(
             }
             Err(SealWriteError::Damaged(detail)) => report.failed.push((position, detail)),
             Err(SealWriteError::Store(error)) => report.failed.push((position, error.to_string())),
+        }
+    }
+    for replica in replicas {
+        let answered = report.written.contains(&replica.position)
+            || report
+                .failed
+                .iter()
+                .any(|(position, _)| *position == replica.position);
+        if !answered {
+            report
+                .failed
+                .push((replica.position, format!("still writing after {grace:?}")));
         }
     }
     report.written.sort_unstable();

@@ -23,7 +23,9 @@ use super::LogStores;
 use super::error::LogError;
 use super::layout::segment_prefix;
 use super::replica::Replica;
-use crate::blob::BlobError;
+use futures::StreamExt;
+
+use crate::blob::{BlobError, DynBlobStore};
 use crate::codec::FRAGMENT_HEADER_BYTES;
 use crate::ids::SegmentId;
 use crate::register::{DEFAULT_MAX_ROUNDS, Manifest, ManifestStore};
@@ -94,10 +96,29 @@ async fn delete_fragments(replica: &Replica, segment: SegmentId) -> Result<usize
         .iter()
         .filter(|meta| meta.size != FRAGMENT_HEADER_BYTES as u64)
         .collect();
-    for meta in &data {
-        replica.store.delete(&meta.key).await?;
+    let keys = data.iter().map(|meta| meta.key.clone()).collect();
+    for (_, outcome) in delete_all(&replica.store, keys).await {
+        outcome?;
     }
     Ok(data.len())
+}
+
+/// Deletions in flight per replica during clean-up.
+const DELETE_CONCURRENCY: usize = 16;
+
+/// Deletes `keys` with bounded concurrency; returns each key's outcome.
+async fn delete_all(
+    store: &DynBlobStore,
+    keys: Vec<String>,
+) -> Vec<(String, Result<(), BlobError>)> {
+    futures::stream::iter(keys)
+        .map(|key| async move {
+            let outcome = store.delete(&key).await;
+            (key, outcome)
+        })
+        .buffer_unordered(DELETE_CONCURRENCY)
+        .collect()
+        .await
 }
 
 /// Counts a maintenance failure; maintenance errors are logged and counted,

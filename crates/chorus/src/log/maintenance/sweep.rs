@@ -3,7 +3,7 @@
 //! Never anything the register names, never a fence, never a foreign key.
 
 use super::classify::{ObjectClass, classify};
-use super::{Maintenance, Progress, failed};
+use super::{Maintenance, Progress, delete_all, failed};
 use crate::log::error::LogError;
 use crate::log::layout::{SEALED_PREFIX, SEGMENTS_PREFIX};
 
@@ -36,18 +36,19 @@ impl Maintenance {
                         continue;
                     }
                 };
-                for meta in listed {
-                    if classify(&manifest, &meta.key, meta.size) != ObjectClass::Orphan {
-                        continue;
-                    }
-                    match replica.store.delete(&meta.key).await {
+                let orphans: Vec<String> = listed
+                    .into_iter()
+                    .filter(|meta| classify(&manifest, &meta.key, meta.size) == ObjectClass::Orphan)
+                    .map(|meta| meta.key)
+                    .collect();
+                for (key, outcome) in delete_all(&replica.store, orphans).await {
+                    match outcome {
                         Ok(()) => report.deleted += 1,
                         Err(error) => {
                             failed("sweep", &format!("{replica:?}: {error}"));
-                            report.failures.push(format!(
-                                "replica {}: {}: {error}",
-                                replica.position, meta.key
-                            ));
+                            report
+                                .failures
+                                .push(format!("replica {}: {key}: {error}", replica.position));
                         }
                     }
                 }

@@ -174,7 +174,14 @@ impl Admission {
                 max: self.directory.max_bytes,
             });
         }
-        if self.active_bytes + bytes > config.max_active_segment_bytes {
+        // A segment below its rotation threshold always takes the record: it
+        // rotates once it crosses the threshold. Refusing there could be
+        // permanent, since records larger than the room left would never fit
+        // and the segment would never reach the threshold (found by the
+        // simulator, seed 1013). So the active segment holds at most
+        // max(max_active_segment_bytes, max_segment_bytes + max_record_bytes).
+        let below_threshold = self.active_bytes < config.max_segment_bytes;
+        if !below_threshold && self.active_bytes + bytes > config.max_active_segment_bytes {
             return Err(LogError::ActiveSegmentFull {
                 bytes: self.active_bytes,
                 max: config.max_active_segment_bytes,

@@ -202,7 +202,15 @@ impl Pipeline {
             if self.stopped.is_some() {
                 break;
             }
-            let linger = self.linger_deadline();
+            // Only a future linger deadline is worth a timer: once it has
+            // passed, `cut_fragments` cuts as soon as the window allows, and
+            // lane events wake the loop. A past deadline would make the
+            // timer branch ready on every round: a busy loop that, under
+            // paused time, also stops the clock (found by the simulator,
+            // seed 14).
+            let linger = self
+                .linger_deadline()
+                .filter(|deadline| *deadline > Instant::now());
             // `biased`: branches are tried in order rather than at random, so a
             // run replays exactly under the deterministic simulator. Every
             // source is bounded (admission budget, one event per request), so
@@ -381,17 +389,35 @@ impl Pipeline {
                 committed: false,
             },
         );
-        for lane in 0..self.lanes.len() {
-            if self.lanes[lane].shed {
-                continue;
-            }
-            self.lanes[lane].owe(length, now);
-            if self.lanes[lane].lag_bytes() > self.config.max_replica_lag_bytes {
+        let live: Vec<usize> = (0..self.lanes.len())
+            .filter(|lane| !self.lanes[*lane].shed)
+            .collect();
+        for lane in &live {
+            self.lanes[*lane].owe(length, now);
+        }
+        // Lag is measured behind the quorum's slowest member, not in absolute
+        // bytes owed: lanes that keep pace with the quorum all owe the same
+        // in-flight window, which may exceed `max_replica_lag_bytes` under
+        // load (up to `window` full fragments). Shedding on absolute lag shed
+        // every healthy lane at once and poisoned the writer (found by the
+        // simulator, seed 9). At least Q lanes are never behind themselves,
+        // so lag alone can never poison the writer.
+        let reference = self.quorum_lag_bytes(&live);
+        for lane in live {
+            let behind = self.lanes[lane].lag_bytes().saturating_sub(reference);
+            if behind > self.config.max_replica_lag_bytes {
                 self.shed(lane, "lag");
             } else {
                 self.issue_ready(lane);
             }
         }
+    }
+
+    /// The Q-th smallest lag among the `live` lanes: how much the quorum owes.
+    fn quorum_lag_bytes(&self, live: &[usize]) -> u64 {
+        let mut lags: Vec<u64> = live.iter().map(|l| self.lanes[*l].lag_bytes()).collect();
+        lags.sort_unstable();
+        lags.get(self.quorum - 1).copied().unwrap_or(0)
     }
 
     /// Issues every fragment lane `lane` may issue now.

@@ -94,7 +94,8 @@ async fn attempt_once(
     new_pending: SegmentId,
 ) -> Result<Rotated, LogError> {
     let backoff = (config.retry_backoff_min, config.retry_backoff_max);
-    let report = write_seal(replicas, seal, quorum(replicas.len()), backoff).await?;
+    let grace = config.lane_stall_timeout;
+    let report = write_seal(replicas, seal, quorum(replicas.len()), backoff, grace).await?;
     if report.degraded() {
         tracing::warn!(segment = %seal.sealed.entry.id, failed = ?report.failed, "degraded seal; repair will re-copy");
     }
