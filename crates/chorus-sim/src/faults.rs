@@ -27,7 +27,8 @@
 //!
 //! Not modelled: data loss or rot of *stored* bytes (a replica is either
 //! reachable with everything it acknowledged, or out), torn writes, listing
-//! anomalies (stores are strongly consistent), register corruption, clock skew.
+//! anomalies (stores are strongly consistent), register corruption, monotonic
+//! clock drift. Wall-clock skew is modelled by the lease phase (`lease.rs`).
 //! The liveness phase ends every fault, then demands progress.
 
 use std::fmt;
@@ -37,7 +38,7 @@ use chorus::blob::{Fault, FaultRule, KeyMatch, Op, OpSet};
 use rand::Rng;
 use rand::rngs::StdRng;
 
-/// A blob-store fault rule drawn at random, with a label for the trace.
+/// A blob-store fault rule drawn at random.
 pub fn draw_store_rule(rng: &mut StdRng) -> FaultRule {
     let (fault, ops) = match rng.random_range(0..10) {
         0..=2 => (Fault::FailBefore, draw_ops(rng)),

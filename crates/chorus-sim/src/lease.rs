@@ -106,6 +106,7 @@ impl Clock for SimClock {
 type Booted = (LeaseHolder, PublicationStore, Result<Head, SnapshotError>);
 
 /// How a process's background operation ended.
+#[allow(clippy::large_enum_variant)] // one per operation; boxing buys nothing
 enum TaskEnd {
     /// Observe, acquire, claim; `Err` if observing or acquiring failed.
     Booted(Result<Booted, String>),
@@ -254,11 +255,14 @@ impl<'a> LeasePhase<'a> {
         self.trace.event(self.step, now, what);
     }
 
-    /// Whether every two clocks are within the safety margin (L1 applies).
+    /// Whether every two clocks stay within the safety margin of each other
+    /// for the whole phase, so that L1 applies. Decided per seed: with the
+    /// skews of nine seeds in ten drawn from ±(margin − 2 ms)/2, no two
+    /// clocks ever disagree by the margin; in the tenth they may, at any time,
+    /// and a lease acquired then may overlap another long after the clocks
+    /// agree again.
     fn clocks_agree(&self) -> bool {
-        let skews = self.processes.iter().map(|p| p.clock.skew());
-        let (low, high) = skews.fold((i64::MAX, i64::MIN), |(l, h), s| (l.min(s), h.max(s)));
-        high - low < self.config.safety_margin.as_millis() as i64
+        2 * self.max_skew_ms < self.config.safety_margin.as_millis() as i64
     }
 
     /// Runs `steps` steps and then the liveness check.

@@ -1,11 +1,11 @@
 //! The simulator in CI: 200 seeds, each run twice with the trace digests
-//! compared. Steps are scaled down (500 instead of 2000) to keep this debug
+//! compared. Steps are scaled down (300 instead of 2000) to keep this debug
 //! test near a minute; docs/testing.md gives the release runs of 2000 steps.
 
 use chorus_sim::{replay_command, run_batch};
 
 const SEEDS: u64 = 200;
-const STEPS: u64 = 500;
+const STEPS: u64 = 300;
 
 #[test]
 fn two_hundred_seeds_keep_every_guarantee_and_replay_exactly() {
