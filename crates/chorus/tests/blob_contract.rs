@@ -1,6 +1,8 @@
 //! The blob store contract, run against every backend: `memory::*`, `local::*`
 //! (a directory) and `s3::*` (an S3-compatible server from the test services).
 
+#[path = "support/stores.rs"]
+mod stores;
 mod support;
 
 use std::collections::HashSet;
@@ -8,39 +10,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use chorus::blob::{
-    BlobError, DynBlobStore, Fault, FaultController, FaultRule, FaultyStore, Op, OpSet, StoreUrl,
-    create_resolving, open_store, probe, update_resolving,
+    BlobError, DynBlobStore, Fault, FaultController, FaultRule, FaultyStore, Op, OpSet,
+    create_resolving, probe, update_resolving,
 };
-use tempfile::TempDir;
-
-/// A store under test plus whatever must outlive it.
-struct Fixture {
-    store: DynBlobStore,
-    _dir: Option<TempDir>,
-}
-
-async fn open(url: &str, dir: Option<TempDir>) -> Fixture {
-    let url: StoreUrl = url.parse().expect("test URL parses");
-    let store = open_store(&url)
-        .await
-        .expect("store opens and passes the probe");
-    Fixture { store, _dir: dir }
-}
-
-async fn memory() -> Option<Fixture> {
-    Some(open(&format!("memory://{}", support::unique("contract")), None).await)
-}
-
-async fn local() -> Option<Fixture> {
-    let dir = TempDir::new().expect("temp dir");
-    let url = StoreUrl::local(dir.path()).to_string();
-    Some(open(&url, Some(dir)).await)
-}
-
-async fn s3() -> Option<Fixture> {
-    let urls = support::s3_urls("contract")?;
-    Some(open(&urls[0], None).await)
-}
+use stores::{local, memory, s3};
 
 fn bytes(text: &str) -> Bytes {
     Bytes::copy_from_slice(text.as_bytes())

@@ -3,6 +3,8 @@
 //! server from the test services). Time is simulated with manual clocks, so
 //! expiry and clock skew are exact and the tests never sleep for a lease.
 
+#[path = "support/stores.rs"]
+mod stores;
 mod support;
 
 use std::num::NonZeroUsize;
@@ -15,7 +17,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use chorus::blob::{
     Blob, BlobError, BlobStore, DynBlobStore, Fault, FaultController, FaultRule, FaultyStore,
-    KeyMatch, ObjectMeta, OpSet, StoreUrl, Version, open_store,
+    KeyMatch, ObjectMeta, OpSet, Version,
 };
 use chorus::clock::ManualClock;
 use chorus::ids::RecordIndex;
@@ -26,37 +28,8 @@ use chorus::snapshot::{
     ClaimOutcome, FenceReason, NewSnapshot, PublicationSequence, PublicationStore, SnapshotConfig,
     SnapshotError, SnapshotStore,
 };
-use tempfile::TempDir;
+use stores::{local, memory, s3};
 use tokio::sync::Notify;
-
-/// A store under test plus whatever must outlive it.
-struct Fixture {
-    store: DynBlobStore,
-    _dir: Option<TempDir>,
-}
-
-async fn open(url: &str, dir: Option<TempDir>) -> Fixture {
-    let url: StoreUrl = url.parse().expect("test URL parses");
-    let store = open_store(&url)
-        .await
-        .expect("store opens and passes the probe");
-    Fixture { store, _dir: dir }
-}
-
-async fn memory() -> Option<Fixture> {
-    Some(open(&format!("memory://{}", support::unique("lease")), None).await)
-}
-
-async fn local() -> Option<Fixture> {
-    let dir = TempDir::new().expect("temp dir");
-    let url = StoreUrl::local(dir.path()).to_string();
-    Some(open(&url, Some(dir)).await)
-}
-
-async fn s3() -> Option<Fixture> {
-    let urls = support::s3_urls("lease")?;
-    Some(open(&urls[0], None).await)
-}
 
 /// Wall-clock start of every simulated clock.
 const START_MS: u64 = 1_700_000_000_000;
