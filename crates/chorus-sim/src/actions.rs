@@ -168,11 +168,14 @@ impl Sim {
                 self.append(writer, count, true)?;
             }
             Action::Recover => {
-                self.start_recovery();
+                let id = self.start_recovery();
+                self.split_views(id);
             }
             Action::RacingRecoveries => {
-                self.start_recovery();
-                self.start_recovery();
+                for _ in 0..2 {
+                    let id = self.start_recovery();
+                    self.split_views(id);
+                }
             }
             Action::AbortRecovery(task) => self.recoveries[task].handle.abort(),
             Action::CrashWriter { writer, abort } => self.crash(writer, abort),
@@ -281,6 +284,39 @@ impl Sim {
             handle,
         });
         id
+    }
+
+    /// Sometimes gives the new recovery `task` and the writers it is about
+    /// to supersede different views of the replicas: the recovery cannot
+    /// reach one replica, and the current writer's requests to another land
+    /// late. That is the race the window fences exist for: the old writer
+    /// completing fragments the recovery could not see.
+    fn split_views(&mut self, task: u64) {
+        let replicas = self.params.replicas;
+        if replicas == 1 || !self.rng.random_bool(0.3) {
+            return;
+        }
+        let unreachable = self.rng.random_range(0..replicas);
+        let recovery = &self.recoveries.last().expect("just started").faults;
+        let controller = recovery.replicas[unreachable].clone();
+        let cut = FaultRule::new(chorus::blob::Fault::FailBefore);
+        self.add_expiring(
+            &format!("recovery {task} replica {unreachable}"),
+            controller,
+            cut,
+        );
+        let Some(writer) = self.current else { return };
+        let slot = self
+            .writers
+            .iter()
+            .find(|slot| slot.id == writer)
+            .expect("known");
+        let slow = (unreachable + self.rng.random_range(1..replicas)) % replicas;
+        let controller = slot.faults.replicas[slow].clone();
+        let delay = Duration::from_millis(self.rng.random_range(50..=2000));
+        let rule = FaultRule::new(chorus::blob::Fault::DelayUpTo(delay))
+            .ops(chorus::blob::OpSet::of(&[chorus::blob::Op::Create]));
+        self.add_expiring(&format!("w{writer} replica {slow}"), controller, rule);
     }
 
     fn crash(&mut self, writer: WriterId, abort: bool) {
