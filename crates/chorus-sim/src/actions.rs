@@ -2,9 +2,8 @@
 //! seeded generator, and performing it. Every action is a decision of the
 //! simulated application or of the environment; none waits, except `Sleep`.
 //!
-//! Extension points: truncation, repair and sweep passes, lease and snapshot
-//! actors become more [`Action`] variants here, with their checkers in
-//! `check.rs` / `model.rs`.
+//! Extension points: new actors become more [`Action`] variants here, with
+//! their checkers in `check.rs` / `model.rs`.
 
 use std::time::Duration;
 
@@ -14,7 +13,10 @@ use chorus::ids::OwnerId;
 use chorus::log::{LogError, Reader};
 use rand::Rng;
 
-use crate::actors::{PendingAppend, ReaderSlot, RecoveryTask, read_some, recover};
+use crate::actors::{
+    MaintenanceTask, Pass, PendingAppend, ReaderSlot, RecoveryTask, floor_between, maintain,
+    read_some, recover,
+};
 use crate::faults::{RuleLabel, draw_register_rule, draw_store_rule};
 use crate::model::{Violation, WriterId};
 use crate::sim::Sim;
@@ -24,6 +26,8 @@ use crate::world::ActorFaults;
 const MAX_READERS: usize = 3;
 /// Recoveries running at once at most.
 const MAX_RECOVERIES: usize = 3;
+/// Maintenance passes running at once at most.
+const MAX_MAINTENANCE: usize = 2;
 
 /// One step of the schedule.
 #[derive(Debug, Clone)]
@@ -54,6 +58,20 @@ enum Action {
     Clear,
     /// The application drops some completions without awaiting them.
     DropCompletions,
+    /// Ask a writer to truncate `fraction` of the way from the floor to the
+    /// known-committed end, giving up after `timeout`.
+    Truncate {
+        writer: WriterId,
+        fraction: f64,
+        timeout: Duration,
+    },
+    /// Start a maintenance pass as a process of its own.
+    Maintain(Pass),
+    /// Kill a maintenance pass at whatever await point it is at.
+    AbortMaintenance(usize),
+    /// Damage one stored sealed copy that more than Q replicas hold validly:
+    /// flip a bit of it, or delete it.
+    Rot { delete: bool },
     /// Let time pass.
     Sleep(Duration),
 }
@@ -105,6 +123,16 @@ impl Sim {
         }
         if !alive.is_empty() {
             let writer = current.unwrap_or(alive[0]);
+            let fraction = self.rng.random::<f64>();
+            let timeout = Duration::from_millis(self.rng.random_range(10..=3000));
+            options.push((
+                2,
+                Action::Truncate {
+                    writer,
+                    fraction,
+                    timeout,
+                },
+            ));
             let abort = self.rng.random_bool(0.5);
             options.push((3, Action::CrashWriter { writer, abort }));
             let timeout = Duration::from_millis(self.rng.random_range(1..=2000));
@@ -132,12 +160,34 @@ impl Sim {
         if !self.pending.is_empty() {
             options.push((1, Action::DropCompletions));
         }
+        self.push_maintenance_options(options);
         let sleep = if self.rng.random_bool(0.7) {
             self.rng.random_range(10..=500)
         } else {
             self.rng.random_range(500..=10_000)
         };
         options.push((4, Action::Sleep(Duration::from_millis(sleep))));
+    }
+
+    fn push_maintenance_options(&mut self, options: &mut Vec<(u32, Action)>) {
+        let running = self.maintenance.len();
+        if running < MAX_MAINTENANCE {
+            let pass = match self.rng.random_range(0..4) {
+                0 => Pass::Truncate {
+                    fraction: self.rng.random::<f64>(),
+                },
+                1 => Pass::Tombstones,
+                2 => Pass::Repair,
+                _ => Pass::Sweep,
+            };
+            options.push((3, Action::Maintain(pass)));
+        }
+        if running > 0 {
+            let task = self.rng.random_range(0..running);
+            options.push((1, Action::AbortMaintenance(task)));
+        }
+        let delete = self.rng.random_bool(0.5);
+        options.push((self.params.fault_intensity, Action::Rot { delete }));
     }
 
     /// A replica to toggle: with more than N − Q replicas out, mostly one
@@ -187,6 +237,14 @@ impl Sim {
             Action::Outage(replica) => self.toggle_outage(replica),
             Action::Clear => self.clear_faults(),
             Action::DropCompletions => self.drop_completions()?,
+            Action::Truncate {
+                writer,
+                fraction,
+                timeout,
+            } => self.truncate(writer, fraction, timeout).await,
+            Action::Maintain(pass) => self.start_maintenance(pass),
+            Action::AbortMaintenance(task) => self.maintenance[task].handle.abort(),
+            Action::Rot { delete } => self.rot(delete),
             Action::Sleep(duration) => tokio::time::sleep(duration).await,
         }
         Ok(())
@@ -319,6 +377,69 @@ impl Sim {
         self.add_expiring(&format!("w{writer} replica {slow}"), controller, rule);
     }
 
+    /// The application asks `writer` to truncate and waits up to `timeout`
+    /// (then drops the request, cancelling it at whatever point it is).
+    async fn truncate(&mut self, writer: WriterId, fraction: f64, timeout: Duration) {
+        let floor = floor_between(self.floor(), self.model.committed_end(), fraction);
+        let slot = self.writer_slot(writer);
+        let Some(handle) = slot.writer.as_ref() else {
+            return;
+        };
+        let outcome = tokio::time::timeout(
+            timeout,
+            handle.truncate_before(chorus::ids::RecordIndex(floor)),
+        )
+        .await;
+        let outcome = match outcome {
+            Ok(Ok(report)) => format!("{report:?}"),
+            Ok(Err(error)) => format!("failed: {error}"),
+            Err(_) => "gave up".to_owned(),
+        };
+        self.event(format!("truncate w{writer} to {floor}: {outcome}"));
+    }
+
+    /// The committed floor as the checkers last read it.
+    pub(crate) fn floor(&self) -> u64 {
+        self.checker.last_manifest().map_or(0, |m| m.trunc.0)
+    }
+
+    /// Spawns `pass` with a view of its own.
+    fn start_maintenance(&mut self, pass: Pass) {
+        let id = self.fresh_id();
+        let rng = &mut self.rng;
+        let (stores, faults) = self.world.view(|| rng.random());
+        let handle = tokio::spawn(maintain(stores, pass));
+        self.event(format!("maintenance m{id} starts {pass:?}"));
+        self.stats.maintenance_passes += 1;
+        self.maintenance.push(MaintenanceTask {
+            id,
+            pass,
+            faults,
+            handle,
+        });
+    }
+
+    /// Damages a spare sealed copy, if there is one.
+    fn rot(&mut self, delete: bool) {
+        let Some(manifest) = self.checker.last_manifest() else {
+            return;
+        };
+        let spare = self.checker.spare_sealed_copies(manifest);
+        if spare.is_empty() {
+            return;
+        }
+        let (replica, key) = &spare[self.rng.random_range(0..spare.len())];
+        let bit = (!delete).then(|| self.rng.random::<u64>());
+        self.world.rot(*replica, key, bit);
+        self.stats.rotted += 1;
+        let how = if delete {
+            "deleted"
+        } else {
+            "flipped a bit of"
+        };
+        self.event(format!("rot: {how} {key} on replica {replica}"));
+    }
+
     fn crash(&mut self, writer: WriterId, abort: bool) {
         let slot = self
             .writers
@@ -378,7 +499,14 @@ impl Sim {
         if self.readers[slot].task.is_some() {
             return;
         }
-        let from = self.rng.random_range(0..=self.model.log_len());
+        // Mostly at or above the floor; sometimes below it (`Truncated`).
+        let floor = self.floor();
+        let end = self.model.log_end().max(floor);
+        let from = if self.rng.random_bool(0.9) {
+            self.rng.random_range(floor..=end)
+        } else {
+            self.rng.random_range(0..=end)
+        };
         let reader = Reader::new(&self.readers[slot].stores, chorus::ids::RecordIndex(from));
         self.readers[slot].reader = Some(reader);
         self.event(format!("reader r{slot} restarts at {from}"));
@@ -400,7 +528,15 @@ impl Sim {
             .iter()
             .enumerate()
             .map(|(slot, reader)| (format!("r{slot}"), reader.faults.clone()));
-        writers.chain(recoveries).chain(readers).collect()
+        let maintenance = self
+            .maintenance
+            .iter()
+            .map(|task| (format!("m{}", task.id), task.faults.clone()));
+        writers
+            .chain(recoveries)
+            .chain(readers)
+            .chain(maintenance)
+            .collect()
     }
 
     fn store_fault(&mut self) {

@@ -1,10 +1,11 @@
-//! The simulated application's processes: writers, recoveries and readers,
-//! and the task bodies the driver spawns for them.
+//! The simulated application's processes: writers, recoveries, readers and
+//! maintenance passes, and the task bodies the driver spawns for them.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use chorus::ids::{Epoch, OwnerId, RecordIndex};
+use chorus::log::maintenance::{Maintenance, NoProgress};
 use chorus::log::{Completion, LogConfig, LogError, LogStores, Reader, Recovery, Writer};
 use chorus::register::Manifest;
 use tokio::sync::mpsc;
@@ -193,4 +194,79 @@ pub async fn read_some(mut reader: Reader, max: usize, origin: Instant) -> ReadO
         error,
         finished_at: origin.elapsed(),
     }
+}
+
+/// One maintenance pass, run as its own process against the log (what
+/// `chorus log truncate|repair` would do), concurrently with everything else.
+#[derive(Debug, Clone, Copy)]
+pub enum Pass {
+    /// Raise the floor `fraction` of the way from the committed floor to the
+    /// committed end (read from the stores, as the CLI does), then delete.
+    Truncate {
+        /// Where in `[floor, end]` the new floor lies.
+        fraction: f64,
+    },
+    /// Delete the objects of the current tombstones, raising nothing.
+    Tombstones,
+    /// Heal missing and damaged sealed copies.
+    Repair,
+    /// Delete orphans.
+    Sweep,
+}
+
+/// A running maintenance pass.
+#[derive(Debug)]
+pub struct MaintenanceTask {
+    /// Its id.
+    pub id: u64,
+    /// What it does.
+    pub pass: Pass,
+    /// Faults only it sees.
+    pub faults: ActorFaults,
+    /// The task; it returns a one-line outcome for the trace.
+    pub handle: JoinHandle<String>,
+}
+
+/// Runs `pass` and describes how it ended.
+pub async fn maintain(stores: LogStores, pass: Pass) -> String {
+    let maintenance = Maintenance::new(&stores);
+    let outcome = match pass {
+        Pass::Truncate { fraction } => truncate(&stores, &maintenance, fraction).await,
+        Pass::Tombstones => match maintenance.manifest().await {
+            Ok(manifest) => maintenance
+                .sweep_tombstones(&manifest, &NoProgress)
+                .await
+                .map(|report| format!("{report:?}")),
+            Err(error) => Err(error),
+        },
+        Pass::Repair => maintenance
+            .repair(&NoProgress)
+            .await
+            .map(|report| format!("{report:?}")),
+        Pass::Sweep => maintenance
+            .sweep_orphans(&NoProgress)
+            .await
+            .map(|report| format!("{report:?}")),
+    };
+    outcome.unwrap_or_else(|error| format!("failed: {error}"))
+}
+
+async fn truncate(
+    stores: &LogStores,
+    maintenance: &Maintenance,
+    fraction: f64,
+) -> Result<String, LogError> {
+    let end = Reader::committed_end(stores).await?;
+    let floor = maintenance.manifest().await?.trunc;
+    let target = floor_between(floor.0, end.0, fraction);
+    let report = maintenance
+        .truncate_before(RecordIndex(target), end, &NoProgress)
+        .await?;
+    Ok(format!("floor {target} (end {end}): {report:?}"))
+}
+
+/// The index `fraction` of the way from `floor` to `end` (`floor` itself when
+/// the end lies below it).
+pub fn floor_between(floor: u64, end: u64, fraction: f64) -> u64 {
+    floor + (end.saturating_sub(floor) as f64 * fraction) as u64
 }

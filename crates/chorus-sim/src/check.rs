@@ -62,6 +62,8 @@ pub struct StoreChecker {
     active_copies: BTreeMap<u64, Vec<(usize, Bytes)>>,
     last: Option<Manifest>,
     owners: BTreeMap<Epoch, OwnerId>,
+    /// How often the floor was seen to rise.
+    floor_raises: u64,
 }
 
 impl StoreChecker {
@@ -81,6 +83,7 @@ impl StoreChecker {
             active_copies: BTreeMap::new(),
             last: None,
             owners: BTreeMap::new(),
+            floor_raises: 0,
         }
     }
 
@@ -168,6 +171,7 @@ impl StoreChecker {
         }
         if let Some(last) = &self.last {
             check_history(last, &manifest)?;
+            self.floor_raises += u64::from(manifest.trunc > last.trunc);
         }
         self.last = Some(manifest.clone());
         Ok(manifest)
@@ -198,6 +202,7 @@ impl StoreChecker {
             // The directory changed other than by appending (truncation):
             // check everything again.
             self.checked.clear();
+            self.key_positions.clear();
         }
         let mut recheck: BTreeSet<usize> = std::mem::take(&mut self.dirty_sealed)
             .iter()
@@ -340,7 +345,7 @@ impl StoreChecker {
     /// Known-committed records at or above `tail_base` must each be a data
     /// fragment record on at least Q replicas, in the tail or pending segment.
     fn check_active(&mut self, manifest: &Manifest, model: &Model) -> Result<(), Violation> {
-        let committed = model.committed_from(manifest.tail_base.0);
+        let committed = model.committed_from(manifest.tail_base.max(manifest.trunc).0);
         for (index, bytes) in committed {
             let holders: BTreeSet<usize> = self
                 .active_copies
@@ -399,23 +404,77 @@ impl StoreChecker {
         found
     }
 
-    /// The records the directory of `manifest` names, from its floor to
-    /// `tail_base`, each entry verified on Q replicas.
-    pub fn content(&mut self, manifest: &Manifest) -> Result<Vec<Bytes>, Violation> {
-        assert_eq!(manifest.trunc.0, 0, "the simulator does not truncate yet");
+    /// The records the directory of a committed recovery view names, from
+    /// `from` to `tail_base`, each entry verified on Q replicas. `from` is at
+    /// least the current floor: the view may be older than the stores (its
+    /// notice is handled after the step), and a truncation since may have
+    /// deleted what lies below the new floor.
+    pub fn content(&mut self, manifest: &Manifest, from: u64) -> Result<Vec<Bytes>, Violation> {
         let mut content = Vec::new();
         for position in 0..manifest.segments.len() {
             let entry = manifest.segments[position];
             let end = manifest.entry_end(position).0;
+            if end <= from {
+                continue;
+            }
             let key = sealed_key(entry.id, entry.crc32c);
             let records = match self.entries.get(&key) {
                 Some(records) => Arc::clone(records),
                 None => self.verify_entry(&entry, end)?,
             };
-            content.extend(records.iter().cloned());
+            let skip = from.saturating_sub(entry.base.0) as usize;
+            content.extend(records.iter().skip(skip).cloned());
         }
         Ok(content)
     }
+
+    /// Copies of retained sealed objects that could be lost without leaving
+    /// fewer than Q valid ones: `(replica, key)` for every valid copy of an
+    /// object with more than Q. Damaging one stays inside the fault model.
+    pub fn spare_sealed_copies(&self, manifest: &Manifest) -> Vec<(usize, String)> {
+        let mut spare = Vec::new();
+        for (position, entry) in manifest.segments.iter().enumerate() {
+            if manifest.is_tombstone(position) {
+                continue;
+            }
+            let key = sealed_key(entry.id, entry.crc32c);
+            let valid: Vec<usize> = (0..self.mirror.len())
+                .filter(|replica| {
+                    self.mirror[*replica].get(&key).is_some_and(|bytes| {
+                        SealedSegment::decode_verified(bytes, entry.id, entry.base, entry.crc32c)
+                            .is_ok()
+                    })
+                })
+                .collect();
+            if valid.len() > self.quorum {
+                spare.extend(valid.into_iter().map(|replica| (replica, key.clone())));
+            }
+        }
+        spare
+    }
+
+    /// How often the checks saw the truncation floor rise.
+    pub fn floor_raises(&self) -> u64 {
+        self.floor_raises
+    }
+
+    /// The register record the last check read.
+    pub fn last_manifest(&self) -> Option<&Manifest> {
+        self.last.as_ref()
+    }
+}
+
+/// Whether `now`'s directory is `last`'s without some leading entries that
+/// lie wholly below `now`'s floor (removed tombstones), plus new entries.
+fn directory_followed(last: &Manifest, now: &Manifest) -> bool {
+    let kept = now
+        .segments
+        .first()
+        .and_then(|first| last.segments.iter().position(|entry| entry == first))
+        .unwrap_or(last.segments.len());
+    let removed_below_floor = (0..kept).all(|position| last.entry_end(position) <= now.trunc);
+    let rest = &last.segments[kept..];
+    removed_below_floor && now.segments.starts_with(rest)
 }
 
 /// A fragment key's last component: exactly 20 decimal digits.
@@ -463,11 +522,12 @@ fn check_records(
 }
 
 fn check_history(last: &Manifest, now: &Manifest) -> Result<(), Violation> {
-    let grew = now.segments.len() >= last.segments.len()
-        && now.segments[..last.segments.len()] == last.segments[..];
     let checks = [
         (now.epoch >= last.epoch, "the epoch decreased"),
-        (grew, "the directory changed other than by appending"),
+        (
+            directory_followed(last, now),
+            "the directory changed other than by dropping tombstones and appending",
+        ),
         (now.tail_base >= last.tail_base, "tail_base decreased"),
         (now.trunc >= last.trunc, "trunc decreased"),
         (

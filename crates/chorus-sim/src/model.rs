@@ -5,19 +5,22 @@
 //! Rules (numbers as in docs/testing.md):
 //!
 //! - **2, recovery content**: every successful recovery's content is dense
-//!   from 0, extends every lower epoch's content and is extended by every
-//!   higher epoch's; it holds every record acknowledged by a lower epoch with
-//!   identical bytes ("never fewer"); every other record in it was admitted at
-//!   that index and its append did not fail with `may_have_committed() ==
-//!   false` (the ambiguous ones).
+//!   from its truncation floor (0 until the log is truncated), never ends
+//!   below that floor, agrees with every lower epoch's content where both
+//!   retain records and ends no earlier; it holds every record at or above
+//!   its floor acknowledged by a lower epoch with identical bytes ("never
+//!   fewer"); every other record in it was admitted at that index and its
+//!   append did not fail with `may_have_committed() == false` (the ambiguous
+//!   ones). Records below a floor were released by the application and may
+//!   go.
 //! - **3, superseded acks**: an ack from epoch e observed after a recovery of
-//!   epoch f > e must be for a record inside f's content (a late ack of a
+//!   epoch f > e must be for a record inside f's content (or below its floor) (a late ack of a
 //!   record already on Q replicas, docs/protocol.md); anything else is an ack
 //!   the fence should have prevented.
 //! - **4, readers**: a record a reader returned agrees with every ack and
 //!   recovery at its index, was admitted there, never fails with
 //!   `may_have_committed() == false`, and is in the content of every recovery
-//!   that started after the read returned.
+//!   that started after the read returned (unless below its floor).
 //! - **order**: per writer, admitted indices are dense from its recovery's
 //!   end (refusals consume none), and acks never follow a failure.
 
@@ -67,8 +70,24 @@ struct WriterModel {
 
 #[derive(Debug, Clone, Copy)]
 struct RecoveredView {
+    /// The truncation floor the view was committed with.
+    start: u64,
     end: u64,
     started_at: Duration,
+}
+
+impl RecoveredView {
+    /// The record of `content` (this view's records) at `index`.
+    fn get<'a>(&self, index: u64, content: &'a [Bytes]) -> Option<&'a Bytes> {
+        let offset = index.checked_sub(self.start)?;
+        content.get(usize::try_from(offset).ok()?)
+    }
+
+    /// Whether this view keeps `bytes` at `index` (`log` holds every
+    /// recovered record), or released it below its floor.
+    fn holds(&self, index: u64, bytes: &Bytes, log: &BTreeMap<u64, Bytes>) -> bool {
+        index < self.start || (index < self.end && log.get(&index) == Some(bytes))
+    }
 }
 
 /// The model of one run; see the module docs.
@@ -77,9 +96,11 @@ pub struct Model {
     candidates: BTreeMap<u64, Vec<Candidate>>,
     writers: BTreeMap<WriterId, WriterModel>,
     acks: BTreeMap<u64, (Epoch, Bytes)>,
-    /// The longest recovered content so far; every recovery's content is a
-    /// prefix of it.
-    log: Vec<Bytes>,
+    /// Every record some recovery returned, by index; recoveries agree
+    /// wherever two of them retain an index.
+    log: BTreeMap<u64, Bytes>,
+    /// One past the highest recovered index.
+    log_end: u64,
     recovered: BTreeMap<Epoch, RecoveredView>,
     reads: BTreeMap<u64, (Bytes, Duration)>,
     /// Indices that became known-committed since the store checker last looked.
@@ -141,7 +162,7 @@ impl Model {
     /// The record known committed at `index`, if any.
     pub fn committed_at(&self, index: u64) -> Option<&Bytes> {
         self.log
-            .get(index as usize)
+            .get(&index)
             .or_else(|| self.acks.get(&index).map(|(_, bytes)| bytes))
             .or_else(|| self.reads.get(&index).map(|(bytes, _)| bytes))
     }
@@ -149,7 +170,7 @@ impl Model {
     /// Checks that `bytes` agrees with everything known committed at `index`.
     fn agree(&self, index: u64, bytes: &Bytes, what: &str) -> Result<(), Violation> {
         let known = [
-            ("recovered", self.log.get(index as usize)),
+            ("recovered", self.log.get(&index)),
             ("acknowledged", self.acks.get(&index).map(|(_, b)| b)),
             ("read", self.reads.get(&index).map(|(b, _)| b)),
         ];
@@ -166,7 +187,7 @@ impl Model {
     }
 
     /// Rule 3: an ack from `epoch` at `index` is inside every higher epoch's
-    /// recovered content.
+    /// recovered content, or below its floor.
     fn check_superseded_ack(
         &self,
         epoch: Epoch,
@@ -175,7 +196,7 @@ impl Model {
     ) -> Result<(), Violation> {
         let newer = self.recovered.range(Epoch(epoch.0 + 1)..).next();
         if let Some((newer, view)) = newer
-            && (index >= view.end || self.log[index as usize] != *bytes)
+            && !view.holds(index, bytes, &self.log)
         {
             return Err(format!(
                 "superseded ack: epoch {epoch} acknowledged index {index} ({}) but epoch \
@@ -259,14 +280,16 @@ impl Model {
         }
     }
 
-    /// A recovery of `epoch`, started at `started_at`, committed `content`.
+    /// A recovery of `epoch`, started at `started_at`, committed `content`,
+    /// the records from its truncation floor `start` on.
     pub fn recovered(
         &mut self,
         epoch: Epoch,
+        start: u64,
         content: &[Bytes],
         started_at: Duration,
     ) -> Result<(), Violation> {
-        let end = content.len() as u64;
+        let end = start + content.len() as u64;
         if self.recovered.contains_key(&epoch) {
             return Err(format!("two recoveries committed epoch {epoch}"));
         }
@@ -283,48 +306,65 @@ impl Model {
                 ));
             }
         }
-        self.check_prefix(epoch, content)?;
-        self.check_acks_kept(epoch, content)?;
-        self.check_reads_kept(epoch, content, started_at)?;
-        let known = self.log.len();
-        for (index, record) in content.iter().enumerate().skip(known) {
-            self.check_admissible(index as u64, record, "recovered record")?;
+        let view = RecoveredView {
+            start,
+            end,
+            started_at,
+        };
+        self.check_agreement(epoch, &view, content)?;
+        self.check_acks_kept(epoch, &view, content)?;
+        self.check_reads_kept(epoch, &view, content)?;
+        for (index, record) in (start..).zip(content) {
+            if !self.log.contains_key(&index) {
+                self.check_admissible(index, record, "recovered record")?;
+                self.log.insert(index, record.clone());
+                self.fresh.insert(index);
+            }
         }
-        self.fresh.extend(known as u64..content.len() as u64);
-        if content.len() > self.log.len() {
-            self.log = content.to_vec();
-        }
-        self.recovered
-            .insert(epoch, RecoveredView { end, started_at });
+        self.log_end = self.log_end.max(end);
+        self.recovered.insert(epoch, view);
         Ok(())
     }
 
-    fn check_prefix(&self, epoch: Epoch, content: &[Bytes]) -> Result<(), Violation> {
-        let common = content.len().min(self.log.len());
-        match (0..common).find(|i| content[*i] != self.log[*i]) {
-            Some(index) => Err(format!(
+    /// `content` agrees with every record an earlier recovery returned.
+    fn check_agreement(
+        &self,
+        epoch: Epoch,
+        view: &RecoveredView,
+        content: &[Bytes],
+    ) -> Result<(), Violation> {
+        let earlier = self.log.range(view.start..view.end);
+        match earlier
+            .into_iter()
+            .find(|(index, record)| content[(**index - view.start) as usize] != **record)
+        {
+            Some((index, record)) => Err(format!(
                 "recovery of epoch {epoch} holds {} at index {index}, an earlier recovery {}",
-                label(&content[index]),
-                label(&self.log[index])
+                label(&content[(index - view.start) as usize]),
+                label(record)
             )),
             None => Ok(()),
         }
     }
 
-    fn check_acks_kept(&self, epoch: Epoch, content: &[Bytes]) -> Result<(), Violation> {
-        for (index, (acked_by, bytes)) in &self.acks {
+    fn check_acks_kept(
+        &self,
+        epoch: Epoch,
+        view: &RecoveredView,
+        content: &[Bytes],
+    ) -> Result<(), Violation> {
+        for (index, (acked_by, bytes)) in self.acks.range(view.start..) {
             if *acked_by >= epoch {
                 continue;
             }
-            if content.get(*index as usize) != Some(bytes) {
+            if view.get(*index, content) != Some(bytes) {
                 return Err(format!(
                     "lost ack: epoch {acked_by} acknowledged index {index} ({}) but the \
                      recovery of epoch {epoch} holds {} of {} records",
                     label(bytes),
-                    content
-                        .get(*index as usize)
+                    view.get(*index, content)
                         .map_or("nothing".into(), |b| label(b)),
-                    content.len()
+                    view.end
                 ));
             }
         }
@@ -334,11 +374,11 @@ impl Model {
     fn check_reads_kept(
         &self,
         epoch: Epoch,
+        view: &RecoveredView,
         content: &[Bytes],
-        started_at: Duration,
     ) -> Result<(), Violation> {
-        for (index, (bytes, read_at)) in &self.reads {
-            if *read_at < started_at && content.get(*index as usize) != Some(bytes) {
+        for (index, (bytes, read_at)) in self.reads.range(view.start..) {
+            if *read_at < view.started_at && view.get(*index, content) != Some(bytes) {
                 return Err(format!(
                     "reader saw index {index} ({}) but a later recovery (epoch {epoch}) \
                      does not hold it",
@@ -354,9 +394,7 @@ impl Model {
         self.agree(index, bytes, "record a reader returned")?;
         self.check_admissible(index, bytes, "record a reader returned")?;
         for (epoch, view) in &self.recovered {
-            if view.started_at > read_at
-                && (index >= view.end || self.log[index as usize] != *bytes)
-            {
+            if view.started_at > read_at && !view.holds(index, bytes, &self.log) {
                 return Err(format!(
                     "reader saw index {index} ({}) but the later recovery of epoch {epoch} \
                      does not hold it",
@@ -376,8 +414,8 @@ impl Model {
         std::mem::take(&mut self.fresh)
     }
 
-    /// Every known-committed record at or above `from` (acks and reads; the
-    /// recovered log lies below every later `tail_base`, but is included).
+    /// Every known-committed record at or above `from` (acks, reads and
+    /// recovered records).
     pub fn committed_from(&self, from: u64) -> BTreeMap<u64, Bytes> {
         let mut all: BTreeMap<u64, Bytes> = self
             .reads
@@ -387,8 +425,8 @@ impl Model {
         for (index, (_, bytes)) in self.acks.range(from..) {
             all.insert(*index, bytes.clone());
         }
-        for index in from as usize..self.log.len() {
-            all.insert(index as u64, self.log[index].clone());
+        for (index, bytes) in self.log.range(from..) {
+            all.insert(*index, bytes.clone());
         }
         all
     }
@@ -402,12 +440,12 @@ impl Model {
     pub fn committed_end(&self) -> u64 {
         let acked = self.acks.keys().next_back().map_or(0, |i| i + 1);
         let read = self.reads.keys().next_back().map_or(0, |i| i + 1);
-        acked.max(read).max(self.log.len() as u64)
+        acked.max(read).max(self.log_end)
     }
 
-    /// Records recovered so far.
-    pub fn log_len(&self) -> u64 {
-        self.log.len() as u64
+    /// One past the highest recovered index.
+    pub fn log_end(&self) -> u64 {
+        self.log_end
     }
 
     /// Acknowledged records so far.
@@ -445,7 +483,9 @@ mod tests {
     fn a_recovery_missing_an_acknowledged_record_is_a_lost_ack() {
         let mut model = admitted(&["a"]);
         model.acked(1, 0, 0, &bytes("a")).unwrap();
-        let error = model.recovered(Epoch(2), &[], Duration::ZERO).unwrap_err();
+        let error = model
+            .recovered(Epoch(2), 0, &[], Duration::ZERO)
+            .unwrap_err();
         assert!(error.contains("lost ack"), "{error}");
     }
 
@@ -453,7 +493,7 @@ mod tests {
     fn a_late_ack_must_be_inside_the_successors_content() {
         let mut model = admitted(&["a", "b"]);
         model
-            .recovered(Epoch(2), &[bytes("a")], Duration::ZERO)
+            .recovered(Epoch(2), 0, &[bytes("a")], Duration::ZERO)
             .unwrap();
         model.acked(1, 0, 0, &bytes("a")).unwrap();
         let error = model.acked(1, 1, 1, &bytes("b")).unwrap_err();
@@ -465,11 +505,11 @@ mod tests {
         let mut model = admitted(&["a"]);
         model.failed(1, 0, &bytes("a"), false).unwrap();
         let error = model
-            .recovered(Epoch(2), &[bytes("a")], Duration::ZERO)
+            .recovered(Epoch(2), 0, &[bytes("a")], Duration::ZERO)
             .unwrap_err();
         assert!(error.contains("without may_have_committed"), "{error}");
         let error = model
-            .recovered(Epoch(2), &[bytes("z")], Duration::ZERO)
+            .recovered(Epoch(2), 0, &[bytes("z")], Duration::ZERO)
             .unwrap_err();
         assert!(error.contains("never admitted"), "{error}");
     }
@@ -478,10 +518,10 @@ mod tests {
     fn recoveries_extend_each_other() {
         let mut model = admitted(&["a", "b"]);
         model
-            .recovered(Epoch(2), &[bytes("a"), bytes("b")], Duration::ZERO)
+            .recovered(Epoch(2), 0, &[bytes("a"), bytes("b")], Duration::ZERO)
             .unwrap();
         let error = model
-            .recovered(Epoch(3), &[bytes("a")], Duration::ZERO)
+            .recovered(Epoch(3), 0, &[bytes("a")], Duration::ZERO)
             .unwrap_err();
         assert!(error.contains("ended at"), "{error}");
     }
@@ -491,10 +531,10 @@ mod tests {
         let mut model = admitted(&["a"]);
         model.read(0, &bytes("a"), Duration::from_secs(1)).unwrap();
         model
-            .recovered(Epoch(2), &[], Duration::from_secs(1) / 2)
+            .recovered(Epoch(2), 0, &[], Duration::from_secs(1) / 2)
             .expect("a recovery that started before the read need not hold it");
         let error = model
-            .recovered(Epoch(3), &[], Duration::from_secs(2))
+            .recovered(Epoch(3), 0, &[], Duration::from_secs(2))
             .unwrap_err();
         assert!(error.contains("reader saw"), "{error}");
     }
@@ -507,5 +547,25 @@ mod tests {
         model.failed(1, 0, &bytes("a"), true).unwrap();
         let error = model.acked(1, 1, 1, &bytes("b")).unwrap_err();
         assert!(error.contains("after index 0 failed"), "{error}");
+    }
+
+    #[test]
+    fn records_below_a_floor_may_go_and_records_above_it_may_not() {
+        let mut model = admitted(&["a", "b"]);
+        model.acked(1, 0, 0, &bytes("a")).unwrap();
+        model.acked(1, 1, 1, &bytes("b")).unwrap();
+        model
+            .recovered(Epoch(2), 1, &[bytes("b")], Duration::ZERO)
+            .expect("index 0 lies below the floor");
+        let error = model
+            .recovered(Epoch(3), 1, &[bytes("z")], Duration::ZERO)
+            .unwrap_err();
+        assert!(error.contains("earlier recovery"), "{error}");
+        let mut model = admitted(&["a", "b"]);
+        model.acked(1, 1, 1, &bytes("b")).unwrap();
+        let error = model
+            .recovered(Epoch(2), 1, &[], Duration::ZERO)
+            .unwrap_err();
+        assert!(error.contains("lost ack"), "{error}");
     }
 }

@@ -15,7 +15,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::actors::{
-    CommitNotice, PendingAppend, ReadOutcome, ReaderSlot, RecoveryEnd, RecoveryTask, WriterSlot,
+    CommitNotice, MaintenanceTask, PendingAppend, ReadOutcome, ReaderSlot, RecoveryEnd,
+    RecoveryTask, WriterSlot,
 };
 use crate::check::{RESYNC_EVERY_STEPS, StoreChecker};
 use crate::model::{Model, Violation, WriterId};
@@ -62,6 +63,9 @@ pub struct Stats {
     pub read_errors: u64,
     pub faults_added: u64,
     pub outages: u64,
+    pub maintenance_passes: u64,
+    pub floor_raised: u64,
+    pub rotted: u64,
 }
 
 /// Why a run failed.
@@ -96,6 +100,19 @@ pub struct RunReport {
     pub failure: Option<Failure>,
 }
 
+/// What the checkers learned of one committed recovery view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CommittedView {
+    epoch: Epoch,
+    /// The view's floor: where its replay starts.
+    floor: u64,
+    /// Where the checked content starts (the floor, or a higher one that a
+    /// truncation committed before the checkers saw the view).
+    checked_from: u64,
+    /// The recovered end.
+    end: u64,
+}
+
 /// The state of one run.
 pub struct Sim {
     pub(crate) options: SimOptions,
@@ -103,7 +120,7 @@ pub struct Sim {
     pub(crate) rng: StdRng,
     pub(crate) world: World,
     pub(crate) model: Model,
-    checker: StoreChecker,
+    pub(crate) checker: StoreChecker,
     pub(crate) trace: Trace,
     pub(crate) origin: Instant,
     pub(crate) step: u64,
@@ -113,9 +130,10 @@ pub struct Sim {
     pub(crate) recoveries: Vec<RecoveryTask>,
     pub(crate) notices: mpsc::UnboundedSender<CommitNotice>,
     notice_receiver: mpsc::UnboundedReceiver<CommitNotice>,
-    /// Recovery tasks whose view committed: epoch and end.
-    committed: BTreeMap<u64, (Epoch, u64)>,
+    /// Recovery tasks whose view committed.
+    committed: BTreeMap<u64, CommittedView>,
     pub(crate) readers: Vec<ReaderSlot>,
+    pub(crate) maintenance: Vec<MaintenanceTask>,
     pub(crate) next_id: u64,
     pub(crate) stats: Stats,
     /// Fault rules with the step after which they are removed.
@@ -153,6 +171,7 @@ impl Sim {
             notice_receiver,
             committed: BTreeMap::new(),
             readers: Vec::new(),
+            maintenance: Vec::new(),
             next_id: 0,
             stats: Stats::default(),
             expiring: Vec::new(),
@@ -178,6 +197,7 @@ impl Sim {
         });
         let virtual_time = self.origin.elapsed();
         self.trace.event(self.step, virtual_time, "end");
+        self.stats.floor_raised = self.checker.floor_raises();
         RunReport {
             seed: self.options.seed,
             params: self.params.to_string(),
@@ -227,6 +247,7 @@ impl Sim {
         self.poll_completions()?;
         self.poll_readers()?;
         self.poll_recoveries()?;
+        self.poll_maintenance()?;
         let panics = crate::runner::take_panics();
         if let Some(panic) = panics.first() {
             return Err(format!("panic in the system under test: {panic}"));
@@ -248,18 +269,31 @@ impl Sim {
             .find(|task| task.id == notice.task)
             .map(|task| task.started_at)
             .expect("commit notices come from known tasks");
-        let content = self.checker.content(&notice.manifest)?;
+        let floor = notice.manifest.trunc.0;
+        let end = notice.manifest.tail_base.0;
+        if floor > end {
+            return Err(format!(
+                "truncation: the view of epoch {} ends at {end}, below its floor {floor}",
+                notice.epoch
+            ));
+        }
+        let current = self.checker.check_register(&self.world)?;
+        let checked_from = floor.max(current.trunc.0).min(end);
+        let content = self.checker.content(&notice.manifest, checked_from)?;
         self.event(format!(
-            "recovery {} committed epoch {} end {} tail {}",
-            notice.task,
-            notice.epoch,
-            content.len(),
-            notice.manifest.tail
+            "recovery {} committed epoch {} floor {floor} end {end} tail {}",
+            notice.task, notice.epoch, notice.manifest.tail
         ));
         self.stats.recoveries_committed += 1;
-        self.committed
-            .insert(notice.task, (notice.epoch, content.len() as u64));
-        self.model.recovered(notice.epoch, &content, started_at)
+        let view = CommittedView {
+            epoch: notice.epoch,
+            floor,
+            checked_from,
+            end,
+        };
+        self.committed.insert(notice.task, view);
+        self.model
+            .recovered(notice.epoch, checked_from, &content, started_at)
     }
 
     fn poll_completions(&mut self) -> Result<(), Violation> {
@@ -348,6 +382,15 @@ impl Sim {
             error,
             finished_at,
         } = outcome;
+        // A reader left behind by truncation moves up to the floor, as an
+        // application restoring from a newer snapshot would.
+        let reader = match &error {
+            Some(chorus::log::LogError::Truncated { floor, .. }) => {
+                self.event(format!("reader r{slot} truncated: moves to {floor}"));
+                chorus::log::Reader::new(&self.readers[slot].stores, *floor)
+            }
+            _ => reader,
+        };
         self.readers[slot].reader = Some(reader);
         self.stats.reads += 1;
         self.stats.records_read += records.len() as u64;
@@ -391,6 +434,25 @@ impl Sim {
         Ok(())
     }
 
+    fn poll_maintenance(&mut self) -> Result<(), Violation> {
+        let mut index = 0;
+        while index < self.maintenance.len() {
+            let Some(joined) = (&mut self.maintenance[index].handle).now_or_never() else {
+                index += 1;
+                continue;
+            };
+            let task = self.maintenance.remove(index);
+            match joined {
+                Ok(outcome) => self.event(format!("maintenance m{} ended: {outcome}", task.id)),
+                Err(error) if error.is_cancelled() => {
+                    self.event(format!("maintenance m{} aborted", task.id));
+                }
+                Err(error) => return Err(format!("maintenance task panicked: {error}")),
+            }
+        }
+        Ok(())
+    }
+
     fn on_recovery_end(&mut self, task: &RecoveryTask, end: RecoveryEnd) -> Result<(), Violation> {
         match end {
             RecoveryEnd::Failed(error) => {
@@ -426,8 +488,9 @@ impl Sim {
         }
     }
 
-    /// Checker 2 on the replay stream itself: dense from 0 and identical to
-    /// the content the checkers derived from the raw stores.
+    /// Checker 2 on the replay stream itself: dense from the view's floor and
+    /// identical to the content the checkers derived from the raw stores (and
+    /// below where that starts, to every record known there).
     fn check_replay(
         &mut self,
         task: u64,
@@ -436,14 +499,18 @@ impl Sim {
         records: &[(chorus::ids::RecordIndex, Bytes)],
     ) -> Result<(), Violation> {
         let committed = self.committed.get(&task).copied();
-        if committed != Some((epoch, end)) || records.len() as u64 != end {
+        let Some(view) = committed.filter(|view| {
+            view.epoch == epoch && view.end == end && view.floor + records.len() as u64 == end
+        }) else {
             return Err(format!(
                 "replay of epoch {epoch} returned {} records, end {end}, committed {committed:?}",
                 records.len()
             ));
-        }
+        };
         for (position, (index, bytes)) in records.iter().enumerate() {
-            if index.0 != position as u64 || self.model.committed_at(index.0) != Some(bytes) {
+            let known = self.model.committed_at(index.0);
+            let agrees = known == Some(bytes) || (index.0 < view.checked_from && known.is_none());
+            if index.0 != view.floor + position as u64 || !agrees {
                 return Err(format!(
                     "replay of epoch {epoch} returned index {index} ({}) at position {position}, \
                      the recovered content differs",
@@ -503,6 +570,9 @@ impl Sim {
         for task in &self.recoveries {
             task.handle.abort();
         }
+        for task in &self.maintenance {
+            task.handle.abort();
+        }
         for slot in &self.readers {
             if let Some(task) = &slot.task {
                 task.abort();
@@ -512,8 +582,39 @@ impl Sim {
         let writer = self.liveness_recovery().await?;
         self.liveness_append(writer).await?;
         self.liveness_read().await?;
+        self.liveness_repair().await?;
         self.checker.resync(&self.world)?;
         Ok(())
+    }
+
+    /// With every fault healed, one repair pass must leave every retained
+    /// sealed segment valid on every replica, as verify then confirms, however
+    /// the safety phase left them (rot, degraded seals, interrupted passes).
+    async fn liveness_repair(&mut self) -> Result<(), Violation> {
+        use chorus::log::maintenance::{Maintenance, NoProgress};
+        let (stores, _faults) = self.world.view(|| 0);
+        let maintenance = Maintenance::new(&stores);
+        let repaired = maintenance
+            .repair(&NoProgress)
+            .await
+            .map_err(|error| format!("liveness: repair failed after healing: {error}"))?;
+        if !repaired.failures.is_empty() {
+            return Err(format!(
+                "liveness: repair after healing left failures: {:?}",
+                repaired.failures
+            ));
+        }
+        self.event(format!("liveness: {repaired:?}"));
+        let verified = maintenance
+            .verify(&NoProgress)
+            .await
+            .map_err(|error| format!("liveness: verify failed after healing: {error}"))?;
+        if let Some(replica) = verified.replicas.iter().find(|r| r.has_problems()) {
+            return Err(format!(
+                "liveness: verify after a repair with every fault healed: {replica:?}"
+            ));
+        }
+        self.observe()
     }
 
     /// The lease and snapshot phase (`lease.rs`), after every writer of the
@@ -538,6 +639,9 @@ impl Sim {
             slot.faults.clear();
         }
         for task in &self.recoveries {
+            task.faults.clear();
+        }
+        for task in &self.maintenance {
             task.faults.clear();
         }
         for slot in &self.readers {
@@ -607,19 +711,21 @@ impl Sim {
         Ok(())
     }
 
-    /// A fresh reader must read every record back, from 0 to the last ack.
+    /// A fresh reader must read every record back, from the floor to the
+    /// last ack.
     async fn liveness_read(&mut self) -> Result<(), Violation> {
         let (stores, _faults) = self.world.view(|| 0);
-        let reader = chorus::log::Reader::new(&stores, chorus::ids::RecordIndex(0));
+        let floor = self.checker.last_manifest().map_or(0, |m| m.trunc.0);
+        let reader = chorus::log::Reader::new(&stores, chorus::ids::RecordIndex(floor));
         let outcome = crate::actors::read_some(reader, usize::MAX, self.origin).await;
         if let Some(error) = &outcome.error {
             return Err(format!("liveness: a reader failed after healing: {error}"));
         }
-        let read = outcome.records.len() as u64;
+        let read = floor + outcome.records.len() as u64;
         let needed = self.model.committed_end();
         if read < needed {
             return Err(format!(
-                "liveness: a reader returned {read} records, {needed} are committed"
+                "liveness: a reader from the floor {floor} read up to {read}, {needed} are committed"
             ));
         }
         self.readers.push(ReaderSlot {

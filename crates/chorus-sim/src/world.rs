@@ -24,6 +24,7 @@ use chorus::blob::{
 };
 use chorus::log::LogStores;
 use chorus::register::{FaultyRegister, ManifestStore, MemoryRegister, initialize};
+use futures::FutureExt;
 
 /// Keys written (created, updated or deleted) on one replica since the
 /// checker last looked.
@@ -179,6 +180,35 @@ impl World {
         .await
         .expect("initializing an in-memory register cannot fail");
         world
+    }
+
+    /// Damages the stored copy of `key` on `replica` behind every actor's
+    /// back (bit rot, or an operator's mistake): flips bit `bit` of it, or
+    /// deletes it when `bit` is `None`.
+    pub fn rot(&self, replica: usize, key: &str, bit: Option<u64>) {
+        let store = &self.raw[replica];
+        let answer = "in-memory stores answer at once";
+        let result = match bit {
+            None => store.delete(key).now_or_never().expect(answer),
+            Some(bit) => {
+                let blob = store.get(key).now_or_never().expect(answer);
+                blob.and_then(|blob| {
+                    let mut bytes = blob.bytes.to_vec();
+                    let at = (bit / 8) as usize % bytes.len();
+                    bytes[at] ^= 1 << (bit % 8);
+                    store
+                        .update(key, &blob.version, Bytes::from(bytes))
+                        .now_or_never()
+                        .expect(answer)
+                        .map(|_| ())
+                })
+            }
+        };
+        result.expect("the raw store holds what the mirror says");
+        self.dirty[replica]
+            .lock()
+            .expect("dirty set")
+            .insert(key.to_owned());
     }
 
     /// The number of replicas.

@@ -286,6 +286,51 @@ async fn a_truncation_that_dies_after_its_cas_is_finished_by_a_later_pass_at_the
     cluster.verify_acked(&acked).await;
 }
 
+/// Seed 11 of the simulator: when a later tombstone was gone from every
+/// replica but an earlier one was not, the later entry was dropped from the
+/// middle of the directory, stretching the earlier tombstone's range over
+/// its records. Entries now leave the directory only as a leading run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_11_tombstones_leave_the_directory_only_in_order() {
+    let cluster = Cluster::new(3, 4).await;
+    let (writer, _) = cluster.open(small_segments()).await.unwrap();
+    let mut acked = BTreeMap::new();
+    seal_segments(&cluster, &writer, 4, &mut acked).await;
+    let before = cluster.manifest().await;
+    let ids: Vec<SegmentId> = before.segments.iter().map(|entry| entry.id).collect();
+
+    // Only the first tombstone's sealed copy on replica 2 resists deletion.
+    let stuck = key_of(&before.segments[0]);
+    cluster.faults[2].add(
+        FaultRule::new(Fault::FailBefore)
+            .ops(OpSet::of(&[Op::Delete]))
+            .keys(KeyMatch::Exact(stuck.clone())),
+    );
+    let floor = before.segments[3].base;
+    let report = writer.truncate_before(floor).await.unwrap();
+    assert!(report.removed.is_empty(), "{report:?}");
+    assert_eq!(report.tombstones.len(), 3, "{report:?}");
+    for id in &ids[..3] {
+        assert!(report.tombstones.contains(id), "{report:?}");
+    }
+    let manifest = cluster.manifest().await;
+    assert_eq!(
+        manifest.segments, before.segments,
+        "an entry left out of order"
+    );
+    assert!(holds(&cluster.raw[2], &stuck).await);
+
+    cluster.heal();
+    let swept = maintenance(&cluster)
+        .sweep_tombstones(&cluster.manifest().await, &NoProgress)
+        .await
+        .unwrap();
+    assert_eq!(swept.removed, ids[..3]);
+    assert_eq!(cluster.manifest().await.segments, before.segments[3..]);
+    writer.shutdown(Duration::from_secs(5)).await.unwrap();
+    cluster.verify_acked(&acked).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_down_during_truncation_leaves_tombstones_that_later_passes_sweep() {
     let cluster = Cluster::new(3, 4).await;

@@ -170,27 +170,31 @@ pub fn raise_trunc(current: &Manifest, floor: RecordIndex) -> Result<Step, Lower
 }
 
 /// Removes the directory entries `removed` (tombstones whose objects are gone
-/// from every replica). Entries still above the floor are never removed; the
-/// seal fields follow the new last entry, or clear with the directory.
+/// from every replica), but only as a leading run: each entry ends where the
+/// next begins, so dropping one from the middle would silently stretch the
+/// range of the tombstone before it. An entry behind a tombstone that still
+/// has objects waits for a later pass. Entries above the floor are never
+/// removed; the seal fields follow the new last entry, or clear with the
+/// directory.
 pub fn remove_entries(current: &Manifest, removed: &[SegmentId]) -> Step {
-    let mut next = current.clone();
-    next.segments = current
+    let leading = current
         .segments
         .iter()
         .enumerate()
-        .filter(|(position, entry)| {
-            !(removed.contains(&entry.id) && current.is_tombstone(*position))
+        .take_while(|(position, entry)| {
+            removed.contains(&entry.id) && current.is_tombstone(*position)
         })
-        .map(|(_, entry)| *entry)
-        .collect();
-    if next.segments.len() == current.segments.len() {
+        .count();
+    if leading == 0 {
         return Step::Done;
     }
+    let mut next = current.clone();
+    next.segments.drain(..leading);
     if next.segments.is_empty() {
         next.seal = None;
     }
-    // Entries are only removed from the front (tombstones lie below the floor),
-    // so a non-empty directory keeps its last entry and its seal.
+    // Entries are only removed from the front, so a non-empty directory keeps
+    // its last entry and its seal.
     Step::Write(next)
 }
 
@@ -353,5 +357,23 @@ mod tests {
         };
         assert!(empty.segments.is_empty() && empty.seal.is_none());
         validate(&empty).unwrap();
+    }
+
+    #[test]
+    fn tombstones_leave_the_directory_only_from_the_front() {
+        let m = with_directory();
+        let Step::Write(all) = raise_trunc(&m, RecordIndex(20)).unwrap() else {
+            panic!()
+        };
+        let first = all.segments[0].id;
+        let second = all.segments[1].id;
+        // The first tombstone still has objects somewhere: removing the second
+        // would stretch the first's range over the second's records.
+        assert_eq!(remove_entries(&all, &[second]), Step::Done);
+        let Step::Write(next) = remove_entries(&all, &[first]) else {
+            panic!()
+        };
+        assert_eq!(next.segments, all.segments[1..]);
+        validate(&next).unwrap();
     }
 }

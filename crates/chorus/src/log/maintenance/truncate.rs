@@ -17,7 +17,8 @@ pub struct TruncateReport {
     pub floor: RecordIndex,
     /// Directory entries removed (deleted from every replica).
     pub removed: Vec<SegmentId>,
-    /// Tombstones left for a later pass (some replica failed).
+    /// Tombstones left for a later pass (some replica failed, or an earlier
+    /// tombstone is still present: entries leave the directory in order).
     pub tombstones: Vec<SegmentId>,
     /// Objects deleted.
     pub deleted_objects: usize,
@@ -84,10 +85,22 @@ impl Maintenance {
         progress.end();
         if !report.removed.is_empty() {
             let removed = report.removed.clone();
-            transform(self.register.as_ref(), self.rounds, |current| {
+            let committed = transform(self.register.as_ref(), self.rounds, |current| {
                 Ok::<_, LogError>(remove_entries(current, &removed))
             })
             .await?;
+            // Entries behind a tombstone that is still somewhere stay in the
+            // directory (only a leading run leaves it); a later pass drops them.
+            let (left, kept): (Vec<SegmentId>, Vec<SegmentId>) =
+                removed.into_iter().partition(|id| {
+                    !committed
+                        .manifest
+                        .segments
+                        .iter()
+                        .any(|entry| entry.id == *id)
+                });
+            report.removed = left;
+            report.tombstones.extend(kept);
         }
         metrics::counter!("chorus_truncated_segments_total").increment(report.removed.len() as u64);
         Ok(report)
