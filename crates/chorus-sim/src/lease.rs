@@ -30,9 +30,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use chorus::blob::{
-    BlobError, DynBlobStore, Fault, FaultController, FaultyStore, KeyMatch, ObjectStoreBlobs,
-};
+use chorus::blob::{BlobError, DynBlobStore, FaultController, FaultyStore, ObjectStoreBlobs};
 use chorus::clock::{Clock, DynClock};
 use chorus::ids::RecordIndex;
 use chorus::lease::{
@@ -371,8 +369,9 @@ impl<'a> LeasePhase<'a> {
             HolderId::new(&format!("p{process}-{}", slot.incarnation)).expect("a valid holder id");
         let (leases, snapshots) = (slot.leases.clone(), slot.snapshots.clone());
         let initial = self.snapshot_bytes(process);
+        let publisher = chorus::snapshot::PublisherId(self.rng.random());
         self.spawn(process, async move {
-            let mut publication = snapshots.publication();
+            let mut publication = snapshots.publication_as(publisher);
             if let Err(error) = publication.observe_for_boot().await {
                 return TaskEnd::Booted(Err(format!("observe: {error}")));
             }
@@ -422,14 +421,10 @@ impl<'a> LeasePhase<'a> {
     }
 
     /// Adds a fault rule to the shared store or one process's view of it.
-    /// Corruption targets payloads only: `HEAD.json` and `lease.json` carry
-    /// no checksum, so a bit flipped in transit can decode into a different
-    /// valid document (see "Known gaps" in docs/testing.md).
+    /// Corruption hits payloads, `HEAD.json` and `lease.json` alike (the
+    /// documents' checksums turn a flipped bit into a clear error).
     fn fault(&mut self, process: Option<usize>) {
-        let mut rule = draw_store_rule(&mut self.rng);
-        if rule.fault == Fault::Corrupt {
-            rule = rule.keys(KeyMatch::Prefix(payload_prefix(&self.database)));
-        }
+        let rule = draw_store_rule(&mut self.rng);
         let text = RuleLabel(&rule).to_string();
         match process {
             Some(process) => {

@@ -2,12 +2,34 @@
 //! keep in object stores (`lease.json`, `HEAD.json`): every field is required,
 //! typed and named in errors, and unknown fields are refused, so a document
 //! written by a newer format or by hand fails loudly instead of being half-read.
+//!
+//! Every document carries a checksum of its fields: a bit flipped at rest or in
+//! transit can leave valid JSON with a plausible value (a digit of
+//! `expires_at_ms`, a hex digit of `payload_sha256`), which field checks alone
+//! would accept.
+
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
 /// Largest lease or HEAD document accepted, in bytes; real ones are < 1 KiB.
 pub const MAX_DOCUMENT_BYTES: usize = 16 * 1024;
+
+/// The field holding a document's checksum: the CRC32C, as 8 lowercase hex
+/// digits, of the canonical encoding of every other field (compact JSON, keys
+/// sorted), so it survives re-indentation but not a changed value.
+pub const CHECKSUM_FIELD: &str = "crc32c";
+
+/// The checksum of `fields`, ignoring [`CHECKSUM_FIELD`].
+fn checksum(fields: &Map<String, Value>) -> u32 {
+    let canonical: BTreeMap<&str, &Value> = fields
+        .iter()
+        .filter(|(name, _)| name.as_str() != CHECKSUM_FIELD)
+        .map(|(name, value)| (name.as_str(), value))
+        .collect();
+    crc32c::crc32c(&serde_json::to_vec(&canonical).expect("JSON values encode"))
+}
 
 /// A stored document that is malformed or breaks an invariant; names the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -72,6 +94,15 @@ impl Fields {
             Ok(Value::Object(map)) => fields.map = map,
             Ok(_) => return Err(fields.invalid("document", "not a JSON object")),
             Err(error) => return Err(fields.invalid("document", format!("not JSON: {error}"))),
+        }
+        let stored = fields.string(CHECKSUM_FIELD)?;
+        let computed = format!("{:08x}", checksum(&fields.map));
+        if stored != computed {
+            let reason = format!(
+                "checksum mismatch: stored {stored:?}, the fields give {computed:?} \
+                 (the document is damaged, or was edited by hand)"
+            );
+            return Err(fields.invalid(CHECKSUM_FIELD, reason));
         }
         Ok(fields)
     }
@@ -142,22 +173,66 @@ impl Fields {
     }
 }
 
-/// Encodes a document (a JSON object) for storage.
-pub(crate) fn encode(document: &Value) -> Bytes {
-    debug_assert!(document.is_object());
-    Bytes::from(serde_json::to_vec_pretty(document).expect("JSON values encode"))
+/// Encodes a document (a JSON object) for storage, adding its checksum.
+pub(crate) fn encode(document: Value) -> Bytes {
+    let Value::Object(mut fields) = document else {
+        panic!("documents are JSON objects");
+    };
+    let sum = format!("{:08x}", checksum(&fields));
+    fields.insert(CHECKSUM_FIELD.to_owned(), Value::String(sum));
+    Bytes::from(serde_json::to_vec_pretty(&fields).expect("JSON values encode"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Parses `text` with its checksum added (when it is a JSON object).
     fn fields(text: &str) -> Result<Fields, DocumentError> {
-        Fields::parse(
-            "test",
-            "db/doc.json",
-            &Bytes::copy_from_slice(text.as_bytes()),
-        )
+        let bytes = match serde_json::from_str::<Value>(text) {
+            Ok(object @ Value::Object(_)) => encode(object),
+            _ => Bytes::copy_from_slice(text.as_bytes()),
+        };
+        Fields::parse("test", "db/doc.json", &bytes)
+    }
+
+    #[test]
+    fn a_changed_value_fails_the_checksum_and_layout_does_not() {
+        let bytes = encode(serde_json::json!({"expires_at_ms": 1_700_000_000_000u64, "s": "x"}));
+        let text = String::from_utf8(bytes.to_vec()).unwrap();
+        let compact: Value = serde_json::from_str(&text).unwrap();
+        let relaid = Bytes::from(serde_json::to_vec(&compact).unwrap());
+        Fields::parse("test", "k", &relaid).expect("whitespace is not content");
+        let damaged = text.replace("1700000000000", "1700000090000");
+        let error = Fields::parse("test", "k", &Bytes::from(damaged))
+            .err()
+            .expect("a changed digit is caught");
+        assert_eq!(error.field(), CHECKSUM_FIELD);
+        assert!(error.to_string().contains("checksum mismatch"), "{error}");
+        let unsigned = text.replace(CHECKSUM_FIELD, "other");
+        let error = Fields::parse("test", "k", &Bytes::from(unsigned))
+            .err()
+            .expect("a document without its checksum is refused");
+        assert_eq!(error.field(), CHECKSUM_FIELD);
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_refused() {
+        let bytes = encode(serde_json::json!({
+            "format": 1, "holder_id": "node-a", "term": 7, "released": false,
+        }));
+        for bit in 0..bytes.len() * 8 {
+            let mut flipped = bytes.to_vec();
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            let Ok(mut parsed) = Fields::parse("test", "k", &Bytes::from(flipped)) else {
+                continue;
+            };
+            // Parsed: the flip only touched layout; every value is intact.
+            assert_eq!(parsed.u64("format").unwrap(), 1, "bit {bit}");
+            assert_eq!(parsed.string("holder_id").unwrap(), "node-a", "bit {bit}");
+            assert_eq!(parsed.u64("term").unwrap(), 7, "bit {bit}");
+            assert!(!parsed.bool("released").unwrap(), "bit {bit}");
+        }
     }
 
     #[test]

@@ -81,7 +81,7 @@ impl LeaseRecord {
 
     /// Encodes the document.
     pub(crate) fn encode(&self) -> Bytes {
-        document::encode(&json!({
+        document::encode(json!({
             "format": LEASE_FORMAT,
             "database_key": self.database_key.as_str(),
             "holder_id": self.holder_id.as_str(),
@@ -151,7 +151,8 @@ mod tests {
     fn with(field: &str, value: serde_json::Value) -> Bytes {
         let mut doc: serde_json::Value = serde_json::from_slice(&record().encode()).unwrap();
         doc[field] = value;
-        Bytes::from(serde_json::to_vec(&doc).unwrap())
+        // Re-signed: each case must fail on its field, not on the checksum.
+        crate::lease::document::encode(doc)
     }
 
     #[test]

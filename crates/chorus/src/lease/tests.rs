@@ -263,20 +263,43 @@ async fn release_holder_acts_only_for_the_named_holder() {
 async fn a_malformed_lease_document_is_reported_and_left_alone() {
     let clock = ManualClock::shared(START_MS);
     let store = memory().await;
-    let garbage = Bytes::from_static(br#"{"format": 1, "holder_id": "a"}"#);
-    store
-        .create("db/lease.json", garbage.clone())
-        .await
-        .unwrap();
-    let error = leases(&store, &clock)
-        .acquire(holder("a"), Term(1))
-        .await
-        .unwrap_err();
-    let LeaseError::Document(ref document) = error else {
-        panic!("expected a document error, got {error}");
-    };
-    assert_eq!(document.field(), "database_key");
-    assert_eq!(store.get("db/lease.json").await.unwrap().bytes, garbage);
+    // Well-formed and checksummed, but missing a field; then hand-written
+    // without a checksum; then a damaged digit.
+    let incomplete =
+        crate::lease::document::encode(serde_json::json!({"format": 1, "holder_id": "a"}));
+    let unsigned = Bytes::from_static(br#"{"format": 1, "holder_id": "a"}"#);
+    let good = LeaseRecord {
+        database_key: DatabaseKey::new("db").unwrap(),
+        holder_id: holder("b"),
+        term: Term(1),
+        generation: Generation(1),
+        acquired_at_ms: START_MS,
+        expires_at_ms: START_MS + 10_000,
+        released: false,
+    }
+    .encode();
+    let text = String::from_utf8(good.to_vec()).unwrap();
+    let damaged = Bytes::from(text.replace(&(START_MS + 10_000).to_string(), "1"));
+    for (garbage, field) in [
+        (incomplete, "database_key"),
+        (unsigned, "crc32c"),
+        (damaged, "crc32c"),
+    ] {
+        let _ = store.delete("db/lease.json").await;
+        store
+            .create("db/lease.json", garbage.clone())
+            .await
+            .unwrap();
+        let error = leases(&store, &clock)
+            .acquire(holder("a"), Term(1))
+            .await
+            .unwrap_err();
+        let LeaseError::Document(ref document) = error else {
+            panic!("expected a document error, got {error}");
+        };
+        assert_eq!(document.field(), field, "{error}");
+        assert_eq!(store.get("db/lease.json").await.unwrap().bytes, garbage);
+    }
 }
 
 #[tokio::test]

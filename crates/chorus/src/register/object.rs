@@ -41,8 +41,40 @@ impl ObjectRegister {
     }
 }
 
+/// The document's own checksum entry (not a register field): the CRC32C, as
+/// 8 lowercase hex digits, of the compact JSON of every register field (keys
+/// sorted). A bit flipped at rest or in transit can leave valid JSON naming a
+/// different, equally valid register (a digit of `chorus.tail_base`), which
+/// validation alone cannot see.
+pub const CHECKSUM_KEY: &str = "crc32c";
+
+fn checksum(fields: &Fields) -> String {
+    let canonical = serde_json::to_vec(fields).expect("string maps encode");
+    format!("{:08x}", crc32c::crc32c(&canonical))
+}
+
 fn encode(fields: &Fields) -> Bytes {
-    Bytes::from(serde_json::to_vec_pretty(fields).expect("string maps encode"))
+    let mut document = fields.clone();
+    document.insert(CHECKSUM_KEY.to_owned(), checksum(fields));
+    Bytes::from(serde_json::to_vec_pretty(&document).expect("string maps encode"))
+}
+
+/// Parses a stored document and checks its checksum; the error says what is
+/// wrong with it.
+fn decode(bytes: &[u8]) -> Result<Fields, String> {
+    let mut fields: Fields = serde_json::from_slice(bytes)
+        .map_err(|e| format!("register document is not a JSON object of strings: {e}"))?;
+    let stored = fields
+        .remove(CHECKSUM_KEY)
+        .ok_or_else(|| format!("register document has no {CHECKSUM_KEY:?} checksum entry"))?;
+    let computed = checksum(&fields);
+    if stored != computed {
+        return Err(format!(
+            "register document checksum mismatch: stored {stored:?}, its fields give \
+             {computed:?} (damaged in storage or in transit, or edited by hand)"
+        ));
+    }
+    Ok(fields)
 }
 
 #[async_trait]
@@ -57,12 +89,8 @@ impl ManifestStore for ObjectRegister {
             Err(BlobError::NotFound { .. }) => return Ok(None),
             Err(error) => return Err(self.error(error)),
         };
-        let fields: Fields = serde_json::from_slice(&blob.bytes).map_err(|e| {
-            RegisterError::backend(
-                &self.name,
-                format!("register document is not a JSON object of strings: {e}"),
-            )
-        })?;
+        let fields =
+            decode(&blob.bytes).map_err(|reason| RegisterError::backend(&self.name, reason))?;
         Ok(Some(VersionedManifest {
             version: RegisterVersion(VersionToken::Blob(blob.version)),
             fields,
@@ -96,5 +124,51 @@ impl ManifestStore for ObjectRegister {
 
     fn max_directory_bytes(&self) -> usize {
         DEFAULT_MAX_DIRECTORY_BYTES
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields() -> Fields {
+        [("chorus.tail_base", "120"), ("chorus.epoch", "7")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn documents_round_trip_and_layout_is_not_content() {
+        let encoded = encode(&fields());
+        assert_eq!(decode(&encoded).unwrap(), fields());
+        let value: serde_json::Value = serde_json::from_slice(&encoded).unwrap();
+        assert_eq!(
+            decode(&serde_json::to_vec(&value).unwrap()).unwrap(),
+            fields()
+        );
+    }
+
+    #[test]
+    fn a_changed_value_or_a_missing_checksum_is_refused() {
+        let text = String::from_utf8(encode(&fields()).to_vec()).unwrap();
+        let damaged = text.replace("\"120\"", "\"130\"");
+        let error = decode(damaged.as_bytes()).unwrap_err();
+        assert!(error.contains("checksum mismatch"), "{error}");
+        let unsigned = serde_json::to_vec(&fields()).unwrap();
+        let error = decode(&unsigned).unwrap_err();
+        assert!(error.contains("no \"crc32c\" checksum"), "{error}");
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_refused_or_harmless() {
+        let encoded = encode(&fields());
+        for bit in 0..encoded.len() * 8 {
+            let mut flipped = encoded.to_vec();
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            if let Ok(decoded) = decode(&flipped) {
+                assert_eq!(decoded, fields(), "bit {bit} changed the register");
+            }
+        }
     }
 }

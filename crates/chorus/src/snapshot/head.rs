@@ -307,7 +307,7 @@ impl Head {
         if let Err((field, reason)) = self.check() {
             panic!("refusing to write an invalid HEAD: field={field}: {reason}");
         }
-        encode(&json!({
+        encode(json!({
             "format": HEAD_FORMAT,
             "database_key": self.database_key.as_str(),
             "holder_id": self.holder_id.as_str(),
@@ -406,7 +406,8 @@ mod tests {
     fn with(field: &str, value: serde_json::Value) -> Bytes {
         let mut doc: serde_json::Value = serde_json::from_slice(&head().encode()).unwrap();
         doc[field] = value;
-        Bytes::from(serde_json::to_vec(&doc).unwrap())
+        // Re-signed: each case must fail on its field, not on the checksum.
+        encode(doc)
     }
 
     #[test]

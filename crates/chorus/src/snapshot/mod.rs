@@ -131,7 +131,14 @@ impl SnapshotStore {
 
     /// A fresh publication store (state Unobserved) over these snapshots.
     pub fn publication(&self) -> PublicationStore {
-        PublicationStore::new(self.clone())
+        PublicationStore::new(self.clone(), PublisherId::random())
+    }
+
+    /// A fresh publication store that stamps `publisher_id` into its HEADs
+    /// instead of a random id: for deterministic simulation. Two boots must
+    /// never share an id (see [`PublisherId`]).
+    pub fn publication_as(&self, publisher_id: PublisherId) -> PublicationStore {
+        PublicationStore::new(self.clone(), publisher_id)
     }
 
     /// Reads HEAD stably: its version, its body, its version again, repeated

@@ -115,11 +115,11 @@ pub struct PublicationStore {
 }
 
 impl PublicationStore {
-    /// A store in state Unobserved.
-    pub fn new(snapshots: SnapshotStore) -> PublicationStore {
+    /// A store in state Unobserved that stamps `publisher_id` into its HEADs.
+    pub(crate) fn new(snapshots: SnapshotStore, publisher_id: PublisherId) -> PublicationStore {
         PublicationStore {
             snapshots,
-            publisher_id: PublisherId::random(),
+            publisher_id,
             state: State::Unobserved,
             unsettled: Vec::new(),
         }
