@@ -8,6 +8,9 @@ use std::path::Path;
 use bytes::Bytes;
 use chorus::codec::{Fragment, SealedSegment, encode_frames};
 use chorus::ids::{Epoch, FragmentIndex, RecordIndex, SegmentId};
+use chorus::lease::{DatabaseKey, Generation, HolderId, LeaseRecord, Term};
+use chorus::register::{Manifest, encode_document};
+use chorus::snapshot::{Head, PayloadId, PublicationSequence, PublisherId, Sha256Digest};
 
 fn main() -> std::io::Result<()> {
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
@@ -27,8 +30,53 @@ fn main() -> std::io::Result<()> {
         record_sets.len(),
         &fence.encode(),
     )?;
+    for (n, document) in documents().iter().enumerate() {
+        write(&corpus, "decode_documents", n, document)?;
+    }
     println!("seeds written under {}", corpus.display());
     Ok(())
+}
+
+/// A lease, a HEAD and a register document, each behind its kind byte.
+fn documents() -> Vec<Vec<u8>> {
+    let database = DatabaseKey::new("db").expect("a valid key");
+    let holder = HolderId::new("node-a").expect("a valid holder");
+    let lease = LeaseRecord {
+        database_key: database.clone(),
+        holder_id: holder.clone(),
+        term: Term(3),
+        generation: Generation(7),
+        acquired_at_ms: 1_700_000_000_000,
+        expires_at_ms: 1_700_000_010_000,
+        released: false,
+    };
+    let head = Head {
+        database_key: database,
+        holder_id: holder,
+        term: Term(3),
+        lease_generation: Generation(7),
+        publication_sequence: PublicationSequence(9),
+        snapshot: PayloadId {
+            generation: Generation(7),
+            sequence: PublicationSequence(9),
+        },
+        wal_index: RecordIndex(120),
+        payload_size_bytes: 5,
+        payload_sha256: Sha256Digest::of(b"hello"),
+        publisher_id: PublisherId(0x0123_4567_89ab_cdef),
+        updated_at_ms: 1_700_000_000_500,
+    };
+    let register = Manifest::initial(vec!["a".into(), "b".into(), "c".into()], 4)
+        .to_fields()
+        .expect("the initial register encodes");
+    [
+        (0, lease.encode()),
+        (1, head.encode()),
+        (2, encode_document(&register)),
+    ]
+    .into_iter()
+    .map(|(kind, bytes)| [&[kind][..], &bytes[..]].concat())
+    .collect()
 }
 
 fn record_sets() -> Vec<Vec<Bytes>> {

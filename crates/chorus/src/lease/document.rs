@@ -174,7 +174,8 @@ impl Fields {
 }
 
 /// Encodes a document (a JSON object) for storage, adding its checksum.
-pub(crate) fn encode(document: Value) -> Bytes {
+/// Panics if `document` is not an object.
+pub fn encode(document: Value) -> Bytes {
     let Value::Object(mut fields) = document else {
         panic!("documents are JSON objects");
     };

@@ -80,7 +80,7 @@ impl LeaseRecord {
     }
 
     /// Encodes the document.
-    pub(crate) fn encode(&self) -> Bytes {
+    pub fn encode(&self) -> Bytes {
         document::encode(json!({
             "format": LEASE_FORMAT,
             "database_key": self.database_key.as_str(),
@@ -94,7 +94,7 @@ impl LeaseRecord {
     }
 
     /// Decodes and validates the lease document of `database` stored at `key`.
-    pub(crate) fn decode(
+    pub fn decode(
         database: &DatabaseKey,
         key: &str,
         bytes: &Bytes,

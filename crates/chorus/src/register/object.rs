@@ -53,15 +53,19 @@ fn checksum(fields: &Fields) -> String {
     format!("{:08x}", crc32c::crc32c(&canonical))
 }
 
-fn encode(fields: &Fields) -> Bytes {
+/// Encodes register fields as the stored document, adding its checksum.
+pub fn encode_document(fields: &Fields) -> Bytes {
     let mut document = fields.clone();
     document.insert(CHECKSUM_KEY.to_owned(), checksum(fields));
     Bytes::from(serde_json::to_vec_pretty(&document).expect("string maps encode"))
 }
 
 /// Parses a stored document and checks its checksum; the error says what is
-/// wrong with it.
-fn decode(bytes: &[u8]) -> Result<Fields, String> {
+/// wrong with it. The fields are not validated here ([`Manifest::from_fields`]
+/// does that).
+///
+/// [`Manifest::from_fields`]: super::Manifest::from_fields
+pub fn decode_document(bytes: &[u8]) -> Result<Fields, String> {
     let mut fields: Fields = serde_json::from_slice(bytes)
         .map_err(|e| format!("register document is not a JSON object of strings: {e}"))?;
     let stored = fields
@@ -90,7 +94,7 @@ impl ManifestStore for ObjectRegister {
             Err(error) => return Err(self.error(error)),
         };
         let fields =
-            decode(&blob.bytes).map_err(|reason| RegisterError::backend(&self.name, reason))?;
+            decode_document(&blob.bytes).map_err(|reason| RegisterError::backend(&self.name, reason))?;
         Ok(Some(VersionedManifest {
             version: RegisterVersion(VersionToken::Blob(blob.version)),
             fields,
@@ -100,7 +104,7 @@ impl ManifestStore for ObjectRegister {
     async fn create(&self, fields: &Fields) -> Result<RegisterVersion, RegisterError> {
         let version = self
             .store
-            .create(REGISTER_KEY, encode(fields))
+            .create(REGISTER_KEY, encode_document(fields))
             .await
             .map_err(|e| self.error(e))?;
         Ok(RegisterVersion(VersionToken::Blob(version)))
@@ -116,7 +120,7 @@ impl ManifestStore for ObjectRegister {
         };
         let version = self
             .store
-            .update(REGISTER_KEY, expected, encode(fields))
+            .update(REGISTER_KEY, expected, encode_document(fields))
             .await
             .map_err(|e| self.error(e))?;
         Ok(RegisterVersion(VersionToken::Blob(version)))
@@ -140,33 +144,33 @@ mod tests {
 
     #[test]
     fn documents_round_trip_and_layout_is_not_content() {
-        let encoded = encode(&fields());
-        assert_eq!(decode(&encoded).unwrap(), fields());
+        let encoded = encode_document(&fields());
+        assert_eq!(decode_document(&encoded).unwrap(), fields());
         let value: serde_json::Value = serde_json::from_slice(&encoded).unwrap();
         assert_eq!(
-            decode(&serde_json::to_vec(&value).unwrap()).unwrap(),
+            decode_document(&serde_json::to_vec(&value).unwrap()).unwrap(),
             fields()
         );
     }
 
     #[test]
     fn a_changed_value_or_a_missing_checksum_is_refused() {
-        let text = String::from_utf8(encode(&fields()).to_vec()).unwrap();
+        let text = String::from_utf8(encode_document(&fields()).to_vec()).unwrap();
         let damaged = text.replace("\"120\"", "\"130\"");
-        let error = decode(damaged.as_bytes()).unwrap_err();
+        let error = decode_document(damaged.as_bytes()).unwrap_err();
         assert!(error.contains("checksum mismatch"), "{error}");
         let unsigned = serde_json::to_vec(&fields()).unwrap();
-        let error = decode(&unsigned).unwrap_err();
+        let error = decode_document(&unsigned).unwrap_err();
         assert!(error.contains("no \"crc32c\" checksum"), "{error}");
     }
 
     #[test]
     fn every_single_bit_flip_is_refused_or_harmless() {
-        let encoded = encode(&fields());
+        let encoded = encode_document(&fields());
         for bit in 0..encoded.len() * 8 {
             let mut flipped = encoded.to_vec();
             flipped[bit / 8] ^= 1 << (bit % 8);
-            if let Ok(decoded) = decode(&flipped) {
+            if let Ok(decoded) = decode_document(&flipped) {
                 assert_eq!(decoded, fields(), "bit {bit} changed the register");
             }
         }

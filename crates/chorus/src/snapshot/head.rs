@@ -303,7 +303,7 @@ impl Head {
 
     /// Encodes the document; panics if the HEAD breaks its own invariants,
     /// because writing it would wedge every reader.
-    pub(crate) fn encode(&self) -> Bytes {
+    pub fn encode(&self) -> Bytes {
         if let Err((field, reason)) = self.check() {
             panic!("refusing to write an invalid HEAD: field={field}: {reason}");
         }
@@ -324,7 +324,7 @@ impl Head {
     }
 
     /// Decodes and validates the HEAD of `database` stored at `key`.
-    pub(crate) fn decode(
+    pub fn decode(
         database: &DatabaseKey,
         key: &str,
         bytes: &Bytes,
