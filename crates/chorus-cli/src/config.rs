@@ -1,5 +1,6 @@
-//! Where the log lives: flags, `CHORUS_*` environment variables, a `chorus.toml`
-//! file, or the embedded default, in that order of precedence.
+//! Where the log (and a database's snapshots and lease) live: flags, `CHORUS_*`
+//! environment variables, a `chorus.toml` file, or the embedded default, in
+//! that order of precedence.
 //!
 //! Resolution is in two stages: [`StoreArgs`] (parsed input, no I/O) becomes a
 //! [`Location`] (validated URLs) in [`StoreArgs::resolve`]; opening the stores
@@ -35,13 +36,57 @@ pub struct StoreArgs {
     pub config: Option<PathBuf>,
 }
 
-/// The contents of a `chorus.toml`.
+/// The contents of a `chorus.toml`; one file serves every command.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     replicas: Option<Vec<String>>,
     register: Option<String>,
     data_dir: Option<PathBuf>,
+    /// Store of snapshots and the writer lease (`snapshot`, `lease`).
+    snapshot_store: Option<String>,
+    /// Database name inside it.
+    db: Option<String>,
+}
+
+impl FileConfig {
+    /// Reads `path` (which must exist), or `chorus.toml` in the current
+    /// directory if present.
+    fn load(path: Option<&Path>) -> Result<FileConfig, ConfigError> {
+        let (path, required) = match path {
+            Some(path) => (path.to_owned(), true),
+            None => (PathBuf::from("chorus.toml"), false),
+        };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(FileConfig::default());
+            }
+            Err(e) => {
+                return Err(ConfigError(format!(
+                    "cannot read config file {}: {e}",
+                    path.display()
+                )));
+            }
+        };
+        toml::from_str(&text).map_err(|e| {
+            // toml's own message spans several lines; errors here are one line.
+            let line = e
+                .span()
+                .map_or(1, |span| text[..span.start].matches('\n').count() + 1);
+            ConfigError(format!(
+                "invalid config file {} line {line}: {}",
+                path.display(),
+                e.message()
+            ))
+        })
+    }
+}
+
+/// The embedded default's directory, unless a flag, the environment or the
+/// file names another.
+fn data_dir(flag: Option<&Path>, file: Option<&Path>) -> Result<PathBuf, ConfigError> {
+    absolute(flag.or(file).unwrap_or(Path::new("chorus-data")))
 }
 
 /// A validated log location.
@@ -69,13 +114,8 @@ impl StoreArgs {
     /// Merges flags and environment (already in `self`) with the config file and
     /// the embedded default, and validates every URL. Reads only the config file.
     pub fn resolve(&self) -> Result<Location, ConfigError> {
-        let file = self.load_file()?;
-        let data_dir = self
-            .data_dir
-            .clone()
-            .or(file.data_dir)
-            .unwrap_or_else(|| PathBuf::from("chorus-data"));
-        let data_dir = absolute(&data_dir)?;
+        let file = FileConfig::load(self.config.as_deref())?;
+        let data_dir = data_dir(self.data_dir.as_deref(), file.data_dir.as_deref())?;
         let replicas = match (self.replicas.is_empty(), file.replicas) {
             (false, _) => parse_replicas(&self.replicas)?,
             (true, Some(replicas)) => parse_replicas(&replicas)?,
@@ -91,36 +131,6 @@ impl StoreArgs {
             None => RegisterUrl::sqlite(data_dir.join("register.db")),
         };
         Ok(Location { replicas, register })
-    }
-
-    fn load_file(&self) -> Result<FileConfig, ConfigError> {
-        let (path, required) = match &self.config {
-            Some(path) => (path.clone(), true),
-            None => (PathBuf::from("chorus.toml"), false),
-        };
-        let text = match std::fs::read_to_string(&path) {
-            Ok(text) => text,
-            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(FileConfig::default());
-            }
-            Err(e) => {
-                return Err(ConfigError(format!(
-                    "cannot read config file {}: {e}",
-                    path.display()
-                )));
-            }
-        };
-        toml::from_str(&text).map_err(|e| {
-            // toml's own message spans several lines; errors here are one line.
-            let line = e
-                .span()
-                .map_or(1, |span| text[..span.start].matches('\n').count() + 1);
-            ConfigError(format!(
-                "invalid config file {} line {line}: {}",
-                path.display(),
-                e.message()
-            ))
-        })
     }
 }
 
@@ -158,8 +168,8 @@ fn parse_replicas(urls: &[String]) -> Result<Vec<StoreUrl>, ConfigError> {
 /// Where one database's snapshots and writer lease live, for the `snapshot`
 /// and `lease` commands: `--store` (or `CHORUS_SNAPSHOT_STORE`), defaulting to
 /// the embedded `file://<data dir>/snapshots-store`, and `--db` naming the
-/// database inside it. Read from flags and the environment only, not from
-/// `chorus.toml`.
+/// database inside it; each also from `chorus.toml` (`snapshot_store`, `db`,
+/// `data_dir`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct DatabaseArgs {
     /// Store URL holding <db>/HEAD.json, <db>/snapshots/ and <db>/lease.json
@@ -167,13 +177,18 @@ pub struct DatabaseArgs {
     #[arg(long, env = "CHORUS_SNAPSHOT_STORE")]
     pub store: Option<String>,
 
-    /// Database name: one key segment of letters, digits, '-', '_', '.', '='.
-    #[arg(long, env = "CHORUS_DB", default_value = "default")]
-    pub db: String,
+    /// Database name: one key segment of letters, digits, '-', '_', '.', '='
+    /// [default: default].
+    #[arg(long, env = "CHORUS_DB")]
+    pub db: Option<String>,
 
     /// Directory of the embedded default store, used when --store is unset.
     #[arg(long, env = "CHORUS_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+
+    /// Configuration file; `chorus.toml` in the current directory is read if present.
+    #[arg(long, env = "CHORUS_CONFIG")]
+    pub config: Option<PathBuf>,
 }
 
 /// A validated database location.
@@ -186,19 +201,22 @@ pub struct DatabaseLocation {
 }
 
 impl DatabaseArgs {
-    /// Validates the database name and the store URL (or builds the default).
-    /// Does no I/O.
+    /// Merges flags and environment with the config file, validates the
+    /// database name and the store URL (or builds the default). Reads only
+    /// the config file.
     pub fn resolve(&self) -> Result<DatabaseLocation, ConfigError> {
-        let database = chorus::lease::DatabaseKey::new(&self.db)
-            .map_err(|e| ConfigError(format!("db: {e}")))?;
-        let store = match &self.store {
+        let file = FileConfig::load(self.config.as_deref())?;
+        let db = self.db.as_deref().or(file.db.as_deref()).unwrap_or("default");
+        let database =
+            chorus::lease::DatabaseKey::new(db).map_err(|e| ConfigError(format!("db: {e}")))?;
+        let store = match self.store.as_ref().or(file.snapshot_store.as_ref()) {
             Some(url) => url
                 .trim()
                 .parse::<StoreUrl>()
                 .map_err(|e| ConfigError(format!("store: {e}")))?,
             None => {
-                let data_dir = self.data_dir.as_deref().unwrap_or(Path::new("chorus-data"));
-                StoreUrl::local(&absolute(data_dir)?.join("snapshots-store"))
+                let data_dir = data_dir(self.data_dir.as_deref(), file.data_dir.as_deref())?;
+                StoreUrl::local(&data_dir.join("snapshots-store"))
             }
         };
         Ok(DatabaseLocation { store, database })

@@ -23,6 +23,7 @@ fn chorus(dir: &Path, args: &[&str]) -> Output {
         .env_remove("CHORUS_DB")
         .env_remove("CHORUS_DATA_DIR")
         .env_remove("CHORUS_HOLDER")
+        .env_remove("CHORUS_CONFIG")
         .output()
         .expect("chorus runs")
 }
@@ -149,6 +150,33 @@ fn publish_list_restore_round_trip_with_explicit_store_and_db() {
     round_trip(dir.path(), &["--store", &store, "--db", "orders"]);
     assert!(dir.path().join("elsewhere/orders/HEAD.json").is_file());
     assert!(!dir.path().join("chorus-data").exists());
+}
+
+#[test]
+fn the_store_and_db_come_from_chorus_toml_and_flags_win() {
+    let dir = TempDir::new().unwrap();
+    let store = StoreUrl::local(&dir.path().join("configured")).to_string();
+    let config = format!("snapshot_store = \"{store}\"\ndb = \"ledger\"\n");
+    write_file(dir.path(), "chorus.toml", config.as_bytes());
+    round_trip(dir.path(), &[]);
+    assert!(dir.path().join("configured/ledger/HEAD.json").is_file());
+    assert!(!dir.path().join("chorus-data").exists());
+    let status = assert_succeeds(&chorus(dir.path(), &["lease", "status", "--json"]));
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["database"], "ledger", "{status}");
+
+    // A flag overrides the file; a bad key in the file is a one-line error.
+    let listed = assert_succeeds(&chorus(
+        dir.path(),
+        &["snapshot", "list", "--json", "--db", "other"],
+    ));
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    assert!(listed["head"].is_null(), "{listed}");
+    write_file(dir.path(), "chorus.toml", b"snapshot_stor = \"x\"\n");
+    assert_fails_with(
+        &chorus(dir.path(), &["snapshot", "list"]),
+        &["invalid config file", "chorus.toml line 1", "snapshot_stor"],
+    );
 }
 
 #[test]
