@@ -206,7 +206,11 @@ impl DatabaseArgs {
     /// the config file.
     pub fn resolve(&self) -> Result<DatabaseLocation, ConfigError> {
         let file = FileConfig::load(self.config.as_deref())?;
-        let db = self.db.as_deref().or(file.db.as_deref()).unwrap_or("default");
+        let db = self
+            .db
+            .as_deref()
+            .or(file.db.as_deref())
+            .unwrap_or("default");
         let database =
             chorus::lease::DatabaseKey::new(db).map_err(|e| ConfigError(format!("db: {e}")))?;
         let store = match self.store.as_ref().or(file.snapshot_store.as_ref()) {

@@ -46,6 +46,10 @@ pub struct StoreChecker {
     fragments: Vec<BTreeMap<String, Option<Fragment>>>,
     /// Directory entries verified on Q replicas, by sealed key, with records.
     entries: BTreeMap<String, Arc<Vec<Bytes>>>,
+    /// The records of every sealed key ever verified, kept after truncation
+    /// deletes the objects (a key names its content: id and CRC32C), so a
+    /// recovery view the checkers see late is still checked from its floor.
+    verified: BTreeMap<String, Arc<Vec<Bytes>>>,
     /// The directory prefix whose entries have been checked.
     checked: Vec<DirectoryEntry>,
     /// Directory position of each checked entry's sealed key.
@@ -74,6 +78,7 @@ impl StoreChecker {
             mirror: vec![BTreeMap::new(); replicas],
             fragments: vec![BTreeMap::new(); replicas],
             entries: BTreeMap::new(),
+            verified: BTreeMap::new(),
             checked: Vec::new(),
             key_positions: BTreeMap::new(),
             dirty_sealed: BTreeSet::new(),
@@ -338,6 +343,7 @@ impl StoreChecker {
             ));
         }
         let records = Arc::new(records);
+        self.verified.insert(key.clone(), Arc::clone(&records));
         self.entries.insert(key, Arc::clone(&records));
         Ok(records)
     }
@@ -405,27 +411,46 @@ impl StoreChecker {
     }
 
     /// The records the directory of a committed recovery view names, from
-    /// `from` to `tail_base`, each entry verified on Q replicas. `from` is at
-    /// least the current floor: the view may be older than the stores (its
-    /// notice is handled after the step), and a truncation since may have
-    /// deleted what lies below the new floor.
-    pub fn content(&mut self, manifest: &Manifest, from: u64) -> Result<Vec<Bytes>, Violation> {
+    /// its floor to `tail_base`, with the index they start at. Entries still
+    /// retained at the current floor `current_floor` are verified on Q
+    /// replicas; the view may be older than the stores (its notice is handled
+    /// after the step), so entries a later truncation released come from what
+    /// the checkers verified before. If one of those was never seen, the
+    /// content starts after it.
+    pub fn content(
+        &mut self,
+        manifest: &Manifest,
+        current_floor: u64,
+    ) -> Result<(u64, Vec<Bytes>), Violation> {
+        let floor = manifest.trunc.0;
+        let mut start = floor;
         let mut content = Vec::new();
         for position in 0..manifest.segments.len() {
             let entry = manifest.segments[position];
             let end = manifest.entry_end(position).0;
-            if end <= from {
+            if end <= floor {
                 continue;
             }
             let key = sealed_key(entry.id, entry.crc32c);
-            let records = match self.entries.get(&key) {
-                Some(records) => Arc::clone(records),
-                None => self.verify_entry(&entry, end)?,
+            let records = if end <= current_floor {
+                match self.verified.get(&key) {
+                    Some(records) => Arc::clone(records),
+                    None => {
+                        start = end;
+                        content.clear();
+                        continue;
+                    }
+                }
+            } else {
+                match self.entries.get(&key) {
+                    Some(records) => Arc::clone(records),
+                    None => self.verify_entry(&entry, end)?,
+                }
             };
-            let skip = from.saturating_sub(entry.base.0) as usize;
+            let skip = start.saturating_sub(entry.base.0) as usize;
             content.extend(records.iter().skip(skip).cloned());
         }
-        Ok(content)
+        Ok((start, content))
     }
 
     /// Copies of retained sealed objects that could be lost without leaving

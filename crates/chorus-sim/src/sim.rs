@@ -106,8 +106,8 @@ struct CommittedView {
     epoch: Epoch,
     /// The view's floor: where its replay starts.
     floor: u64,
-    /// Where the checked content starts (the floor, or a higher one that a
-    /// truncation committed before the checkers saw the view).
+    /// Where the checked content starts: the floor, unless a truncation
+    /// deleted segments of the view before the checkers ever verified them.
     checked_from: u64,
     /// The recovered end.
     end: u64,
@@ -278,8 +278,7 @@ impl Sim {
             ));
         }
         let current = self.checker.check_register(&self.world)?;
-        let checked_from = floor.max(current.trunc.0).min(end);
-        let content = self.checker.content(&notice.manifest, checked_from)?;
+        let (checked_from, content) = self.checker.content(&notice.manifest, current.trunc.0)?;
         self.event(format!(
             "recovery {} committed epoch {} floor {floor} end {end} tail {}",
             notice.task, notice.epoch, notice.manifest.tail

@@ -1,6 +1,11 @@
-//! Seeds that found protocol bugs, replayed in full (2000 steps, twice), and
-//! the determinism self-test. Each seed is named after what it found; the
-//! library-level regression tests live in `crates/chorus/tests/sim_regressions.rs`.
+//! Seeds that found protocol bugs, run in full (2000 steps, twice), and the
+//! determinism self-test. Each seed is named after what it found. A seed's
+//! schedule is a function of the simulator's code too: once the schedule
+//! gained actions (split views, truncation, maintenance, rot), these seeds no
+//! longer replay the runs that found the bugs, and serve as more seeds. The
+//! bugs themselves are pinned by library-level regression tests that do not
+//! depend on the schedule, in `crates/chorus/tests/sim_regressions.rs` (and
+//! `log_maintenance.rs` for seed 11).
 
 use std::time::Duration;
 

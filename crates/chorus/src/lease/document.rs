@@ -95,6 +95,10 @@ impl Fields {
             Ok(_) => return Err(fields.invalid("document", "not a JSON object")),
             Err(error) => return Err(fields.invalid("document", format!("not JSON: {error}"))),
         }
+        if !fields.map.contains_key(CHECKSUM_FIELD) {
+            let reason = "missing (written by hand, or by a build before checksums)";
+            return Err(fields.invalid(CHECKSUM_FIELD, reason));
+        }
         let stored = fields.string(CHECKSUM_FIELD)?;
         let computed = format!("{:08x}", checksum(&fields.map));
         if stored != computed {

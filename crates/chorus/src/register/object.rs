@@ -1,6 +1,8 @@
 //! The register as a JSON object in any CAS-capable blob store, written with
 //! create-if-absent and updated with if-match on its version token.
 
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
 use bytes::Bytes;
 
@@ -49,11 +51,17 @@ impl ObjectRegister {
 pub const CHECKSUM_KEY: &str = "crc32c";
 
 fn checksum(fields: &Fields) -> String {
-    let canonical = serde_json::to_vec(fields).expect("string maps encode");
+    let canonical: BTreeMap<&String, &String> = fields
+        .iter()
+        .filter(|(name, _)| name.as_str() != CHECKSUM_KEY)
+        .collect();
+    let canonical = serde_json::to_vec(&canonical).expect("string maps encode");
     format!("{:08x}", crc32c::crc32c(&canonical))
 }
 
-/// Encodes register fields as the stored document, adding its checksum.
+/// Encodes register fields as the stored document, adding its checksum (an
+/// entry named [`CHECKSUM_KEY`] in `fields` is not a register field and is
+/// replaced).
 pub fn encode_document(fields: &Fields) -> Bytes {
     let mut document = fields.clone();
     document.insert(CHECKSUM_KEY.to_owned(), checksum(fields));
@@ -68,9 +76,12 @@ pub fn encode_document(fields: &Fields) -> Bytes {
 pub fn decode_document(bytes: &[u8]) -> Result<Fields, String> {
     let mut fields: Fields = serde_json::from_slice(bytes)
         .map_err(|e| format!("register document is not a JSON object of strings: {e}"))?;
-    let stored = fields
-        .remove(CHECKSUM_KEY)
-        .ok_or_else(|| format!("register document has no {CHECKSUM_KEY:?} checksum entry"))?;
+    let stored = fields.remove(CHECKSUM_KEY).ok_or_else(|| {
+        format!(
+            "register document has no {CHECKSUM_KEY:?} checksum entry (written by hand, \
+                 or by a build before checksums)"
+        )
+    })?;
     let computed = checksum(&fields);
     if stored != computed {
         return Err(format!(
@@ -93,8 +104,8 @@ impl ManifestStore for ObjectRegister {
             Err(BlobError::NotFound { .. }) => return Ok(None),
             Err(error) => return Err(self.error(error)),
         };
-        let fields =
-            decode_document(&blob.bytes).map_err(|reason| RegisterError::backend(&self.name, reason))?;
+        let fields = decode_document(&blob.bytes)
+            .map_err(|reason| RegisterError::backend(&self.name, reason))?;
         Ok(Some(VersionedManifest {
             version: RegisterVersion(VersionToken::Blob(blob.version)),
             fields,

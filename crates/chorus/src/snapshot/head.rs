@@ -324,11 +324,7 @@ impl Head {
     }
 
     /// Decodes and validates the HEAD of `database` stored at `key`.
-    pub fn decode(
-        database: &DatabaseKey,
-        key: &str,
-        bytes: &Bytes,
-    ) -> Result<Head, DocumentError> {
+    pub fn decode(database: &DatabaseKey, key: &str, bytes: &Bytes) -> Result<Head, DocumentError> {
         let mut fields = Fields::parse("HEAD", key, bytes)?;
         fields.format(HEAD_FORMAT)?;
         let database_key = fields.string("database_key")?;

@@ -20,7 +20,8 @@ pub struct TruncateReport {
     /// Tombstones left for a later pass (some replica failed, or an earlier
     /// tombstone is still present: entries leave the directory in order).
     pub tombstones: Vec<SegmentId>,
-    /// Objects deleted.
+    /// Delete requests that succeeded (a key already gone counts too, so a
+    /// tombstone swept again counts again).
     pub deleted_objects: usize,
 }
 
@@ -91,16 +92,14 @@ impl Maintenance {
             .await?;
             // Entries behind a tombstone that is still somewhere stay in the
             // directory (only a leading run leaves it); a later pass drops them.
-            let (left, kept): (Vec<SegmentId>, Vec<SegmentId>) =
-                removed.into_iter().partition(|id| {
-                    !committed
-                        .manifest
-                        .segments
-                        .iter()
-                        .any(|entry| entry.id == *id)
-                });
-            report.removed = left;
-            report.tombstones.extend(kept);
+            let still_named =
+                |id: &SegmentId| committed.manifest.segments.iter().any(|e| e.id == *id);
+            report.removed.retain(|id| !still_named(id));
+            report.tombstones = tombstones
+                .iter()
+                .map(|entry| entry.id)
+                .filter(|id| !report.removed.contains(id))
+                .collect();
         }
         metrics::counter!("chorus_truncated_segments_total").increment(report.removed.len() as u64);
         Ok(report)
