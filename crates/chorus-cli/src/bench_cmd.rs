@@ -17,6 +17,7 @@ use chorus::register::{MemoryRegister, initialize};
 use serde::Serialize;
 
 use crate::CommandError;
+use crate::output::outln;
 
 /// The `bench` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -84,10 +85,16 @@ impl BenchCommand {
             ("peak, repair running", None, true),
         ];
         if !args.json {
-            println!(
+            outln!(
                 "{:<26} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9}",
-                "scenario", "appends", "seconds", "MB/s", "p50 ms", "p99 ms", "max ms"
-            );
+                "scenario",
+                "appends",
+                "seconds",
+                "MB/s",
+                "p50 ms",
+                "p99 ms",
+                "max ms"
+            )?;
         }
         for (name, slow, repair) in scenarios {
             eprintln!("running: {name} …");
@@ -111,7 +118,7 @@ impl BenchCommand {
                     ..outcome
                 },
                 args.json,
-            );
+            )?;
         }
         Ok(())
     }
@@ -131,14 +138,14 @@ fn spawn_repair_loop(stores: &LogStores) -> tokio::task::JoinHandle<()> {
     })
 }
 
-fn print_outcome(outcome: &Outcome, json: bool) {
+fn print_outcome(outcome: &Outcome, json: bool) -> Result<(), CommandError> {
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string(outcome).expect("outcomes encode")
-        );
+        )
     } else {
-        println!(
+        outln!(
             "{:<26} {:>8} {:>8.2} {:>10.1} {:>9.2} {:>9.2} {:>9.2}",
             outcome.scenario,
             outcome.appends,
@@ -147,7 +154,7 @@ fn print_outcome(outcome: &Outcome, json: bool) {
             outcome.p50_ms,
             outcome.p99_ms,
             outcome.max_ms
-        );
+        )
     }
 }
 

@@ -8,6 +8,7 @@ use serde_json::json;
 
 use crate::CommandError;
 use crate::config::{DatabaseArgs, DatabaseLocation};
+use crate::output::{out, outln};
 
 /// The `lease` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -129,9 +130,9 @@ async fn status(args: StatusArgs) -> Result<(), CommandError> {
     };
     let now_ms = SystemClock.wall_ms();
     if args.json {
-        println!("{}", status_json(&location, record.as_ref(), now_ms));
+        outln!("{}", status_json(&location, record.as_ref(), now_ms))?;
     } else {
-        print!("{}", status_text(&location, record.as_ref(), now_ms));
+        out!("{}", status_text(&location, record.as_ref(), now_ms))?;
     }
     Ok(())
 }
@@ -215,19 +216,20 @@ async fn release(args: ReleaseArgs) -> Result<(), CommandError> {
         .map_err(|e| format!("cannot release lease: {e}"))?;
     let database = &location.database;
     match outcome {
-        ReleaseOutcome::Released(record) => println!(
+        ReleaseOutcome::Released(record) => outln!(
             "released lease: database={database} holder={holder} generation={}",
             record.generation
-        ),
-        ReleaseOutcome::NotHeld(None) => println!("no lease to release: database={database}"),
-        ReleaseOutcome::NotHeld(Some(record)) if record.released => println!(
+        )?,
+        ReleaseOutcome::NotHeld(None) => outln!("no lease to release: database={database}")?,
+        ReleaseOutcome::NotHeld(Some(record)) if record.released => outln!(
             "lease already released: database={database} holder={} generation={}",
-            record.holder_id, record.generation
-        ),
-        ReleaseOutcome::NotHeld(Some(record)) => println!(
+            record.holder_id,
+            record.generation
+        )?,
+        ReleaseOutcome::NotHeld(Some(record)) => outln!(
             "lease not held by {holder}, nothing released: database={database} holder={} state=expired",
             record.holder_id
-        ),
+        )?,
     }
     Ok(())
 }

@@ -5,8 +5,6 @@ mod json_lines;
 mod maintain;
 mod read;
 
-use std::io::Write;
-
 use chorus::blob::open_store;
 use chorus::register::{Initialized, MAX_WINDOW, Manifest, OpenMode, initialize, open_register};
 use serde_json::json;
@@ -14,6 +12,7 @@ use serde_json::json;
 use crate::CommandError;
 use crate::config::{Location, StoreArgs};
 use crate::open::{open_existing_register, read_manifest};
+use crate::output::{out, outln};
 
 /// Default per-replica fragment window of new logs.
 pub const DEFAULT_WINDOW: u32 = 4;
@@ -105,13 +104,13 @@ async fn init(args: InitArgs) -> Result<(), CommandError> {
         Initialized::Existing(committed) => ("already initialized", committed),
     };
     let manifest = &committed.manifest;
-    println!(
+    outln!(
         "{verb} log: {} replicas (quorum {}), window {}, register {}",
         manifest.replica_count(),
         manifest.quorum(),
         manifest.window,
         location.register
-    );
+    )?;
     Ok(())
 }
 
@@ -124,11 +123,7 @@ async fn inspect(args: InspectArgs) -> Result<(), CommandError> {
     } else {
         inspect_text(&manifest, &version, &location)
     };
-    // Not `print!`: it panics when stdout is closed (`chorus log inspect | head`).
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())
-        .and_then(|()| out.flush())
-        .map_err(json_lines::output_error)
+    out!("{text}")
 }
 
 fn inspect_json(manifest: &Manifest, version: &str, location: &Location) -> serde_json::Value {

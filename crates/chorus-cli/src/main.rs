@@ -6,6 +6,7 @@ mod config;
 mod lease_cmd;
 mod log_cmd;
 mod open;
+mod output;
 mod progress;
 mod snapshot_cmd;
 

@@ -23,6 +23,7 @@ use serde_json::json;
 use crate::CommandError;
 use crate::config::{DatabaseArgs, DatabaseLocation};
 use crate::lease_cmd::{HolderArgs, lease_store, open_for_read, open_for_write};
+use crate::output::{out, outln};
 
 /// The `snapshot` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -137,9 +138,9 @@ async fn list(args: ListArgs) -> Result<(), CommandError> {
         None => (None, Vec::new()),
     };
     if args.json {
-        println!("{}", list_json(&location, head.as_ref(), &payloads));
+        outln!("{}", list_json(&location, head.as_ref(), &payloads))?;
     } else {
-        print!("{}", list_text(&location, head.as_ref(), &payloads));
+        out!("{}", list_text(&location, head.as_ref(), &payloads))?;
     }
     Ok(())
 }
@@ -258,7 +259,7 @@ async fn publish(args: PublishArgs) -> Result<(), CommandError> {
     // Release even after a failure, so the next writer need not wait out the ttl.
     let released = lease.release().await;
     let (head, report) = published.map_err(|e| format!("cannot publish snapshot: {e}"))?;
-    println!(
+    outln!(
         "published snapshot {}: sequence {}, wal_index {}, {} bytes, sha256 {}, holder {} generation {}",
         head.snapshot_key(),
         head.publication_sequence,
@@ -267,9 +268,9 @@ async fn publish(args: PublishArgs) -> Result<(), CommandError> {
         head.payload_sha256,
         head.holder_id,
         head.lease_generation
-    );
+    )?;
     if !report.deleted.is_empty() {
-        println!("retention deleted {} old payload(s)", report.deleted.len());
+        outln!("retention deleted {} old payload(s)", report.deleted.len())?;
     }
     released.map_err(|e| format!("published, but cannot release the lease: {e}"))?;
     Ok(())
@@ -310,14 +311,14 @@ async fn restore(args: RestoreArgs) -> Result<(), CommandError> {
         .ok_or_else(nothing)?;
     write_atomically(&args.to, &bytes)
         .map_err(|e| format!("cannot write {}: {e}", args.to.display()))?;
-    println!(
+    outln!(
         "restored snapshot {} to {}: {} bytes, wal_index {}, sha256 {} verified",
         head.snapshot_key(),
         args.to.display(),
         bytes.len(),
         head.wal_index,
         head.payload_sha256
-    );
+    )?;
     Ok(())
 }
 

@@ -179,6 +179,34 @@ fn the_store_and_db_come_from_chorus_toml_and_flags_win() {
     );
 }
 
+/// A reader that goes away (`chorus snapshot list | head -0`) is not an
+/// error, and never a panic.
+#[test]
+fn a_closed_stdout_ends_listing_commands_quietly() {
+    let dir = TempDir::new().unwrap();
+    round_trip(dir.path(), &[]);
+    for args in [
+        &["snapshot", "list"][..],
+        &["snapshot", "list", "--json"],
+        &["lease", "status"],
+        &["lease", "status", "--json"],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_chorus"))
+            .args(args)
+            .current_dir(dir.path())
+            .env_remove("CHORUS_CONFIG")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let output = child.wait_with_output().unwrap();
+        let stderr = stderr(&output);
+        assert!(output.status.success(), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
 #[test]
 fn publish_list_restore_round_trip_on_s3() {
     let Some(urls) = support::s3_urls("cli-snapshot") else {

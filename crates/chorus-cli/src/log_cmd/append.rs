@@ -25,10 +25,11 @@ use chorus::log::{Completion, LogConfig, LogError, Receipt, Recovery, Writer};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use super::json_lines::{JsonLines, output_error};
+use super::json_lines::JsonLines;
 use crate::CommandError;
 use crate::config::StoreArgs;
 use crate::open::{Access, open_log};
+use crate::output::output_error;
 
 /// Records read ahead of admission.
 const INPUT_QUEUE_RECORDS: usize = 256;

@@ -5,8 +5,6 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use crate::CommandError;
-
 /// Standard output as a stream of JSON lines.
 #[derive(Debug)]
 pub struct JsonLines {
@@ -26,16 +24,5 @@ impl JsonLines {
         let mut out = self.out.lock();
         out.write_all(&line)?;
         out.flush()
-    }
-}
-
-/// The command error for a failed write to standard output. A broken pipe is
-/// passed through as it is, so that `main` treats it as success (the reader
-/// went away, as with `chorus log read | head`).
-pub fn output_error(error: io::Error) -> CommandError {
-    if error.kind() == io::ErrorKind::BrokenPipe {
-        Box::new(error)
-    } else {
-        format!("cannot write to standard output: {error}").into()
     }
 }

@@ -8,6 +8,7 @@ use chorus::log::maintenance::{Maintenance, VerifyReport};
 use crate::CommandError;
 use crate::config::StoreArgs;
 use crate::open::{Access, open_log};
+use crate::output::{out, outln};
 use crate::progress::CliProgress;
 
 /// Arguments of `log truncate`.
@@ -49,13 +50,13 @@ pub async fn truncate(args: TruncateArgs) -> Result<(), CommandError> {
         .truncate_before(RecordIndex(args.before), end, &CliProgress::stderr())
         .await
         .map_err(|e| format!("cannot truncate: {e}"))?;
-    println!(
+    outln!(
         "truncated: floor={} removed_segments={} deleted_objects={} tombstones_left={}",
         report.floor,
         report.removed.len(),
         report.deleted_objects,
         report.tombstones.len()
-    );
+    )?;
     Ok(())
 }
 
@@ -68,7 +69,7 @@ pub async fn repair(args: RepairArgs) -> Result<(), CommandError> {
     let manifest = maintenance.manifest().await?;
     let tombstones = maintenance.sweep_tombstones(&manifest, &progress).await?;
     let swept = maintenance.sweep_orphans(&progress).await?;
-    println!(
+    outln!(
         "repaired: checked={} restored={} replaced={} tombstones_removed={} orphans_deleted={} failures={}",
         repaired.checked,
         repaired.restored,
@@ -76,7 +77,7 @@ pub async fn repair(args: RepairArgs) -> Result<(), CommandError> {
         tombstones.removed.len(),
         swept.deleted,
         repaired.failures.len() + swept.failures.len()
-    );
+    )?;
     let failures: Vec<String> = repaired
         .failures
         .into_iter()
@@ -96,12 +97,12 @@ pub async fn verify(args: VerifyArgs) -> Result<(), CommandError> {
         .verify(&CliProgress::stderr())
         .await?;
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string(&report).expect("reports encode")
-        );
+        )?;
     } else {
-        print!("{}", verify_text(&report));
+        out!("{}", verify_text(&report))?;
     }
     if report.is_healthy() {
         Ok(())

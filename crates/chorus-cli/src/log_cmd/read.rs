@@ -14,10 +14,11 @@ use chorus::ids::RecordIndex;
 use chorus::log::Reader;
 use serde::Serialize;
 
-use super::json_lines::{JsonLines, output_error};
+use super::json_lines::JsonLines;
 use crate::CommandError;
 use crate::config::StoreArgs;
 use crate::open::{Access, open_log};
+use crate::output::output_error;
 
 /// Arguments of `log read`.
 #[derive(Debug, clap::Args)]
