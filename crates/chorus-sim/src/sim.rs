@@ -414,13 +414,7 @@ impl Sim {
     }
 
     fn poll_recoveries(&mut self) -> Result<(), Violation> {
-        let mut index = 0;
-        while index < self.recoveries.len() {
-            let Some(joined) = (&mut self.recoveries[index].handle).now_or_never() else {
-                index += 1;
-                continue;
-            };
-            let task = self.recoveries.remove(index);
+        for (task, joined) in take_finished(&mut self.recoveries, |task| &mut task.handle) {
             match joined {
                 Ok(end) => self.on_recovery_end(&task, end)?,
                 Err(error) if error.is_cancelled() => {
@@ -434,13 +428,7 @@ impl Sim {
     }
 
     fn poll_maintenance(&mut self) -> Result<(), Violation> {
-        let mut index = 0;
-        while index < self.maintenance.len() {
-            let Some(joined) = (&mut self.maintenance[index].handle).now_or_never() else {
-                index += 1;
-                continue;
-            };
-            let task = self.maintenance.remove(index);
+        for (task, joined) in take_finished(&mut self.maintenance, |task| &mut task.handle) {
             match joined {
                 Ok(outcome) => self.event(format!("maintenance m{} ended: {outcome}", task.id)),
                 Err(error) if error.is_cancelled() => {
@@ -737,4 +725,20 @@ impl Sim {
         self.on_read(slot, outcome)?;
         self.observe()
     }
+}
+
+/// Removes the tasks whose handle has finished, in order, with how each ended.
+fn take_finished<T, R>(
+    tasks: &mut Vec<T>,
+    handle: impl Fn(&mut T) -> &mut tokio::task::JoinHandle<R>,
+) -> Vec<(T, Result<R, tokio::task::JoinError>)> {
+    let mut finished = Vec::new();
+    let mut index = 0;
+    while index < tasks.len() {
+        match handle(&mut tasks[index]).now_or_never() {
+            Some(joined) => finished.push((tasks.remove(index), joined)),
+            None => index += 1,
+        }
+    }
+    finished
 }
