@@ -134,7 +134,23 @@ async fn seed_1013_a_large_record_never_waits_forever_for_rotation() {
         .append(vec![2u8; 500])
         .expect("a segment below its threshold takes the record");
     large.await.unwrap();
-    // The segment crossed its threshold and rotates; appends go on.
-    let mut acked = BTreeMap::new();
-    append_acked(&writer, "after", 8, &mut acked).await;
+    // The segment crossed its threshold and rotates; until the rotation
+    // lands, `ActiveSegmentFull` is the retryable backpressure it should be,
+    // and then appends go on.
+    for sequence in 0..8 {
+        let record = payload("after", sequence);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let completion = loop {
+            match writer.append(record.clone()) {
+                Ok(completion) => break completion,
+                Err(LogError::ActiveSegmentFull { .. })
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(other) => panic!("append {sequence} refused: {other}"),
+            }
+        };
+        completion.await.unwrap();
+    }
 }
