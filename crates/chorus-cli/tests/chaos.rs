@@ -225,15 +225,10 @@ impl ChaosLog {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_chorus"));
+        let mut command = support::chorus_command(self.dir.path());
         command
             .args(args)
             .args(&self.store)
-            .current_dir(self.dir.path())
-            .env_remove("CHORUS_REPLICAS")
-            .env_remove("CHORUS_REGISTER")
-            .env_remove("CHORUS_DATA_DIR")
-            .env_remove("CHORUS_CONFIG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

@@ -1,18 +1,14 @@
 //! End-to-end tests of `chorus log init` and `chorus log inspect` through the
 //! real binary.
 
+mod support;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 fn chorus(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_chorus"))
+    support::chorus_command(dir)
         .args(args)
-        .current_dir(dir)
-        // Configuration must come from the arguments, not the caller's shell.
-        .env_remove("CHORUS_REPLICAS")
-        .env_remove("CHORUS_REGISTER")
-        .env_remove("CHORUS_DATA_DIR")
-        .env_remove("CHORUS_CONFIG")
         .output()
         .expect("chorus runs")
 }
@@ -191,9 +187,8 @@ fn an_unreachable_store_fails_and_creates_no_register() {
     // Nothing listens on port 9: connections are refused at once.
     let unreachable =
         "s3://bucket/log?endpoint=http://127.0.0.1:9&allow_http=true&region=us-east-1";
-    let output = Command::new(env!("CARGO_BIN_EXE_chorus"))
+    let output = support::chorus_command(dir.path())
         .args(["log", "init", "--replicas", unreachable])
-        .current_dir(dir.path())
         .env("AWS_ACCESS_KEY_ID", "test")
         .env("AWS_SECRET_ACCESS_KEY", "test")
         .output()

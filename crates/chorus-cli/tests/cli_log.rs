@@ -44,16 +44,8 @@ impl TestLog {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_chorus"));
-        command
-            .args(args)
-            .args(&self.store)
-            .current_dir(self.dir.path())
-            // Configuration must come from the arguments, not the caller's shell.
-            .env_remove("CHORUS_REPLICAS")
-            .env_remove("CHORUS_REGISTER")
-            .env_remove("CHORUS_DATA_DIR")
-            .env_remove("CHORUS_CONFIG");
+        let mut command = support::chorus_command(self.dir.path());
+        command.args(args).args(&self.store);
         command
     }
 

@@ -4,8 +4,10 @@
 //! directly in the replica directories is found by verify and healed by
 //! repair; truncation raises the floor and reads below it fail.
 
+mod support;
+
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 
 use serde_json::Value;
 use tempfile::TempDir;
@@ -54,14 +56,8 @@ impl TestLog {
     }
 
     fn run(&self, args: &[&str], input: &[u8]) -> Output {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        let mut child = support::chorus_command(self.dir.path())
             .args(args)
-            .current_dir(self.dir.path())
-            // Configuration must come from the arguments, not the caller's shell.
-            .env_remove("CHORUS_REPLICAS")
-            .env_remove("CHORUS_REGISTER")
-            .env_remove("CHORUS_DATA_DIR")
-            .env_remove("CHORUS_CONFIG")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -5,7 +5,7 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 use chorus::blob::{StoreUrl, open_store};
@@ -15,15 +15,8 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 fn chorus(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_chorus"))
+    support::chorus_command(dir)
         .args(args)
-        .current_dir(dir)
-        // Configuration must come from the arguments, not the caller's shell.
-        .env_remove("CHORUS_SNAPSHOT_STORE")
-        .env_remove("CHORUS_DB")
-        .env_remove("CHORUS_DATA_DIR")
-        .env_remove("CHORUS_HOLDER")
-        .env_remove("CHORUS_CONFIG")
         .output()
         .expect("chorus runs")
 }
@@ -191,10 +184,8 @@ fn a_closed_stdout_ends_listing_commands_quietly() {
         &["lease", "status"],
         &["lease", "status", "--json"],
     ] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_chorus"))
+        let mut child = support::chorus_command(dir.path())
             .args(args)
-            .current_dir(dir.path())
-            .env_remove("CHORUS_CONFIG")
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
