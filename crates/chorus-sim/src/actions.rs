@@ -648,8 +648,9 @@ impl Sim {
     }
 }
 
-/// Picks one option with probability proportional to its weight.
-fn pick(rng: &mut rand::rngs::StdRng, options: Vec<(u32, Action)>) -> Action {
+/// Picks one option with probability proportional to its weight (the log
+/// phases' and the lease phase's schedules alike).
+pub(crate) fn pick<A>(rng: &mut rand::rngs::StdRng, options: Vec<(u32, A)>) -> A {
     let total: u32 = options.iter().map(|(weight, _)| weight).sum();
     let mut draw = rng.random_range(0..total);
     for (weight, action) in options {

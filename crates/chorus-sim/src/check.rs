@@ -22,7 +22,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use chorus::blob::BlobError;
 use chorus::codec::{Fragment, SealedSegment};
 use chorus::ids::{Epoch, FragmentIndex, OwnerId, SegmentId};
 use chorus::log::layout::{sealed_key, segment_prefix};
@@ -32,7 +31,7 @@ use futures::FutureExt;
 
 use crate::model::{Model, Violation};
 use crate::trace::label;
-use crate::world::World;
+use crate::world::{World, raw_bytes};
 
 /// How often the mirror is compared with a full listing of every replica.
 pub const RESYNC_EVERY_STEPS: u64 = 256;
@@ -97,7 +96,7 @@ impl StoreChecker {
         for replica in 0..world.replica_count() {
             let dirty = std::mem::take(&mut *world.dirty[replica].lock().expect("dirty set"));
             for key in dirty {
-                let found = raw_get(world, replica, &key)?;
+                let found = raw_bytes(&world.raw[replica], &key)?;
                 self.forget(replica, &key);
                 match found {
                     Some(bytes) => self.mirror[replica].insert(key, bytes),
@@ -138,7 +137,7 @@ impl StoreChecker {
                 ));
             }
             for (key, bytes) in &self.mirror[replica] {
-                if raw_get(world, replica, key)?.as_ref() != Some(bytes) {
+                if raw_bytes(&world.raw[replica], key)?.as_ref() != Some(bytes) {
                     return Err(format!(
                         "harness: mirror of replica {replica} differs at {key}"
                     ));
@@ -509,18 +508,6 @@ fn parse_index(component: &str) -> Option<FragmentIndex> {
     digits
         .then(|| component.parse().ok().map(FragmentIndex))
         .flatten()
-}
-
-fn raw_get(world: &World, replica: usize, key: &str) -> Result<Option<Bytes>, Violation> {
-    match world.raw[replica]
-        .get(key)
-        .now_or_never()
-        .expect("in-memory stores answer at once")
-    {
-        Ok(blob) => Ok(Some(blob.bytes)),
-        Err(BlobError::NotFound { .. }) => Ok(None),
-        Err(error) => Err(format!("raw get failed on replica {replica}: {error}")),
-    }
 }
 
 fn check_records(

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use chorus::blob::{BlobError, DynBlobStore, FaultController, FaultyStore, ObjectStoreBlobs};
+use chorus::blob::{DynBlobStore, FaultController, FaultyStore, ObjectStoreBlobs};
 use chorus::clock::{Clock, DynClock};
 use chorus::ids::RecordIndex;
 use chorus::lease::{
@@ -47,10 +47,11 @@ use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::actions::pick;
 use crate::faults::{RuleLabel, draw_store_rule};
 use crate::model::Violation;
 use crate::trace::{Trace, label};
-use crate::world::{DirtyKeys, RecordingStore};
+use crate::world::{DirtyKeys, RecordingStore, raw_bytes};
 
 /// Processes contending for the lease.
 const PROCESSES: usize = 3;
@@ -797,28 +798,4 @@ impl LeaseChecker {
             }
         }
     }
-}
-
-fn raw_bytes(raw: &DynBlobStore, key: &str) -> Result<Option<Bytes>, Violation> {
-    match raw
-        .get(key)
-        .now_or_never()
-        .expect("raw stores answer at once")
-    {
-        Ok(blob) => Ok(Some(blob.bytes)),
-        Err(BlobError::NotFound { .. }) => Ok(None),
-        Err(error) => Err(format!("raw get {key}: {error}")),
-    }
-}
-
-fn pick(rng: &mut StdRng, options: Vec<(u32, Action)>) -> Action {
-    let total: u32 = options.iter().map(|(weight, _)| weight).sum();
-    let mut draw = rng.random_range(0..total);
-    for (weight, action) in options {
-        if draw < weight {
-            return action;
-        }
-        draw -= weight;
-    }
-    unreachable!("the draw is below the total weight")
 }

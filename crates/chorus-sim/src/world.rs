@@ -26,6 +26,8 @@ use chorus::log::LogStores;
 use chorus::register::{FaultyRegister, ManifestStore, MemoryRegister, initialize};
 use futures::FutureExt;
 
+use crate::model::Violation;
+
 /// Keys written (created, updated or deleted) on one replica since the
 /// checker last looked.
 pub type DirtyKeys = Arc<Mutex<BTreeSet<String>>>;
@@ -95,6 +97,20 @@ impl BlobStore for RecordingStore {
         let outcome = self.inner.delete(key).await;
         self.note(key);
         outcome
+    }
+}
+
+/// The bytes at `key` in a raw store (`None` if absent), read at once: the
+/// checkers' view, never through a fault-injecting layer.
+pub fn raw_bytes(raw: &DynBlobStore, key: &str) -> Result<Option<Bytes>, Violation> {
+    match raw
+        .get(key)
+        .now_or_never()
+        .expect("raw stores answer at once")
+    {
+        Ok(blob) => Ok(Some(blob.bytes)),
+        Err(BlobError::NotFound { .. }) => Ok(None),
+        Err(error) => Err(format!("raw get {key} on {}: {error}", raw.name())),
     }
 }
 
