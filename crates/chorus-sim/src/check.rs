@@ -43,8 +43,8 @@ pub struct StoreChecker {
     mirror: Vec<BTreeMap<String, Bytes>>,
     /// Decoded fragments per replica, by key (`None`: does not decode).
     fragments: Vec<BTreeMap<String, Option<Fragment>>>,
-    /// Directory entries verified on Q replicas, by sealed key, with records.
-    entries: BTreeMap<String, Arc<Vec<Bytes>>>,
+    /// Sealed keys verified on Q replicas and not written since.
+    durable: BTreeSet<String>,
     /// The records of every sealed key ever verified, kept after truncation
     /// deletes the objects (a key names its content: id and CRC32C), so a
     /// recovery view the checkers see late is still checked from its floor.
@@ -76,7 +76,7 @@ impl StoreChecker {
             quorum: quorum(replicas),
             mirror: vec![BTreeMap::new(); replicas],
             fragments: vec![BTreeMap::new(); replicas],
-            entries: BTreeMap::new(),
+            durable: BTreeSet::new(),
             verified: BTreeMap::new(),
             checked: Vec::new(),
             key_positions: BTreeMap::new(),
@@ -109,7 +109,7 @@ impl StoreChecker {
 
     fn forget(&mut self, replica: usize, key: &str) {
         self.fragments[replica].remove(key);
-        if self.entries.remove(key).is_some() || key.starts_with("sealed/") {
+        if self.durable.remove(key) || key.starts_with("sealed/") {
             self.dirty_sealed.insert(key.to_owned());
         }
         if let Some(rest) = key.strip_prefix("segments/") {
@@ -242,10 +242,7 @@ impl StoreChecker {
         }
         let entry = manifest.segments[position];
         let key = sealed_key(entry.id, entry.crc32c);
-        let records = match self.entries.get(&key) {
-            Some(records) => Arc::clone(records),
-            None => self.verify_entry(&entry, end)?,
-        };
+        let records = self.durable_records(&entry, end)?;
         self.key_positions.insert(key, position);
         check_records(
             &entry,
@@ -299,6 +296,24 @@ impl StoreChecker {
         self.active_copies = copies;
     }
 
+    /// The records of directory entry `entry` (ending at `end`), verified on
+    /// Q replicas now or since its sealed key was last written.
+    fn durable_records(
+        &mut self,
+        entry: &DirectoryEntry,
+        end: u64,
+    ) -> Result<Arc<Vec<Bytes>>, Violation> {
+        let key = sealed_key(entry.id, entry.crc32c);
+        match self
+            .verified
+            .get(&key)
+            .filter(|_| self.durable.contains(&key))
+        {
+            Some(records) => Ok(Arc::clone(records)),
+            None => self.verify_entry(entry, end),
+        }
+    }
+
     /// Verifies the sealed object `entry` names on every replica; it must be
     /// valid on at least Q and hold exactly `end - base` records.
     fn verify_entry(
@@ -343,7 +358,7 @@ impl StoreChecker {
         }
         let records = Arc::new(records);
         self.verified.insert(key.clone(), Arc::clone(&records));
-        self.entries.insert(key, Arc::clone(&records));
+        self.durable.insert(key);
         Ok(records)
     }
 
@@ -441,10 +456,7 @@ impl StoreChecker {
                     }
                 }
             } else {
-                match self.entries.get(&key) {
-                    Some(records) => Arc::clone(records),
-                    None => self.verify_entry(&entry, end)?,
-                }
+                self.durable_records(&entry, end)?
             };
             let skip = start.saturating_sub(entry.base.0) as usize;
             content.extend(records.iter().skip(skip).cloned());
