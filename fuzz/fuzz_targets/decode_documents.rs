@@ -8,9 +8,8 @@
 
 use bytes::Bytes;
 use chorus::lease::{DatabaseKey, LeaseRecord, encode_document};
-use chorus::register::{
-    CHECKSUM_KEY, Fields, Manifest, decode_document, encode_document as encode_register,
-};
+use chorus::codec::DOCUMENT_CHECKSUM_FIELD;
+use chorus::register::{Fields, Manifest, decode_document, encode_document as encode_register};
 use chorus::snapshot::Head;
 use libfuzzer_sys::fuzz_target;
 
@@ -29,7 +28,7 @@ fuzz_target!(|data: &[u8]| {
 fn signed(kind: u8, rest: &[u8]) -> Option<Bytes> {
     if kind % 3 == 2 {
         let mut fields: Fields = serde_json::from_slice(rest).ok()?;
-        fields.remove(CHECKSUM_KEY);
+        fields.remove(DOCUMENT_CHECKSUM_FIELD);
         let signed = encode_register(&fields);
         assert_eq!(decode_document(&signed).as_ref(), Ok(&fields), "own document");
         return Some(signed);

@@ -1,5 +1,6 @@
 //! Byte formats of stored objects (DESIGN 3.3): record frames, fragment objects
-//! and sealed segment objects. All integers are little-endian; checksums are
+//! and sealed segment objects; and the checksum of the JSON documents
+//! (`document`). All integers are little-endian; checksums are
 //! CRC32C.
 //!
 //! Stored objects outlive the code that wrote them, so these formats are fixed:
@@ -24,6 +25,7 @@
 //! Encoders assert the same limits, so nothing written can be refused on read.
 
 mod check;
+mod document;
 mod error;
 pub mod fragment;
 pub mod frame;
@@ -31,6 +33,7 @@ pub mod sealed;
 #[cfg(test)]
 mod testing;
 
+pub use document::{DOCUMENT_CHECKSUM_FIELD, document_checksum};
 pub use error::{CodecError, Format};
 pub use fragment::{FRAGMENT_HEADER_BYTES, Fragment, MAX_FRAGMENT_PAYLOAD_BYTES};
 pub use frame::{FRAME_HEADER_BYTES, MAX_RECORD_BYTES, decode_frames, encode_frames};

@@ -2,34 +2,16 @@
 //! keep in object stores (`lease.json`, `HEAD.json`): every field is required,
 //! typed and named in errors, and unknown fields are refused, so a document
 //! written by a newer format or by hand fails loudly instead of being half-read.
-//!
-//! Every document carries a checksum of its fields: a bit flipped at rest or in
-//! transit can leave valid JSON with a plausible value (a digit of
-//! `expires_at_ms`, a hex digit of `payload_sha256`), which field checks alone
-//! would accept.
-
-use std::collections::BTreeMap;
+//! Every document carries a checksum of its fields
+//! ([`document_checksum`](crate::codec::document_checksum)).
 
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
+use crate::codec::{DOCUMENT_CHECKSUM_FIELD as CHECKSUM_FIELD, document_checksum};
+
 /// Largest lease or HEAD document accepted, in bytes; real ones are < 1 KiB.
 pub const MAX_DOCUMENT_BYTES: usize = 16 * 1024;
-
-/// The field holding a document's checksum: the CRC32C, as 8 lowercase hex
-/// digits, of the canonical encoding of every other field (compact JSON, keys
-/// sorted), so it survives re-indentation but not a changed value.
-pub const CHECKSUM_FIELD: &str = "crc32c";
-
-/// The checksum of `fields`, ignoring [`CHECKSUM_FIELD`].
-fn checksum(fields: &Map<String, Value>) -> u32 {
-    let canonical: BTreeMap<&str, &Value> = fields
-        .iter()
-        .filter(|(name, _)| name.as_str() != CHECKSUM_FIELD)
-        .map(|(name, value)| (name.as_str(), value))
-        .collect();
-    crc32c::crc32c(&serde_json::to_vec(&canonical).expect("JSON values encode"))
-}
 
 /// A stored document that is malformed or breaks an invariant; names the field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -100,7 +82,7 @@ impl Fields {
             return Err(fields.invalid(CHECKSUM_FIELD, reason));
         }
         let stored = fields.string(CHECKSUM_FIELD)?;
-        let computed = format!("{:08x}", checksum(&fields.map));
+        let computed = document_checksum(&fields.map);
         if stored != computed {
             let reason = format!(
                 "checksum mismatch: stored {stored:?}, the fields give {computed:?} \
@@ -183,7 +165,7 @@ pub fn encode(document: Value) -> Bytes {
     let Value::Object(mut fields) = document else {
         panic!("documents are JSON objects");
     };
-    let sum = format!("{:08x}", checksum(&fields));
+    let sum = document_checksum(&fields);
     fields.insert(CHECKSUM_FIELD.to_owned(), Value::String(sum));
     Bytes::from(serde_json::to_vec_pretty(&fields).expect("JSON values encode"))
 }

@@ -39,7 +39,7 @@ use crate::blob::{
 use crate::clock::DynClock;
 
 pub use config::{LeaseConfig, LeaseConfigError};
-pub use document::{CHECKSUM_FIELD, DocumentError, MAX_DOCUMENT_BYTES, encode as encode_document};
+pub use document::{DocumentError, MAX_DOCUMENT_BYTES, encode as encode_document};
 pub use error::LeaseError;
 pub use holder::{LeaseHolder, MAX_REFRESH_ROUNDS};
 pub use record::{LEASE_FORMAT, LeaseRecord, lease_key};

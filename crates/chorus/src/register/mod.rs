@@ -35,7 +35,7 @@ pub use init::{InitError, Initialized, initialize};
 pub(crate) use manifest::directory_bytes;
 pub use manifest::{DirectoryEntry, FORMAT, Manifest, Seal};
 pub use memory::MemoryRegister;
-pub use object::{CHECKSUM_KEY, ObjectRegister, decode_document, encode_document};
+pub use object::{ObjectRegister, decode_document, encode_document};
 pub use open::{DEFAULT_REGISTER_NAME, OpenMode, RegisterUrl, RegisterUrlError, open_register};
 pub use postgres::PostgresRegister;
 pub use sqlite::SqliteRegister;

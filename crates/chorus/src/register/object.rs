@@ -1,8 +1,6 @@
 //! The register as a JSON object in any CAS-capable blob store, written with
 //! create-if-absent and updated with if-match on its version token.
 
-use std::collections::BTreeMap;
-
 use async_trait::async_trait;
 use bytes::Bytes;
 
@@ -11,6 +9,7 @@ use super::{
     VersionToken, VersionedManifest,
 };
 use crate::blob::{BlobError, DynBlobStore};
+use crate::codec::{DOCUMENT_CHECKSUM_FIELD, document_checksum};
 
 /// The register document's key in its store.
 pub const REGISTER_KEY: &str = "manifest.json";
@@ -43,28 +42,15 @@ impl ObjectRegister {
     }
 }
 
-/// The document's own checksum entry (not a register field): the CRC32C, as
-/// 8 lowercase hex digits, of the compact JSON of every register field (keys
-/// sorted). A bit flipped at rest or in transit can leave valid JSON naming a
-/// different, equally valid register (a digit of `chorus.tail_base`), which
-/// validation alone cannot see.
-pub const CHECKSUM_KEY: &str = "crc32c";
-
-fn checksum(fields: &Fields) -> String {
-    let canonical: BTreeMap<&String, &String> = fields
-        .iter()
-        .filter(|(name, _)| name.as_str() != CHECKSUM_KEY)
-        .collect();
-    let canonical = serde_json::to_vec(&canonical).expect("string maps encode");
-    format!("{:08x}", crc32c::crc32c(&canonical))
-}
-
-/// Encodes register fields as the stored document, adding its checksum (an
-/// entry named [`CHECKSUM_KEY`] in `fields` is not a register field and is
-/// replaced).
+/// Encodes register fields as the stored document, adding its checksum
+/// ([`document_checksum`]; an entry named [`DOCUMENT_CHECKSUM_FIELD`] in
+/// `fields` is not a register field and is replaced).
 pub fn encode_document(fields: &Fields) -> Bytes {
     let mut document = fields.clone();
-    document.insert(CHECKSUM_KEY.to_owned(), checksum(fields));
+    document.insert(
+        DOCUMENT_CHECKSUM_FIELD.to_owned(),
+        document_checksum(fields),
+    );
     Bytes::from(serde_json::to_vec_pretty(&document).expect("string maps encode"))
 }
 
@@ -76,13 +62,13 @@ pub fn encode_document(fields: &Fields) -> Bytes {
 pub fn decode_document(bytes: &[u8]) -> Result<Fields, String> {
     let mut fields: Fields = serde_json::from_slice(bytes)
         .map_err(|e| format!("register document is not a JSON object of strings: {e}"))?;
-    let stored = fields.remove(CHECKSUM_KEY).ok_or_else(|| {
+    let stored = fields.remove(DOCUMENT_CHECKSUM_FIELD).ok_or_else(|| {
         format!(
-            "register document has no {CHECKSUM_KEY:?} checksum entry (written by hand, \
-                 or by a build before checksums)"
+            "register document has no {DOCUMENT_CHECKSUM_FIELD:?} checksum entry (written by \
+             hand, or by a build before checksums)"
         )
     })?;
-    let computed = checksum(&fields);
+    let computed = document_checksum(&fields);
     if stored != computed {
         return Err(format!(
             "register document checksum mismatch: stored {stored:?}, its fields give \

@@ -1,0 +1,28 @@
+//! The checksum every JSON document Chorus keeps in a store carries (the
+//! object register's `manifest.json`, `lease.json`, `HEAD.json`): a bit
+//! flipped at rest or in transit can leave valid JSON with a plausible value
+//! (a digit of `chorus.tail_base` or `expires_at_ms`), which field validation
+//! alone would accept.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// The field holding a document's checksum: the CRC32C, as 8 lowercase hex
+/// digits, of the compact JSON of every other field with keys sorted, so it
+/// survives re-indentation but not a changed value.
+pub const DOCUMENT_CHECKSUM_FIELD: &str = "crc32c";
+
+/// The checksum of a document's `fields`, ignoring
+/// [`DOCUMENT_CHECKSUM_FIELD`].
+pub fn document_checksum<'a, V: Serialize + 'a>(
+    fields: impl IntoIterator<Item = (&'a String, &'a V)>,
+) -> String {
+    let canonical: BTreeMap<&str, &V> = fields
+        .into_iter()
+        .filter(|(name, _)| name.as_str() != DOCUMENT_CHECKSUM_FIELD)
+        .map(|(name, value)| (name.as_str(), value))
+        .collect();
+    let canonical = serde_json::to_vec(&canonical).expect("JSON values encode");
+    format!("{:08x}", crc32c::crc32c(&canonical))
+}
