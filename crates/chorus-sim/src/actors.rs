@@ -229,40 +229,31 @@ pub struct MaintenanceTask {
 
 /// Runs `pass` and describes how it ended.
 pub async fn maintain(stores: LogStores, pass: Pass) -> String {
-    let maintenance = Maintenance::new(&stores);
-    let outcome = match pass {
-        Pass::Truncate { fraction } => truncate(&stores, &maintenance, fraction).await,
-        Pass::Tombstones => match maintenance.manifest().await {
-            Ok(manifest) => maintenance
-                .sweep_tombstones(&manifest, &NoProgress)
-                .await
-                .map(|report| format!("{report:?}")),
-            Err(error) => Err(error),
-        },
-        Pass::Repair => maintenance
-            .repair(&NoProgress)
-            .await
-            .map(|report| format!("{report:?}")),
-        Pass::Sweep => maintenance
-            .sweep_orphans(&NoProgress)
-            .await
-            .map(|report| format!("{report:?}")),
-    };
-    outcome.unwrap_or_else(|error| format!("failed: {error}"))
+    run_pass(&stores, pass)
+        .await
+        .unwrap_or_else(|error| format!("failed: {error}"))
 }
 
-async fn truncate(
-    stores: &LogStores,
-    maintenance: &Maintenance,
-    fraction: f64,
-) -> Result<String, LogError> {
-    let end = Reader::committed_end(stores).await?;
-    let floor = maintenance.manifest().await?.trunc;
-    let target = floor_between(floor.0, end.0, fraction);
-    let report = maintenance
-        .truncate_before(RecordIndex(target), end, &NoProgress)
-        .await?;
-    Ok(format!("floor {target} (end {end}): {report:?}"))
+async fn run_pass(stores: &LogStores, pass: Pass) -> Result<String, LogError> {
+    let maintenance = Maintenance::new(stores);
+    Ok(match pass {
+        Pass::Truncate { fraction } => {
+            let end = Reader::committed_end(stores).await?;
+            let floor = maintenance.manifest().await?.trunc;
+            let target = floor_between(floor.0, end.0, fraction);
+            let report = maintenance
+                .truncate_before(RecordIndex(target), end, &NoProgress)
+                .await?;
+            format!("floor {target} (end {end}): {report:?}")
+        }
+        Pass::Tombstones => {
+            let manifest = maintenance.manifest().await?;
+            let report = maintenance.sweep_tombstones(&manifest, &NoProgress).await?;
+            format!("{report:?}")
+        }
+        Pass::Repair => format!("{:?}", maintenance.repair(&NoProgress).await?),
+        Pass::Sweep => format!("{:?}", maintenance.sweep_orphans(&NoProgress).await?),
+    })
 }
 
 /// The index `fraction` of the way from `floor` to `end` (`floor` itself when

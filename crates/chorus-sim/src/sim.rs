@@ -702,7 +702,7 @@ impl Sim {
     /// last ack.
     async fn liveness_read(&mut self) -> Result<(), Violation> {
         let (stores, _faults) = self.world.view(|| 0);
-        let floor = self.checker.last_manifest().map_or(0, |m| m.trunc.0);
+        let floor = self.floor();
         let reader = chorus::log::Reader::new(&stores, chorus::ids::RecordIndex(floor));
         let outcome = crate::actors::read_some(reader, usize::MAX, self.origin).await;
         if let Some(error) = &outcome.error {
