@@ -371,13 +371,8 @@ impl Sim {
             cut,
         );
         let Some(writer) = self.current else { return };
-        let slot = self
-            .writers
-            .iter()
-            .find(|slot| slot.id == writer)
-            .expect("known");
         let slow = (unreachable + self.rng.random_range(1..replicas)) % replicas;
-        let controller = slot.faults.replicas[slow].clone();
+        let controller = self.writer_slot(writer).faults.replicas[slow].clone();
         let delay = Duration::from_millis(self.rng.random_range(50..=2000));
         let rule = FaultRule::new(chorus::blob::Fault::DelayUpTo(delay))
             .ops(chorus::blob::OpSet::of(&[chorus::blob::Op::Create]));
