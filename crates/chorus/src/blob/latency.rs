@@ -145,7 +145,64 @@ impl Layer for LatencyStore {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+    use object_store::memory::InMemory;
+    use tokio::time::Instant;
+
     use super::*;
+    use crate::blob::{BlobStore, ObjectStoreBlobs};
+
+    /// Runs one call of `op` and returns how long it took in (paused) virtual time.
+    async fn timed(store: &LatencyStore, op: Op) -> Duration {
+        let version = store.inner.head("a").await.unwrap().version;
+        let bytes = Bytes::from_static(b"new");
+        let started = Instant::now();
+        match op {
+            Op::Create => drop(store.create("b", bytes).await.unwrap()),
+            Op::Update => drop(store.update("a", &version, bytes).await.unwrap()),
+            Op::Get => drop(store.get("a").await.unwrap()),
+            Op::Head => drop(store.head("a").await.unwrap()),
+            Op::List => drop(store.list("").await.unwrap()),
+            Op::Delete => store.delete("b").await.unwrap(),
+        }
+        started.elapsed()
+    }
+
+    /// A latency set for one operation delays that operation and no other.
+    #[tokio::test(start_paused = true)]
+    async fn each_operation_waits_only_its_own_latency() {
+        let delay = Duration::from_millis(40);
+        for slow in Op::ALL {
+            let mut profile = LatencyProfile::uniform(Latency::None);
+            match slow {
+                Op::Create => profile.create = Latency::Fixed(delay),
+                Op::Update => profile.update = Latency::Fixed(delay),
+                Op::Get => profile.get = Latency::Fixed(delay),
+                Op::Head => profile.head = Latency::Fixed(delay),
+                Op::List => profile.list = Latency::Fixed(delay),
+                Op::Delete => profile.delete = Latency::Fixed(delay),
+            }
+            let inner = Arc::new(ObjectStoreBlobs::new(
+                Arc::new(InMemory::new()),
+                "",
+                "memory",
+            ));
+            inner.create("a", Bytes::from_static(b"old")).await.unwrap();
+            let store = LatencyStore::new(inner, profile, 1);
+            for op in Op::ALL {
+                let expected = if op == slow { delay } else { Duration::ZERO };
+                assert_eq!(timed(&store, op).await, expected, "slow={slow} op={op}");
+            }
+            let started = Instant::now();
+            store.get_range("a", 0..1).await.unwrap();
+            let expected = if slow == Op::Get {
+                delay
+            } else {
+                Duration::ZERO
+            };
+            assert_eq!(started.elapsed(), expected, "get_range counts as get");
+        }
+    }
 
     #[test]
     fn samples_stay_in_range_and_replay_from_the_seed() {
