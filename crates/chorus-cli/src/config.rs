@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use chorus::blob::StoreUrl;
+use chorus::blob::{S3Settings, StoreUrl};
 use chorus::register::RegisterUrl;
 use serde::Deserialize;
 
@@ -47,6 +47,10 @@ struct FileConfig {
     snapshot_store: Option<String>,
     /// Database name inside it.
     db: Option<String>,
+    /// Endpoint, region, transport and credentials for every `s3://` store
+    /// whose URL does not set them.
+    #[serde(default)]
+    s3: S3Settings,
 }
 
 impl FileConfig {
@@ -117,8 +121,8 @@ impl StoreArgs {
         let file = FileConfig::load(self.config.as_deref())?;
         let data_dir = data_dir(self.data_dir.as_deref(), file.data_dir.as_deref())?;
         let replicas = match (self.replicas.is_empty(), file.replicas) {
-            (false, _) => parse_replicas(&self.replicas)?,
-            (true, Some(replicas)) => parse_replicas(&replicas)?,
+            (false, _) => parse_replicas(&self.replicas, &file.s3)?,
+            (true, Some(replicas)) => parse_replicas(&replicas, &file.s3)?,
             (true, None) => (0..DEFAULT_REPLICA_COUNT)
                 .map(|i| StoreUrl::local(&data_dir.join(format!("replica-{i}"))))
                 .collect(),
@@ -127,6 +131,8 @@ impl StoreArgs {
         let register = match self.register.clone().or(file.register) {
             Some(url) => url
                 .parse::<RegisterUrl>()
+                .map_err(|e| e.to_string())
+                .and_then(|url| url.with_s3_settings(&file.s3).map_err(|e| e.to_string()))
                 .map_err(|e| ConfigError(format!("register: {e}")))?,
             None => RegisterUrl::sqlite(data_dir.join("register.db")),
         };
@@ -158,11 +164,16 @@ fn absolute(path: &Path) -> Result<PathBuf, ConfigError> {
     std::path::absolute(path).map_err(|e| ConfigError(format!("data dir {}: {e}", path.display())))
 }
 
-fn parse_replicas(urls: &[String]) -> Result<Vec<StoreUrl>, ConfigError> {
+fn parse_replicas(urls: &[String], s3: &S3Settings) -> Result<Vec<StoreUrl>, ConfigError> {
     urls.iter()
-        .map(|url| url.trim().parse::<StoreUrl>())
+        .map(|url| parse_store(url, s3))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| ConfigError(format!("replicas: {e}")))
+}
+
+/// Parses a store URL and fills what it leaves unset from the `[s3]` settings.
+fn parse_store(url: &str, s3: &S3Settings) -> Result<StoreUrl, chorus::blob::StoreUrlError> {
+    url.trim().parse::<StoreUrl>()?.with_s3_settings(s3)
 }
 
 /// Where one database's snapshots and writer lease live, for the `snapshot`
@@ -214,10 +225,9 @@ impl DatabaseArgs {
         let database =
             chorus::lease::DatabaseKey::new(db).map_err(|e| ConfigError(format!("db: {e}")))?;
         let store = match self.store.as_ref().or(file.snapshot_store.as_ref()) {
-            Some(url) => url
-                .trim()
-                .parse::<StoreUrl>()
-                .map_err(|e| ConfigError(format!("store: {e}")))?,
+            Some(url) => {
+                parse_store(url, &file.s3).map_err(|e| ConfigError(format!("store: {e}")))?
+            }
             None => {
                 let data_dir = data_dir(self.data_dir.as_deref(), file.data_dir.as_deref())?;
                 StoreUrl::local(&data_dir.join("snapshots-store"))

@@ -5,8 +5,13 @@ mod json_lines;
 mod maintain;
 mod read;
 
-use chorus::blob::open_store;
-use chorus::register::{Initialized, MAX_WINDOW, Manifest, OpenMode, initialize, open_register};
+use std::sync::Arc;
+
+use chorus::blob::{StoreUrl, open_store};
+use chorus::register::{
+    Initialized, MAX_WINDOW, Manifest, ManifestStore, OpenMode, RegisterUrl, initialize,
+    open_register,
+};
 use serde_json::json;
 
 use crate::CommandError;
@@ -83,15 +88,23 @@ async fn init(args: InitArgs) -> Result<(), CommandError> {
     if !(1..=MAX_WINDOW).contains(&args.window) {
         return Err(format!("--window {} is outside 1..={MAX_WINDOW}", args.window).into());
     }
-    // Every replica must open and pass the probe before the register is touched.
-    for replica in &location.replicas {
-        open_store(replica)
-            .await
-            .map_err(|e| format!("cannot open replica {replica}: {e}"))?;
-    }
-    let register = open_register(&location.register, OpenMode::CreateIfMissing)
-        .await
-        .map_err(|e| format!("cannot open register {}: {e}", location.register))?;
+    // Every replica must open and pass the probe before the register is
+    // touched, and every remote location must answer before anything is
+    // created on the local disk: a failure leaves nothing behind.
+    let (local, remote): (Vec<_>, Vec<_>) = location
+        .replicas
+        .iter()
+        .partition(|replica| replica.local_dir().is_some());
+    open_replicas(&remote).await?;
+    let remote_register = match location.register.is_local() {
+        true => None,
+        false => Some(open_register_for_init(&location.register).await?),
+    };
+    open_replicas(&local).await?;
+    let register = match remote_register {
+        Some(register) => register,
+        None => open_register_for_init(&location.register).await?,
+    };
     let outcome = initialize(
         register.as_ref(),
         location.replica_identities(),
@@ -112,6 +125,22 @@ async fn init(args: InitArgs) -> Result<(), CommandError> {
         location.register
     )?;
     Ok(())
+}
+
+/// Opens and probes each of `replicas`.
+async fn open_replicas(replicas: &[&StoreUrl]) -> Result<(), CommandError> {
+    for replica in replicas {
+        open_store(replica)
+            .await
+            .map_err(|e| format!("cannot open replica {replica}: {e}"))?;
+    }
+    Ok(())
+}
+
+async fn open_register_for_init(url: &RegisterUrl) -> Result<Arc<dyn ManifestStore>, CommandError> {
+    open_register(url, OpenMode::CreateIfMissing)
+        .await
+        .map_err(|e| format!("cannot open register {url}: {e}").into())
 }
 
 async fn inspect(args: InspectArgs) -> Result<(), CommandError> {

@@ -138,6 +138,53 @@ fn a_config_file_supplies_the_location() {
     );
 }
 
+/// `--data-dir` moves the embedded default, for `init` and every later command.
+#[test]
+fn data_dir_moves_the_embedded_default() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let init = chorus(dir.path(), &["log", "init", "--data-dir", "elsewhere"]);
+    assert!(init.status.success(), "{}", stderr(&init));
+    for replica in 0..3 {
+        assert!(
+            dir.path()
+                .join(format!("elsewhere/replica-{replica}"))
+                .is_dir()
+        );
+    }
+    assert!(dir.path().join("elsewhere/register.db").is_file());
+    assert!(!dir.path().join("chorus-data").exists());
+    let inspect = chorus(dir.path(), &["log", "inspect", "--data-dir", "elsewhere"]);
+    assert!(inspect.status.success(), "{}", stderr(&inspect));
+    assert!(
+        stdout(&inspect).contains("elsewhere/register.db"),
+        "{}",
+        stdout(&inspect)
+    );
+    assert_fails_with(
+        &chorus(dir.path(), &["log", "inspect"]),
+        "run `chorus log init` first",
+    );
+}
+
+/// `chorus --help` works and names every command group.
+#[test]
+fn help_lists_the_commands() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let help = chorus(dir.path(), &["--help"]);
+    assert!(help.status.success(), "{}", stderr(&help));
+    let text = stdout(&help);
+    for command in ["log", "snapshot", "lease", "bench"] {
+        assert!(text.contains(command), "{command} missing from: {text}");
+    }
+    let help = chorus(dir.path(), &["log", "--help"]);
+    let text = stdout(&help);
+    for command in [
+        "init", "append", "read", "inspect", "truncate", "repair", "verify",
+    ] {
+        assert!(text.contains(command), "{command} missing from: {text}");
+    }
+}
+
 #[test]
 fn a_bad_url_fails_and_creates_nothing() {
     let dir = tempfile::TempDir::new().unwrap();
@@ -181,20 +228,80 @@ fn a_bad_url_fails_and_creates_nothing() {
     );
 }
 
+/// `chorus` with static test credentials (the servers here ignore them, but
+/// without any the S3 client would look for an instance profile).
+fn chorus_with_credentials(dir: &Path, args: &[&str]) -> Output {
+    support::chorus_command(dir)
+        .args(args)
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .output()
+        .unwrap()
+}
+
+fn assert_empty(dir: &Path) {
+    let left: Vec<_> = std::fs::read_dir(dir).unwrap().collect();
+    assert!(left.is_empty(), "something was created: {left:?}");
+}
+
+/// An unreachable replica fails `init` before anything exists on disk.
 #[test]
-fn an_unreachable_store_fails_and_creates_no_register() {
+fn an_unreachable_store_fails_and_creates_nothing() {
     let dir = tempfile::TempDir::new().unwrap();
     // Nothing listens on port 9: connections are refused at once.
     let unreachable =
         "s3://bucket/log?endpoint=http://127.0.0.1:9&allow_http=true&region=us-east-1";
-    let output = support::chorus_command(dir.path())
-        .args(["log", "init", "--replicas", unreachable])
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
-        .output()
-        .unwrap();
+    let output = chorus_with_credentials(dir.path(), &["log", "init", "--replicas", unreachable]);
     assert_fails_with(&output, "cannot open replica s3://bucket/log");
-    assert!(!dir.path().join("chorus-data/register.db").exists());
+    // Remote locations are reached before the local ones are created.
+    let data = dir.path().join("chorus-data");
+    let local = format!("file://{0}/a,{unreachable},file://{0}/b", data.display());
+    let output = chorus_with_credentials(dir.path(), &["log", "init", "--replicas", &local]);
+    assert_fails_with(&output, "cannot open replica s3://bucket/log");
+    assert_empty(dir.path());
+}
+
+/// An unreachable register database fails `init` and leaves the embedded
+/// default's directory uncreated.
+#[test]
+fn an_unreachable_register_fails_and_creates_nothing() {
+    let dir = tempfile::TempDir::new().unwrap();
+    assert_fails_with(
+        &chorus(
+            dir.path(),
+            &[
+                "log",
+                "init",
+                "--register",
+                "postgres://chorus@127.0.0.1:9/x",
+            ],
+        ),
+        "cannot open register postgres://chorus@127.0.0.1:9/x",
+    );
+    assert_empty(dir.path());
+}
+
+/// A store that accepts conditional writes without enforcing them fails the
+/// probe, as a replica or as an object register, and nothing is created.
+#[test]
+fn a_store_that_ignores_conditional_writes_is_refused_and_nothing_is_created() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let server = support::careless_s3::CarelessS3::start();
+    let careless = |path: &str| {
+        format!(
+            "s3://careless/{path}?endpoint={}&allow_http=true&region=us-east-1",
+            server.endpoint
+        )
+    };
+    assert_fails_with(
+        &chorus_with_credentials(dir.path(), &["log", "init", "--replicas", &careless("log")]),
+        "ignores create-if-absent (a second create succeeded)",
+    );
+    assert_fails_with(
+        &chorus_with_credentials(dir.path(), &["log", "init", "--register", &careless("reg")]),
+        "ignores create-if-absent (a second create succeeded)",
+    );
+    assert_empty(dir.path());
 }
 
 #[test]

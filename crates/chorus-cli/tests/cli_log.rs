@@ -611,6 +611,126 @@ fn append_and_read_on_s3_and_postgres() {
     assert_eq!(read, expected);
 }
 
+/// Three plain `s3://` replica URLs (no options) on the first test server,
+/// its endpoint, and a PostgreSQL register; `None` skips outside CI.
+fn plain_s3_location(label: &str) -> Option<(Vec<String>, String, String)> {
+    let endpoint = support::service_var("CHORUS_TEST_S3_ENDPOINTS")?;
+    let bucket = support::service_var("CHORUS_TEST_S3_BUCKETS")?;
+    let endpoint = endpoint.split(',').next().unwrap().to_owned();
+    let bucket = bucket.split(',').next().unwrap().to_owned();
+    let prefix = support::unique(label);
+    let replicas = (0..3)
+        .map(|i| format!("s3://{bucket}/{prefix}/replica-{i}"))
+        .collect();
+    Some((replicas, endpoint, support::postgres_register_url(label)?))
+}
+
+/// `command` with every `AWS_*` variable of the test's environment removed.
+fn without_aws_environment(mut command: Command) -> Command {
+    for (name, _) in std::env::vars().filter(|(name, _)| name.starts_with("AWS_")) {
+        command.env_remove(name);
+    }
+    command
+}
+
+/// Runs init, append and read with `configure` applied to every command and
+/// checks the records come back.
+fn round_trip_with(dir: &std::path::Path, configure: impl Fn(&mut Command)) {
+    let run = |args: &[&str], input: &[u8]| {
+        let mut command = without_aws_environment(support::chorus_command(dir));
+        configure(&mut command);
+        let mut child = command
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+        stdout_lines(&output)
+    };
+    run(&["log", "init"], b"");
+    let acks: Vec<u64> = run(&["log", "append"], b"one\ntwo\n")
+        .iter()
+        .map(|line| ack(line))
+        .collect();
+    assert_eq!(acks, [0, 1]);
+    let read: Vec<_> = run(&["log", "read", "--from", "0"], b"")
+        .iter()
+        .map(|line| record(line))
+        .collect();
+    assert_eq!(read, [(0, b"one".to_vec()), (1, b"two".to_vec())]);
+}
+
+/// Endpoint, region, transport and credentials of plain `s3://` URLs come
+/// from `chorus.toml`'s `[s3]` table (no `AWS_*` variable is set).
+#[test]
+fn s3_settings_and_credentials_come_from_chorus_toml() {
+    let Some((replicas, endpoint, register)) = plain_s3_location("toml-s3") else {
+        return;
+    };
+    let dir = TempDir::new().unwrap();
+    let config = format!(
+        "replicas = {replicas:?}\nregister = {register:?}\n\n[s3]\nendpoint = {endpoint:?}\n\
+         region = \"us-east-1\"\nallow_http = true\naccess_key_id = \"testing\"\n\
+         secret_access_key = \"testing\"\n"
+    );
+    std::fs::write(dir.path().join("chorus.toml"), config).unwrap();
+    round_trip_with(dir.path(), |_| {});
+}
+
+/// With plain `s3://` URLs and no `[s3]` table, the usual `AWS_*`
+/// environment variables name the endpoint, region, transport and credentials.
+#[test]
+fn s3_settings_come_from_the_aws_environment() {
+    let Some((replicas, endpoint, register)) = plain_s3_location("env-s3") else {
+        return;
+    };
+    let dir = TempDir::new().unwrap();
+    round_trip_with(dir.path(), |command| {
+        command
+            .env("CHORUS_REPLICAS", replicas.join(","))
+            .env("CHORUS_REGISTER", &register)
+            .env("AWS_ENDPOINT", &endpoint)
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing");
+    });
+}
+
+/// Every log command takes its location from `CHORUS_*` variables, and from
+/// a `chorus.toml`, not only `init`.
+#[test]
+fn log_commands_take_their_location_from_the_environment_or_chorus_toml() {
+    let dir = TempDir::new().unwrap();
+    let location = |name: &str| {
+        let base = dir.path().join(name);
+        let replicas: Vec<String> = (0..3)
+            .map(|i| format!("file://{}/r{i}", base.display()))
+            .collect();
+        (replicas, format!("sqlite://{}/register.db", base.display()))
+    };
+    let (replicas, register) = location("from-env");
+    round_trip_with(dir.path(), |command| {
+        command
+            .env("CHORUS_REPLICAS", replicas.join(","))
+            .env("CHORUS_REGISTER", &register);
+    });
+    assert!(dir.path().join("from-env/register.db").is_file());
+
+    let (replicas, register) = location("from-file");
+    let config = format!("replicas = {replicas:?}\nregister = {register:?}\n");
+    std::fs::write(dir.path().join("custom.toml"), config).unwrap();
+    round_trip_with(dir.path(), |command| {
+        command.env("CHORUS_CONFIG", "custom.toml");
+    });
+    assert!(dir.path().join("from-file/register.db").is_file());
+    assert!(!dir.path().join("chorus-data").exists());
+}
+
 /// A moto server of the test's own, so it can be stopped without disturbing
 /// the shared ones. Killed on drop.
 struct PrivateS3 {

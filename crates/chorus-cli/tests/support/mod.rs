@@ -6,6 +6,8 @@
 #[path = "../../../chorus/tests/support/mod.rs"]
 mod shared;
 
+pub mod careless_s3;
+
 use std::path::Path;
 use std::process::Command;
 

@@ -45,7 +45,7 @@ pub use object::ObjectStoreBlobs;
 pub use probe::probe;
 pub use resolve::{create_resolving, update_resolving};
 pub use timeout::TimeoutStore;
-pub use url::{StoreUrl, StoreUrlError, open_store, open_store_unprobed};
+pub use url::{S3Settings, StoreUrl, StoreUrlError, open_store, open_store_unprobed};
 
 /// A shared, dynamically typed blob store.
 pub type DynBlobStore = Arc<dyn BlobStore>;

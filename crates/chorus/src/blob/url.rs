@@ -8,9 +8,11 @@
 //! | `gs://bucket/prefix`          | Google Cloud Storage                           |
 //! | `az://container/prefix`       | Azure Blob Storage                             |
 //!
-//! Credentials come from the usual environment variables (`AWS_*`, `GOOGLE_*`,
-//! `AZURE_*`), never from the URL. Per-store options go in the query string:
-//! `endpoint=<url>` (S3-compatible servers), `region=<name>`, `allow_http=true`.
+//! Credentials never come from the URL: they come from the usual environment
+//! variables (`AWS_*`, `GOOGLE_*`, `AZURE_*`) or, for S3, from [`S3Settings`]
+//! (`chorus.toml`'s `[s3]` table). Per-store options go in the query string:
+//! `endpoint=<url>` (S3-compatible servers), `region=<name>`, `allow_http=true`;
+//! what the URL leaves unset comes from [`S3Settings`], then the environment.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -19,7 +21,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use object_store::memory::InMemory;
-use object_store::{ClientOptions, ObjectStore, RetryConfig};
+use object_store::{ClientConfigKey, ObjectStore, RetryConfig};
 use url::Url;
 
 use super::{
@@ -46,7 +48,56 @@ pub struct StoreUrl {
     path: String,
     endpoint: Option<String>,
     region: Option<String>,
-    allow_http: bool,
+    /// `None` leaves the choice to the environment (`AWS_ALLOW_HTTP`, …).
+    allow_http: Option<bool>,
+    credentials: Option<S3Credentials>,
+}
+
+/// Static S3 credentials. `Debug` never prints the secrets.
+#[derive(Clone, PartialEq, Eq)]
+struct S3Credentials {
+    access_key_id: String,
+    secret_access_key: String,
+    session_token: Option<String>,
+}
+
+impl fmt::Debug for S3Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("S3Credentials")
+            .field("access_key_id", &self.access_key_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Settings for every `s3://` store that does not set them in its own URL
+/// (`chorus.toml`'s `[s3]` table). Whatever is still unset comes from the
+/// `AWS_*` environment variables.
+#[derive(Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Settings {
+    /// Endpoint of an S3-compatible server, e.g. `http://127.0.0.1:9000`.
+    pub endpoint: Option<String>,
+    /// Region name.
+    pub region: Option<String>,
+    /// Permit plain-HTTP endpoints.
+    pub allow_http: Option<bool>,
+    /// Access key id; needs `secret_access_key` too.
+    pub access_key_id: Option<String>,
+    /// Secret access key; needs `access_key_id` too.
+    pub secret_access_key: Option<String>,
+    /// Session token of temporary credentials.
+    pub session_token: Option<String>,
+}
+
+impl fmt::Debug for S3Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("S3Settings")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("allow_http", &self.allow_http)
+            .field("access_key_id", &self.access_key_id)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A store URL that could not be parsed; the message names the problem.
@@ -107,7 +158,8 @@ impl FromStr for StoreUrl {
             path,
             endpoint: None,
             region: None,
-            allow_http: false,
+            allow_http: None,
+            credentials: None,
         };
         for (name, value) in url.query_pairs() {
             match (name.as_ref(), scheme) {
@@ -117,9 +169,11 @@ impl FromStr for StoreUrl {
                 }
                 ("region", Scheme::S3) => parsed.region = Some(value.into_owned()),
                 ("allow_http", Scheme::S3 | Scheme::Gcs | Scheme::Azure) => {
-                    parsed.allow_http = value
-                        .parse()
-                        .map_err(|_| fail("allow_http must be true or false"))?;
+                    parsed.allow_http = Some(
+                        value
+                            .parse()
+                            .map_err(|_| fail("allow_http must be true or false"))?,
+                    );
                 }
                 (other, _) => {
                     return Err(fail(&format!("unknown option {other:?} for this scheme")));
@@ -140,8 +194,50 @@ impl StoreUrl {
             path: dir.to_string_lossy().trim_end_matches('/').to_owned(),
             endpoint: None,
             region: None,
-            allow_http: false,
+            allow_http: None,
+            credentials: None,
         }
+    }
+
+    /// Fills what an `s3://` URL leaves unset from `settings`; other schemes
+    /// are returned unchanged. The URL's own options win.
+    pub fn with_s3_settings(mut self, settings: &S3Settings) -> Result<StoreUrl, StoreUrlError> {
+        if self.scheme != Scheme::S3 {
+            return Ok(self);
+        }
+        let url = self.identity();
+        let fail = |reason: String| StoreUrlError {
+            url: url.clone(),
+            reason,
+        };
+        if self.endpoint.is_none()
+            && let Some(endpoint) = &settings.endpoint
+        {
+            Url::parse(endpoint).map_err(|e| fail(format!("s3.endpoint: {e}")))?;
+            self.endpoint = Some(endpoint.clone());
+        }
+        self.region = self.region.or_else(|| settings.region.clone());
+        self.allow_http = self.allow_http.or(settings.allow_http);
+        self.credentials = match (&settings.access_key_id, &settings.secret_access_key) {
+            (Some(id), Some(secret)) => Some(S3Credentials {
+                access_key_id: id.clone(),
+                secret_access_key: secret.clone(),
+                session_token: settings.session_token.clone(),
+            }),
+            (None, None) if settings.session_token.is_none() => None,
+            (None, None) => {
+                return Err(fail(
+                    "s3.session_token needs s3.access_key_id and s3.secret_access_key".into(),
+                ));
+            }
+            (Some(_), None) => {
+                return Err(fail("s3.access_key_id needs s3.secret_access_key".into()));
+            }
+            (None, Some(_)) => {
+                return Err(fail("s3.secret_access_key needs s3.access_key_id".into()));
+            }
+        };
+        Ok(self)
     }
 
     /// The identity of the location this URL names, used to bind replicas in the
@@ -182,40 +278,64 @@ impl StoreUrl {
             retry_timeout: Duration::from_secs(15),
             ..RetryConfig::default()
         };
-        let client = ClientOptions::new()
-            .with_timeout(Duration::from_secs(10))
-            .with_connect_timeout(Duration::from_secs(5))
-            .with_allow_http(self.allow_http);
+        // Set client options key by key: replacing the builder's whole
+        // `ClientOptions` would drop what `from_env` read (`AWS_ALLOW_HTTP`, …).
+        let client = [
+            (ClientConfigKey::Timeout, "10s".to_owned()),
+            (ClientConfigKey::ConnectTimeout, "5s".to_owned()),
+        ]
+        .into_iter()
+        .chain(
+            self.allow_http
+                .map(|allow| (ClientConfigKey::AllowHttp, allow.to_string())),
+        );
         Ok(match self.scheme {
             Scheme::Memory => shared_memory_store(&self.bucket),
             Scheme::S3 => {
-                let mut builder = object_store::aws::AmazonS3Builder::from_env()
+                use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+                let mut builder = AmazonS3Builder::from_env()
                     .with_bucket_name(&self.bucket)
-                    .with_retry(retry)
-                    .with_client_options(client);
+                    .with_retry(retry);
+                for (key, value) in client {
+                    builder = builder.with_config(AmazonS3ConfigKey::Client(key), value);
+                }
                 if let Some(endpoint) = &self.endpoint {
                     builder = builder.with_endpoint(endpoint);
                 }
                 if let Some(region) = &self.region {
                     builder = builder.with_region(region);
                 }
+                if let Some(credentials) = &self.credentials {
+                    builder = builder
+                        .with_access_key_id(&credentials.access_key_id)
+                        .with_secret_access_key(&credentials.secret_access_key);
+                    if let Some(token) = &credentials.session_token {
+                        builder = builder.with_token(token);
+                    }
+                }
                 Arc::new(builder.build()?)
             }
             Scheme::Gcs => {
-                let mut builder = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+                let mut builder = GoogleCloudStorageBuilder::from_env()
                     .with_bucket_name(&self.bucket)
-                    .with_retry(retry)
-                    .with_client_options(client);
+                    .with_retry(retry);
+                for (key, value) in client {
+                    builder = builder.with_config(GoogleConfigKey::Client(key), value);
+                }
                 if let Some(endpoint) = &self.endpoint {
                     builder = builder.with_url(endpoint);
                 }
                 Arc::new(builder.build()?)
             }
             Scheme::Azure => {
-                let mut builder = object_store::azure::MicrosoftAzureBuilder::from_env()
+                use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+                let mut builder = MicrosoftAzureBuilder::from_env()
                     .with_container_name(&self.bucket)
-                    .with_retry(retry)
-                    .with_client_options(client);
+                    .with_retry(retry);
+                for (key, value) in client {
+                    builder = builder.with_config(AzureConfigKey::Client(key), value);
+                }
                 if let Some(endpoint) = &self.endpoint {
                     builder = builder.with_endpoint(endpoint.clone());
                 }
@@ -308,6 +428,120 @@ mod tests {
             let error = parse(text).unwrap_err().to_string();
             assert!(error.contains(expected), "{text}: {error}");
         }
+    }
+
+    #[test]
+    fn gcs_and_azure_urls_parse_with_their_options() {
+        let gs = parse("gs://bucket/log/?endpoint=http://127.0.0.1:4443&allow_http=true").unwrap();
+        assert_eq!(
+            gs.identity(),
+            "gs://bucket/log?endpoint=http://127.0.0.1:4443"
+        );
+        let az = parse("az://container/a/b").unwrap();
+        assert_eq!(az.identity(), "az://container/a/b");
+        let error = parse("az://container/log?region=x")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("unknown option \"region\""), "{error}");
+        let error = parse("gs:///log").unwrap_err().to_string();
+        assert!(error.contains("missing bucket"), "{error}");
+    }
+
+    fn settings() -> S3Settings {
+        S3Settings {
+            endpoint: Some("http://127.0.0.1:9000".into()),
+            region: Some("eu-west-1".into()),
+            allow_http: Some(true),
+            access_key_id: Some("AKID".into()),
+            secret_access_key: Some("very-secret".into()),
+            session_token: None,
+        }
+    }
+
+    #[test]
+    fn s3_settings_fill_what_the_url_leaves_unset() {
+        let url = parse("s3://bucket/log")
+            .unwrap()
+            .with_s3_settings(&settings())
+            .unwrap();
+        assert_eq!(url.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert_eq!(url.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(url.allow_http, Some(true));
+        assert_eq!(url.credentials.as_ref().unwrap().access_key_id, "AKID");
+        // The endpoint is part of the identity the register binds.
+        assert_eq!(
+            url.identity(),
+            "s3://bucket/log?endpoint=http://127.0.0.1:9000"
+        );
+    }
+
+    #[test]
+    fn the_urls_own_options_win_over_s3_settings() {
+        let url = parse("s3://bucket/log?endpoint=http://h:1&region=us-east-1&allow_http=false")
+            .unwrap()
+            .with_s3_settings(&settings())
+            .unwrap();
+        assert_eq!(url.endpoint.as_deref(), Some("http://h:1"));
+        assert_eq!(url.region.as_deref(), Some("us-east-1"));
+        assert_eq!(url.allow_http, Some(false));
+    }
+
+    #[test]
+    fn s3_settings_leave_other_schemes_alone() {
+        let url = parse("file:///tmp/x").unwrap();
+        assert_eq!(url.clone().with_s3_settings(&settings()).unwrap(), url);
+    }
+
+    #[test]
+    fn incomplete_s3_credentials_are_named() {
+        let cases = [
+            (
+                Some("id"),
+                None,
+                None,
+                "s3.access_key_id needs s3.secret_access_key",
+            ),
+            (
+                None,
+                Some("secret"),
+                None,
+                "s3.secret_access_key needs s3.access_key_id",
+            ),
+            (None, None, Some("token"), "s3.session_token needs"),
+        ];
+        for (id, secret, token, expected) in cases {
+            let settings = S3Settings {
+                access_key_id: id.map(Into::into),
+                secret_access_key: secret.map(Into::into),
+                session_token: token.map(Into::into),
+                ..S3Settings::default()
+            };
+            let error = parse("s3://b/p")
+                .unwrap()
+                .with_s3_settings(&settings)
+                .unwrap_err();
+            assert!(error.to_string().contains(expected), "{error}");
+        }
+        let bad_endpoint = S3Settings {
+            endpoint: Some("not a url".into()),
+            ..S3Settings::default()
+        };
+        let error = parse("s3://b/p")
+            .unwrap()
+            .with_s3_settings(&bad_endpoint)
+            .unwrap_err();
+        assert!(error.to_string().contains("s3.endpoint"), "{error}");
+    }
+
+    #[test]
+    fn debug_output_never_shows_secrets() {
+        let url = parse("s3://bucket/log")
+            .unwrap()
+            .with_s3_settings(&settings())
+            .unwrap();
+        let shown = format!("{url:?} {:?}", settings());
+        assert!(shown.contains("AKID"), "{shown}");
+        assert!(!shown.contains("very-secret"), "{shown}");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use url::Url;
 
 use super::{ManifestStore, ObjectRegister, PostgresRegister, RegisterError, SqliteRegister};
-use crate::blob::{StoreUrl, open_store};
+use crate::blob::{S3Settings, StoreUrl, StoreUrlError, open_store};
 
 /// The register name used when the URL names none.
 pub const DEFAULT_REGISTER_NAME: &str = "chorus";
@@ -144,6 +144,27 @@ impl RegisterUrl {
         RegisterUrl::Sqlite {
             path,
             register: DEFAULT_REGISTER_NAME.to_owned(),
+        }
+    }
+
+    /// Whether the register lives on this machine (a SQLite file, or an object
+    /// register in a local directory).
+    pub fn is_local(&self) -> bool {
+        match self {
+            RegisterUrl::Sqlite { .. } => true,
+            RegisterUrl::Postgres { .. } => false,
+            RegisterUrl::Object(store) => store.local_dir().is_some(),
+        }
+    }
+
+    /// Applies `settings` to an object register on S3 (see
+    /// [`StoreUrl::with_s3_settings`]); other registers are returned unchanged.
+    pub fn with_s3_settings(self, settings: &S3Settings) -> Result<RegisterUrl, StoreUrlError> {
+        match self {
+            RegisterUrl::Object(store) => {
+                Ok(RegisterUrl::Object(store.with_s3_settings(settings)?))
+            }
+            other => Ok(other),
         }
     }
 }
