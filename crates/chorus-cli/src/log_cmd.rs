@@ -188,7 +188,7 @@ fn inspect_json(manifest: &Manifest, version: &str, location: &Location) -> serd
         "tail": { "id": manifest.tail.to_string(), "base": manifest.tail_base.0 },
         "pending": manifest.pending.map(|id| id.to_string()),
         "seal": seal,
-        "trunc": manifest.trunc.0,
+        "floor": manifest.trunc.0,
         "segments": segments,
     })
 }
@@ -240,7 +240,7 @@ fn inspect_text(manifest: &Manifest, version: &str, location: &Location) -> Stri
             )
         }),
     );
-    line("trunc", manifest.trunc.to_string());
+    line("floor", manifest.trunc.to_string());
     line("directory", format!("{} entries", manifest.segments.len()));
     for (position, entry) in manifest.segments.iter().enumerate() {
         let tombstone = if manifest.is_tombstone(position) {

@@ -62,7 +62,7 @@ fn init_then_inspect_on_the_embedded_default() {
     assert_eq!(json["epoch"], 0);
     assert_eq!(json["window"], 4);
     assert_eq!(json["quorum"], 2);
-    assert_eq!(json["trunc"], 0);
+    assert_eq!(json["floor"], 0);
     assert_eq!(json["tail"]["base"], 0);
     let replicas = json["replicas"].as_array().unwrap();
     assert_eq!(replicas.len(), 3);
@@ -75,11 +75,17 @@ fn init_then_inspect_on_the_embedded_default() {
 
     let text = chorus(dir.path(), &["log", "inspect"]);
     assert!(text.status.success());
-    assert!(
-        stdout(&text).contains("replicas   3 (quorum 2)"),
-        "{}",
-        stdout(&text)
-    );
+    let text = stdout(&text);
+    for shown in [
+        "epoch      0",
+        "replicas   3 (quorum 2)",
+        "tail       ",
+        "pending    ",
+        "floor      0",
+        "directory  0 entries",
+    ] {
+        assert!(text.contains(shown), "{shown:?} missing from: {text}");
+    }
 }
 
 #[test]

@@ -149,7 +149,7 @@ impl TestLog {
     }
 
     fn floor(&self) -> u64 {
-        self.inspect()["trunc"].as_u64().unwrap()
+        self.inspect()["floor"].as_u64().unwrap()
     }
 
     /// The sealed directory: each entry's object file name and the index
