@@ -207,13 +207,17 @@ fn publish_list_restore_round_trip_on_s3() {
     round_trip(dir.path(), &["--store", &urls[0]]);
 }
 
-/// Acquires the default store's lease as `holder` for a minute, as another
-/// process would.
-fn hold_lease(dir: &Path, holder: &str) -> LeaseHolder {
+/// The embedded default snapshot store of a `chorus` run in `dir`.
+fn default_store(dir: &Path) -> StoreUrl {
+    StoreUrl::local(&dir.join("chorus-data/snapshots-store"))
+}
+
+/// Acquires the lease of database `default` in `store` as `holder` for a
+/// minute, as another process would.
+fn hold_lease(store: &StoreUrl, holder: &str) -> LeaseHolder {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let url = StoreUrl::local(&dir.join("chorus-data/snapshots-store"));
-        let store = open_store(&url).await.unwrap();
+        let store = open_store(store).await.unwrap();
         let config = LeaseConfig {
             ttl: Duration::from_secs(60),
             ..LeaseConfig::default()
@@ -227,34 +231,58 @@ fn hold_lease(dir: &Path, holder: &str) -> LeaseHolder {
     })
 }
 
-#[test]
-fn a_held_lease_gives_a_clear_error() {
-    let dir = TempDir::new().unwrap();
-    let _other = hold_lease(dir.path(), "other-node");
-    let file = write_file(dir.path(), "f.bin", b"payload");
-    let publish = [
-        "snapshot",
-        "publish",
-        "--file",
-        file.to_str().unwrap(),
-        "--wal-index",
-        "1",
-        "--holder",
-        "me",
-    ];
+/// While `other-node` holds the lease of the store the `location` flags name:
+/// `snapshot publish` and `lease release` as `me` fail with one line naming
+/// the holder; then `other-node` releases it and publishing works.
+fn writers_are_refused_while_held(dir: &Path, location: &[&str]) {
+    let file = write_file(dir, "f.bin", b"payload");
+    let publish = with(
+        location,
+        &[
+            "snapshot",
+            "publish",
+            "--file",
+            file.to_str().unwrap(),
+            "--wal-index",
+            "1",
+            "--holder",
+            "me",
+        ],
+    );
     let held = [
         "lease held by another holder",
-        "holder=other-node",
+        "database=default holder=other-node",
         "expires_in_ms=",
     ];
     assert_fails_with(
-        &chorus(dir.path(), &publish),
+        &chorus(dir, &publish),
         &[&["cannot publish snapshot"], &held[..]].concat(),
     );
     assert_fails_with(
-        &chorus(dir.path(), &["lease", "release", "--holder", "me"]),
+        &chorus(
+            dir,
+            &with(location, &["lease", "release", "--holder", "me"]),
+        ),
         &[&["cannot release lease"], &held[..]].concat(),
     );
+
+    // The named holder may release it; then publishing works.
+    let released = assert_succeeds(&chorus(
+        dir,
+        &with(location, &["lease", "release", "--holder", "other-node"]),
+    ));
+    assert!(
+        released.starts_with("released lease: database=default holder=other-node"),
+        "{released}"
+    );
+    assert_succeeds(&chorus(dir, &publish));
+}
+
+/// Defends the one-line held-lease error of `snapshot publish` and `lease release` locally.
+#[test]
+fn a_held_lease_gives_a_clear_error() {
+    let dir = TempDir::new().unwrap();
+    let _other = hold_lease(&default_store(dir.path()), "other-node");
     let status = assert_succeeds(&chorus(dir.path(), &["lease", "status"]));
     assert!(status.contains("held, expires in"), "{status}");
     assert!(status.contains("other-node"), "{status}");
@@ -263,17 +291,115 @@ fn a_held_lease_gives_a_clear_error() {
         serde_json::from_str::<Value>(&listed).unwrap()["head"],
         Value::Null
     );
+    writers_are_refused_while_held(dir.path(), &[]);
+}
 
-    // The named holder may release it; then publishing works.
-    let released = assert_succeeds(&chorus(
-        dir.path(),
-        &["lease", "release", "--holder", "other-node"],
-    ));
-    assert!(
-        released.starts_with("released lease: database=default holder=other-node"),
-        "{released}"
-    );
+/// Defends the same held-lease errors of `snapshot publish` and `lease release` on S3.
+#[test]
+fn a_held_lease_gives_a_clear_error_on_s3() {
+    let Some(urls) = support::s3_urls("cli-held-lease") else {
+        return;
+    };
+    let dir = TempDir::new().unwrap();
+    let _other = hold_lease(&urls[0].parse().unwrap(), "other-node");
+    writers_are_refused_while_held(dir.path(), &["--store", &urls[0]]);
+}
+
+/// Defends that `snapshot list` and `restore` only read: a foreign live lease does not block them.
+#[test]
+fn list_and_restore_work_while_another_holder_holds_the_lease() {
+    let dir = TempDir::new().unwrap();
+    let file = write_file(dir.path(), "f.bin", &binary_payload(4));
+    let publish = [
+        "snapshot",
+        "publish",
+        "--file",
+        file.to_str().unwrap(),
+        "--wal-index",
+        "7",
+    ];
     assert_succeeds(&chorus(dir.path(), &publish));
+    let _other = hold_lease(&default_store(dir.path()), "other-node");
+
+    let listed = assert_succeeds(&chorus(dir.path(), &["snapshot", "list", "--json"]));
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed["head"]["wal_index"], 7, "{listed}");
+    assert_eq!(listed["payloads"].as_array().unwrap().len(), 1, "{listed}");
+    let target = dir.path().join("restored.bin");
+    let restored = assert_succeeds(&chorus(
+        dir.path(),
+        &["snapshot", "restore", "--to", target.to_str().unwrap()],
+    ));
+    assert!(restored.contains("verified"), "{restored}");
+    assert_eq!(std::fs::read(&target).unwrap(), binary_payload(4));
+
+    let status = assert_succeeds(&chorus(dir.path(), &["lease", "status", "--json"]));
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["lease"]["state"], "held", "{status}");
+    assert_eq!(status["lease"]["holder_id"], "other-node", "{status}");
+}
+
+/// Defends default retention (K=3): after five publishes only the newest three payloads remain.
+#[test]
+fn publish_keeps_the_newest_three_payloads_by_default() {
+    let dir = TempDir::new().unwrap();
+    let mut keys = Vec::new();
+    for round in 1..=5u8 {
+        let file = write_file(dir.path(), "f.bin", &binary_payload(round));
+        let wal_index = (u64::from(round) * 10).to_string();
+        let published = assert_succeeds(&chorus(
+            dir.path(),
+            &[
+                "snapshot",
+                "publish",
+                "--file",
+                file.to_str().unwrap(),
+                "--wal-index",
+                &wal_index,
+            ],
+        ));
+        let key = published
+            .strip_prefix("published snapshot ")
+            .and_then(|rest| rest.split(':').next())
+            .unwrap_or_else(|| panic!("no key in: {published}"));
+        keys.push(key.to_owned());
+        let deleted_one = published.contains("retention deleted 1 old payload(s)");
+        assert_eq!(deleted_one, round > 3, "round {round}: {published}");
+    }
+
+    let listed = assert_succeeds(&chorus(dir.path(), &["snapshot", "list", "--json"]));
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    let payloads = listed["payloads"].as_array().unwrap();
+    let listed_keys: Vec<&str> = payloads
+        .iter()
+        .map(|p| p["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed_keys, keys[2..], "{listed}");
+    let at_head: Vec<bool> = payloads
+        .iter()
+        .map(|p| p["head"].as_bool().unwrap())
+        .collect();
+    assert_eq!(at_head, [false, false, true], "{listed}");
+    assert_eq!(listed["head"]["snapshot_key"], keys[4].as_str(), "{listed}");
+    assert_eq!(listed["head"]["wal_index"], 50, "{listed}");
+
+    let root = dir.path().join("chorus-data/snapshots-store");
+    let mut on_disk: Vec<PathBuf> = std::fs::read_dir(root.join("default/snapshots"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    on_disk.sort();
+    let expected: Vec<PathBuf> = keys[2..].iter().map(|key| root.join(key)).collect();
+    assert_eq!(on_disk, expected);
+    for gone in &keys[..2] {
+        assert!(!root.join(gone).exists(), "{gone} survived retention");
+    }
+    let target = dir.path().join("restored.bin");
+    assert_succeeds(&chorus(
+        dir.path(),
+        &["snapshot", "restore", "--to", target.to_str().unwrap()],
+    ));
+    assert_eq!(std::fs::read(&target).unwrap(), binary_payload(5));
 }
 
 #[test]

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use super::*;
 use crate::blob::{
     Blob, BlobStore, Fault, FaultController, FaultRule, FaultyStore, KeyMatch, ObjectMeta, Op,
-    OpSet, StoreUrl, open_store,
+    OpSet, RuleId, StoreUrl, open_store,
 };
 use crate::clock::ManualClock;
 use crate::ids::RecordIndex;
@@ -374,4 +374,139 @@ async fn download_checks_size_and_missing_payloads() {
             head.snapshot_key()
         )
     );
+}
+
+/// How long a stalled store call would take: far beyond every bound below.
+const STALL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// A store whose stalls the test controls, and snapshots over it with
+/// distinct HEAD and payload bounds, so an error shows which bound fired.
+async fn stalling(clock: &Arc<ManualClock>) -> (DynBlobStore, FaultController, SnapshotStore) {
+    let controller = FaultController::new(13);
+    let store: DynBlobStore = Arc::new(FaultyStore::new(memory().await, controller.clone()));
+    let config = SnapshotConfig {
+        head_call_timeout: Duration::from_secs(1),
+        payload_call_timeout: Duration::from_secs(3),
+    };
+    let snapshots = SnapshotStore::new(store.clone(), db(), config, clock.clone());
+    (store, controller, snapshots)
+}
+
+/// Stalls the `ops` calls on keys matching `keys` until the rule is removed.
+fn stall(controller: &FaultController, ops: &[Op], keys: KeyMatch) -> RuleId {
+    controller.add(
+        FaultRule::new(Fault::Delay(STALL))
+            .ops(OpSet::of(ops))
+            .keys(keys),
+    )
+}
+
+/// Asserts that `result` failed transiently because the store call `call`
+/// (`op=… key=…`) ran out of its `timeout_ms`, well before the stall ended
+/// (`started` is tokio's paused clock, so no wall-clock time is measured).
+#[track_caller]
+fn assert_timed_out<T: std::fmt::Debug>(
+    result: Result<T, SnapshotError>,
+    call: &str,
+    timeout_ms: u64,
+    started: tokio::time::Instant,
+) {
+    let error = result.unwrap_err();
+    assert!(
+        matches!(error, SnapshotError::Store(BlobError::Unavailable { .. })),
+        "{error}"
+    );
+    assert!(error.is_transient(), "{error}");
+    let expected = format!("{call}: timed out after timeout_ms={timeout_ms}");
+    assert!(error.to_string().contains(&expected), "{error}");
+    assert!(started.elapsed() < STALL, "{:?}", started.elapsed());
+}
+
+/// Defends that a stalled store times out HEAD reads, listings and downloads instead of hanging.
+#[tokio::test(start_paused = true)]
+async fn a_stalled_store_times_out_head_reads_listings_and_downloads() {
+    let clock = ManualClock::shared(START_MS);
+    let (store, controller, snapshots) = stalling(&clock).await;
+    let lease = acquire(&store, &clock, "a").await;
+    let head = boot(&snapshots, &lease, "zero")
+        .await
+        .head()
+        .unwrap()
+        .clone();
+    let head_key = || KeyMatch::Exact("db/HEAD.json".into());
+    let payloads = || KeyMatch::Prefix(payload_prefix(&db()));
+
+    let rule = stall(&controller, &[Op::Head, Op::Get], head_key());
+    let started = tokio::time::Instant::now();
+    let call = "op=head key=db/HEAD.json";
+    assert_timed_out(snapshots.read_head().await, call, 1_000, started);
+    assert_timed_out(snapshots.restore().await, call, 1_000, started);
+    let mut publication = snapshots.publication();
+    assert_timed_out(publication.observe_for_boot().await, call, 1_000, started);
+    controller.remove(rule);
+
+    stall(&controller, &[Op::Get, Op::List], payloads());
+    let started = tokio::time::Instant::now();
+    let call = format!("op=get key={}", head.snapshot_key());
+    assert_timed_out(snapshots.restore().await, &call, 3_000, started);
+    assert_timed_out(snapshots.download(&head).await, &call, 3_000, started);
+    let call = format!("op=list key={}", payload_prefix(&db()));
+    assert_timed_out(snapshots.list().await, &call, 3_000, started);
+    controller.clear();
+    let (restored, bytes) = snapshots.restore().await.unwrap().unwrap();
+    assert_eq!((restored, bytes), (head, Bytes::from_static(b"zero")));
+}
+
+/// Defends that a stalled upload or HEAD write times out claims and publishes, without fencing.
+#[tokio::test(start_paused = true)]
+async fn a_stalled_store_times_out_claims_and_publications() {
+    let clock = ManualClock::shared(START_MS);
+    let (store, controller, snapshots) = stalling(&clock).await;
+    let lease = acquire(&store, &clock, "a").await;
+    let head_key = || KeyMatch::Exact("db/HEAD.json".into());
+    let payloads = || KeyMatch::Prefix(payload_prefix(&db()));
+    let payload_key = |sequence| {
+        let generation = lease.generation();
+        let sequence = PublicationSequence(sequence);
+        PayloadId {
+            generation,
+            sequence,
+        }
+        .key(&db())
+    };
+    let mut publication = snapshots.publication();
+    publication.observe_for_boot().await.unwrap();
+
+    let rule = stall(&controller, &[Op::Create], payloads());
+    let started = tokio::time::Instant::now();
+    let call = format!("op=create key={}", payload_key(1));
+    let claimed = publication.claim(&lease, snapshot("zero", 0)).await;
+    assert_timed_out(claimed, &call, 3_000, started);
+    controller.remove(rule);
+    let rule = stall(&controller, &[Op::Create], head_key());
+    let claimed = publication.claim(&lease, snapshot("zero", 0)).await;
+    assert_timed_out(claimed, "op=create key=db/HEAD.json", 1_000, started);
+    assert_eq!(publication.state(), PublicationState::Observed);
+    controller.remove(rule);
+    publication
+        .claim(&lease, snapshot("zero", 0))
+        .await
+        .unwrap();
+
+    let rule = stall(&controller, &[Op::Create], payloads());
+    let started = tokio::time::Instant::now();
+    let call = format!("op=create key={}", payload_key(2));
+    let published = publication.publish(&lease, snapshot("one", 1)).await;
+    assert_timed_out(published, &call, 3_000, started);
+    controller.remove(rule);
+    stall(&controller, &[Op::Update], head_key());
+    let published = publication.publish(&lease, snapshot("two", 2)).await;
+    assert_timed_out(published, "op=update key=db/HEAD.json", 1_000, started);
+    assert_eq!(publication.state(), PublicationState::Claimed);
+    controller.clear();
+    let head = publication
+        .publish(&lease, snapshot("four", 4))
+        .await
+        .unwrap();
+    assert_eq!(snapshots.read_head().await.unwrap().unwrap().head, head);
 }
