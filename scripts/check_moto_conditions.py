@@ -7,7 +7,7 @@ Run with the venv's python (it has boto3, which comes with moto):
 Checks, against every endpoint/bucket pair:
   * PutObject If-None-Match: *   -> second create of a key fails with 412
   * PutObject If-Match: <etag>   -> a stale etag fails with 412, current one wins
-  * 16 concurrent If-None-Match creates of one key -> exactly one wins
+  * 16 concurrent If-None-Match creates of one key -> exactly one wins (10 rounds)
   * 16 concurrent If-Match updates with one etag   -> exactly one wins
   * HeadObject returns the ETag that PutObject returned
   * ranged GetObject returns 206 and the right bytes
@@ -190,7 +190,7 @@ def main():
     ap.add_argument("--buckets", default=os.environ.get(
         "CHORUS_TEST_S3_BUCKETS", "chorus-zone-a,chorus-zone-b,chorus-zone-c"))
     ap.add_argument("--threads", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=3, help="race rounds per condition and zone")
+    ap.add_argument("--rounds", type=int, default=10, help="race rounds per condition and zone")
     args = ap.parse_args()
 
     endpoints = args.endpoints.split(",")

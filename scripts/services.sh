@@ -21,6 +21,10 @@ ENV_FILE="$STATE/env"
 # PutObject. Its deps (flask, werkzeug, boto3) need no pins for this.
 MOTO_VERSION="5.2.5"
 
+# moto's own `moto_server` checks conditional PUTs non-atomically under
+# concurrent requests; this launcher serializes requests (see its docstring).
+MOTO_SCRIPT="serialized_moto_server.py"
+
 MOTO_HOST="127.0.0.1"
 ZONES=(a b c)
 MOTO_PORTS=(5101 5102 5103)
@@ -47,7 +51,7 @@ pid_alive() { [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null; }
 joined() { local IFS=,; echo "$*"; }
 
 # The moto servers' pid files, in endpoint order. Each holds the pid of the
-# moto_server process itself (setsid execs it without forking), which the
+# moto server process itself (setsid execs it without forking), which the
 # chaos test (crates/chorus-cli/tests/chaos.rs) SIGSTOPs and SIGCONTs.
 pid_files() {
   local out=() z
@@ -79,6 +83,29 @@ export CHORUS_TEST_MOTO_PID_FILES="$(pid_files)"
 EOF
 }
 
+# ----------------------------------------------------------- packages ----
+
+# apt_install PKG...: install Debian packages (CI runs as root on a fresh machine).
+apt_install() {
+  [[ "$(id -u)" == 0 ]] || die "missing $*: install them (we are not root to apt-get them)"
+  log "installing Debian packages: $*"
+  export DEBIAN_FRONTEND=noninteractive
+  if [[ -z "${APT_UPDATED:-}" ]]; then apt-get update -qq; APT_UPDATED=1; fi
+  apt-get install -y -qq "$@" >/dev/null
+}
+
+# The tools the services and the tests need besides Rust: curl (readiness
+# checks), python3 with venv (moto), a C++ compiler (libfuzzer-sys, built when
+# the fuzz targets are checked).
+ensure_tools() {
+  local missing=()
+  command -v curl >/dev/null || missing+=(curl)
+  command -v python3 >/dev/null || missing+=(python3)
+  python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+  command -v c++ >/dev/null || missing+=(g++)
+  if ((${#missing[@]})); then apt_install "${missing[@]}"; fi
+}
+
 # ---------------------------------------------------------------- moto ----
 
 ensure_venv() {
@@ -102,7 +129,7 @@ start_moto() {
     pid="$(cat "$pidfile" 2>/dev/null || true)"
     # A chaos test killed mid-run may have left a server SIGSTOPped; a frozen
     # server still accepts connections but never answers.
-    if pid_alive "$pid" && grep -q moto_server "/proc/$pid/cmdline" 2>/dev/null; then
+    if pid_alive "$pid" && grep -q "$MOTO_SCRIPT" "/proc/$pid/cmdline" 2>/dev/null; then
       kill -CONT "$pid" 2>/dev/null || true
     fi
     if pid_alive "$pid" && port_open "$MOTO_HOST" "$port"; then
@@ -113,7 +140,7 @@ start_moto() {
       log "starting moto zone $zone on $MOTO_HOST:$port (log $logf)"
       # setsid: detach from the caller's process group so the server outlives
       # the shell that started it (developers keep them running).
-      setsid "$VENV/bin/moto_server" -H "$MOTO_HOST" -p "$port" \
+      setsid "$VENV/bin/python" "$ROOT/scripts/$MOTO_SCRIPT" -H "$MOTO_HOST" -p "$port" \
         >"$logf" 2>&1 </dev/null &
       echo $! >"$pidfile"
     fi
@@ -141,7 +168,7 @@ stop_moto() {
     pidfile="$STATE/moto-$zone.pid"
     pid="$(cat "$pidfile" 2>/dev/null || true)"
     # Only kill the pid if it still is a moto server (pids get reused).
-    if pid_alive "$pid" && grep -q moto_server "/proc/$pid/cmdline" 2>/dev/null; then
+    if pid_alive "$pid" && grep -q "$MOTO_SCRIPT" "/proc/$pid/cmdline" 2>/dev/null; then
       log "stopping moto zone $zone (pid $pid)"
       kill -CONT "$pid" 2>/dev/null || true  # a frozen one acts on SIGTERM only once resumed
       kill_wait "$pid"
@@ -165,11 +192,8 @@ find_pg_bin() {
 
 ensure_postgres() {
   if PG_BIN="$(find_pg_bin)"; then return; fi
-  [[ "$(id -u)" == 0 ]] || die "PostgreSQL is not installed and we are not root to apt-get it"
-  log "PostgreSQL not found; installing it from Debian packages"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq postgresql >/dev/null
+  log "PostgreSQL not found"
+  apt_install postgresql
   PG_BIN="$(find_pg_bin)" || die "postgresql installed but initdb/pg_ctl not found"
 }
 
@@ -265,6 +289,7 @@ kill_wait() {
 
 cmd_start() {
   mkdir -p "$STATE"
+  ensure_tools
   ensure_venv
   start_moto
   start_postgres

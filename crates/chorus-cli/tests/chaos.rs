@@ -26,7 +26,7 @@
 //!
 //! The moto servers' pids come from the pid files `scripts/services.sh` writes
 //! (`CHORUS_TEST_MOTO_PID_FILES`, else `.ci/state/moto-{a,b,c}.pid`); each pid
-//! is checked to be a `moto_server` listening on its endpoint's port before it
+//! is checked to be a moto server listening on its endpoint's port before it
 //! is ever signalled. A guard sends SIGCONT to every server on drop, so a
 //! panicking test leaves no server frozen.
 //!
@@ -114,7 +114,7 @@ fn chaos_cycles() -> usize {
 
 // ------------------------------------------------------------ services ----
 
-/// One moto server: its port and the pid of the `moto_server` process.
+/// One moto server: its port and the pid of its process.
 #[derive(Debug, Clone, Copy)]
 #[allow(dead_code)] // `port` is for the report (Debug)
 struct MotoServer {
@@ -159,7 +159,7 @@ fn moto_pid_files() -> Vec<String> {
     }
 }
 
-/// The pid in `file` if it is a live `moto_server` listening on `port`.
+/// The pid in `file` if it is a live moto server listening on `port`.
 fn moto_pid(file: &str, port: u16) -> Result<u32, String> {
     let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
     let pid: u32 = text
@@ -172,7 +172,8 @@ fn moto_pid(file: &str, port: u16) -> Result<u32, String> {
         .split(|&byte| byte == 0)
         .map(|argument| String::from_utf8_lossy(argument).into_owned())
         .collect();
-    let is_moto = arguments.iter().any(|a| a.ends_with("moto_server"));
+    // scripts/serialized_moto_server.py (or moto's own moto_server).
+    let is_moto = arguments.iter().any(|a| a.contains("moto_server"));
     let on_port = arguments
         .windows(2)
         .any(|w| w[0] == "-p" && w[1] == port.to_string());
@@ -180,7 +181,7 @@ fn moto_pid(file: &str, port: u16) -> Result<u32, String> {
         Ok(pid)
     } else {
         Err(format!(
-            "pid {pid} from {file} is not moto_server -p {port}: {arguments:?}"
+            "pid {pid} from {file} is not a moto server on -p {port}: {arguments:?}"
         ))
     }
 }

@@ -740,15 +740,16 @@ struct PrivateS3 {
 
 impl PrivateS3 {
     fn start() -> Option<PrivateS3> {
-        // scripts/services.sh installs moto into this virtualenv.
-        let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../.ci/state/venv/bin/moto_server");
-        if !venv.exists() {
+        // scripts/services.sh installs moto into this virtualenv; the
+        // launcher serializes requests so conditional PUTs are atomic.
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let python = root.join(".ci/state/venv/bin/python");
+        if !python.exists() {
             assert!(
                 std::env::var_os("CI").is_none(),
-                "moto_server missing under CI: {venv:?}"
+                "moto's virtualenv missing under CI: {python:?}"
             );
-            eprintln!("skipping: {venv:?} missing; run `bash scripts/services.sh start`");
+            eprintln!("skipping: {python:?} missing; run `bash scripts/services.sh start`");
             return None;
         }
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -756,12 +757,13 @@ impl PrivateS3 {
             .local_addr()
             .unwrap()
             .port();
-        let child = Command::new(venv)
+        let child = Command::new(python)
+            .arg(root.join("scripts/serialized_moto_server.py"))
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("moto_server starts");
+            .expect("the moto server starts");
         let endpoint = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(30);
         // Create the bucket once the server answers (unsigned PUT works on moto).
