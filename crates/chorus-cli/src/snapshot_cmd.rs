@@ -73,7 +73,7 @@ pub struct PublishArgs {
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     lease_ttl_secs: u64,
 
-    /// Payloads retention keeps besides the one HEAD names.
+    /// Newest payloads retention keeps (HEAD's payload is kept even when older).
     #[arg(long, default_value_t = DEFAULT_KEEP_PAYLOADS)]
     keep: NonZeroUsize,
 }

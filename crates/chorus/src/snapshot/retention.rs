@@ -5,7 +5,7 @@ use std::num::NonZeroUsize;
 
 use super::{Head, PayloadId};
 
-/// Payloads kept by default besides the one HEAD names.
+/// Newest payloads retention keeps by default (HEAD's payload is kept even when older).
 pub const DEFAULT_KEEP_PAYLOADS: NonZeroUsize = NonZeroUsize::new(3).expect("3 is not zero");
 
 /// What a retention pass kept and deleted, each oldest first.
