@@ -185,6 +185,22 @@ mod tests {
         LogConfig::default().validate().unwrap();
     }
 
+    /// Defends the defaults the field docs (and docs/BENCHMARKS.md) promise, value by value.
+    #[test]
+    fn defaults_match_their_documentation() {
+        let config = LogConfig::default();
+        assert_eq!(config.max_fragment_bytes, 4 * 1024 * 1024);
+        assert_eq!(config.max_record_bytes, 1024 * 1024);
+        assert_eq!(config.max_inflight_bytes, 64 * 1024 * 1024);
+        assert_eq!(config.max_inflight_records, 1_048_576);
+        assert_eq!(config.max_replica_lag_bytes, 64 * 1024 * 1024);
+        assert_eq!(config.lane_stall_timeout, Duration::from_secs(5));
+        assert_eq!(config.max_segment_bytes, 64 * 1024 * 1024);
+        assert_eq!(config.max_active_segment_bytes, 1024 * 1024 * 1024);
+        assert_eq!(config.linger, Duration::ZERO);
+        assert_eq!(config.repair_interval, Some(Duration::from_secs(5 * 60)));
+    }
+
     #[test]
     fn each_bad_setting_is_named() {
         type Breaker = Box<dyn Fn(&mut LogConfig)>;
