@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Test services for Chorus: three moto S3 servers (one per "zone") and a
-# throwaway PostgreSQL cluster, all on loopback.
+# Test services for Chorus: three moto S3 servers (one per "zone"), an Azurite
+# blob server (Azure Blob Storage emulator) and a throwaway PostgreSQL
+# cluster, all on loopback.
 #
 #   bash scripts/services.sh start   # idempotent; writes .ci/state/env
 #   bash scripts/services.sh stop    # kills everything, removes the pg data dir
@@ -9,7 +10,8 @@
 #
 # Everything needed is installed by this script (CI runs on a fresh machine):
 # moto goes into a virtualenv under .ci/state/venv (gitignored), PostgreSQL
-# comes from Debian's packages if no initdb/pg_ctl is found.
+# comes from Debian's packages if no initdb/pg_ctl is found, Azurite from the
+# npm registry into .ci/state/azurite.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -29,6 +31,15 @@ MOTO_HOST="127.0.0.1"
 ZONES=(a b c)
 MOTO_PORTS=(5101 5102 5103)
 BUCKET_PREFIX="chorus-zone-"
+
+# Azurite: pinned; in memory; --skipApiVersionCheck because the Azure SDK that
+# creates the container may speak a newer API version than Azurite knows.
+AZURITE_VERSION="3.37.0"
+AZURE_BLOB_SDK_VERSION="12.31.1"
+AZURITE_DIR="$STATE/azurite"
+AZURITE_HOST="127.0.0.1"
+AZURITE_PORT=10000  # the port object_store's emulator mode expects
+AZURE_CONTAINER="chorus-az"
 
 PG_PORT=5499
 PG_DB="chorus_test"
@@ -80,6 +91,8 @@ export AWS_SECRET_ACCESS_KEY="testing"
 export AWS_DEFAULT_REGION="us-east-1"
 export CHORUS_TEST_POSTGRES_URL="postgresql://postgres@127.0.0.1:$PG_PORT/$PG_DB"
 export CHORUS_TEST_MOTO_PID_FILES="$(pid_files)"
+export AZURE_STORAGE_USE_EMULATOR="true"
+export CHORUS_TEST_AZURE_CONTAINER="$AZURE_CONTAINER"
 EOF
 }
 
@@ -109,15 +122,15 @@ ensure_tools() {
 # ---------------------------------------------------------------- moto ----
 
 ensure_venv() {
-  local marker="$VENV/.moto-$MOTO_VERSION"
+  local marker="$VENV/.moto-$MOTO_VERSION-azure-blob-$AZURE_BLOB_SDK_VERSION"
   if [[ -x "$VENV/bin/moto_server" && -f "$marker" ]]; then
     return
   fi
-  log "creating virtualenv $VENV with moto[server]==$MOTO_VERSION"
+  log "creating virtualenv $VENV with moto[server]==$MOTO_VERSION, azure-storage-blob==$AZURE_BLOB_SDK_VERSION"
   rm -rf "$VENV"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-input \
-    "moto[server]==$MOTO_VERSION"
+    "moto[server]==$MOTO_VERSION" "azure-storage-blob==$AZURE_BLOB_SDK_VERSION"
   touch "$marker"
 }
 
@@ -175,6 +188,60 @@ stop_moto() {
     fi
     rm -f "$pidfile"
   done
+}
+
+# ------------------------------------------------------------ azurite ----
+
+ensure_azurite() {
+  local marker="$AZURITE_DIR/.azurite-$AZURITE_VERSION"
+  if [[ -x "$AZURITE_DIR/node_modules/.bin/azurite-blob" && -f "$marker" ]]; then
+    return
+  fi
+  command -v npm >/dev/null || apt_install nodejs npm
+  log "installing azurite@$AZURITE_VERSION into $AZURITE_DIR"
+  rm -rf "$AZURITE_DIR"
+  mkdir -p "$AZURITE_DIR"
+  npm install --prefix "$AZURITE_DIR" --no-audit --no-fund --loglevel=error \
+    "azurite@$AZURITE_VERSION" >/dev/null
+  touch "$marker"
+}
+
+start_azurite() {
+  local pidfile="$STATE/azurite.pid" logf="$STATE/azurite.log" pid
+  pid="$(cat "$pidfile" 2>/dev/null || true)"
+  if pid_alive "$pid" && port_open "$AZURITE_HOST" "$AZURITE_PORT"; then
+    log "azurite already running (pid $pid, port $AZURITE_PORT)"
+  else
+    port_open "$AZURITE_HOST" "$AZURITE_PORT" &&
+      die "port $AZURITE_PORT is taken by a process not started by this script"
+    log "starting azurite on $AZURITE_HOST:$AZURITE_PORT (log $logf)"
+    setsid "$AZURITE_DIR/node_modules/.bin/azurite-blob" --inMemoryPersistence \
+      --blobHost "$AZURITE_HOST" --blobPort "$AZURITE_PORT" --skipApiVersionCheck \
+      >"$logf" 2>&1 </dev/null &
+    echo $! >"$pidfile"
+  fi
+  wait_for "azurite" "$logf" port_open "$AZURITE_HOST" "$AZURITE_PORT"
+  # object_store cannot create containers; the Azure SDK can (idempotently).
+  "$VENV/bin/python" - "$AZURE_CONTAINER" <<'PY' || die "creating the Azurite container failed"
+import sys
+from azure.core.exceptions import ResourceExistsError
+from azure.storage.blob import BlobServiceClient
+client = BlobServiceClient.from_connection_string("UseDevelopmentStorage=true")
+try:
+    client.create_container(sys.argv[1])
+except ResourceExistsError:
+    pass
+PY
+}
+
+stop_azurite() {
+  local pidfile="$STATE/azurite.pid" pid
+  pid="$(cat "$pidfile" 2>/dev/null || true)"
+  if pid_alive "$pid" && grep -q azurite "/proc/$pid/cmdline" 2>/dev/null; then
+    log "stopping azurite (pid $pid)"
+    kill_wait "$pid"
+  fi
+  rm -f "$pidfile"
 }
 
 # ----------------------------------------------------------- postgres ----
@@ -291,7 +358,9 @@ cmd_start() {
   mkdir -p "$STATE"
   ensure_tools
   ensure_venv
+  ensure_azurite
   start_moto
+  start_azurite
   start_postgres
   env_lines >"$ENV_FILE"
   # Chorus relies on S3 conditional writes; fail now if the fake S3 does not
@@ -305,6 +374,7 @@ cmd_start() {
 
 cmd_stop() {
   stop_moto
+  stop_azurite
   stop_postgres
   rm -f "$ENV_FILE"
   log "all services stopped"
@@ -320,6 +390,12 @@ cmd_status() {
       echo "moto zone ${ZONES[$i]}: down"; rc=1
     fi
   done
+  pid="$(cat "$STATE/azurite.pid" 2>/dev/null || true)"
+  if pid_alive "$pid" && port_open "$AZURITE_HOST" "$AZURITE_PORT"; then
+    echo "azurite: running (pid $pid, port $AZURITE_PORT)"
+  else
+    echo "azurite: down"; rc=1
+  fi
   if port_open 127.0.0.1 "$PG_PORT" && [[ -f "$PG_DATA/postmaster.pid" ]]; then
     echo "postgres: running (port $PG_PORT, data $PG_DATA)"
   else

@@ -701,6 +701,22 @@ fn s3_settings_come_from_the_aws_environment() {
     });
 }
 
+/// The log works end to end on three `az://` replicas (Azurite, reached
+/// through `AZURE_STORAGE_USE_EMULATOR` from the test services).
+#[test]
+fn append_and_read_on_azure() {
+    let Some(base) = support::azure_url("cli-azure") else {
+        return;
+    };
+    let replicas: Vec<String> = (0..3).map(|i| format!("{base}/replica-{i}")).collect();
+    let dir = TempDir::new().unwrap();
+    round_trip_with(dir.path(), |command| {
+        command
+            .env("CHORUS_REPLICAS", replicas.join(","))
+            .env("AZURE_STORAGE_USE_EMULATOR", "true");
+    });
+}
+
 /// Every log command takes its location from `CHORUS_*` variables, and from
 /// a `chorus.toml`, not only `init`.
 #[test]

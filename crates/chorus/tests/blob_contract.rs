@@ -1,5 +1,6 @@
 //! The blob store contract, run against every backend: `memory::*`, `local::*`
-//! (a directory) and `s3::*` (an S3-compatible server from the test services).
+//! (a directory), `s3::*` (an S3-compatible server) and `azure::*` (Azurite, the
+//! Azure Blob Storage emulator), the last two from the test services.
 
 #[path = "support/stores.rs"]
 mod stores;
@@ -13,7 +14,7 @@ use chorus::blob::{
     BlobError, DynBlobStore, Fault, FaultController, FaultRule, FaultyStore, Op, OpSet,
     create_resolving, probe, update_resolving,
 };
-use stores::{local, memory, s3};
+use stores::{azure, local, memory, s3};
 
 fn bytes(text: &str) -> Bytes {
     Bytes::copy_from_slice(text.as_bytes())
@@ -299,3 +300,4 @@ macro_rules! contract {
 contract!(memory);
 contract!(local);
 contract!(s3);
+contract!(azure);

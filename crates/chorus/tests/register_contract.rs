@@ -620,3 +620,4 @@ contract!(sqlite, Backend::Sqlite);
 contract!(postgres, Backend::Postgres);
 contract!(object_local, Backend::ObjectLocal);
 contract!(object_s3, Backend::ObjectS3);
+contract!(object_azure, Backend::ObjectAzure);

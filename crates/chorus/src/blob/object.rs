@@ -102,21 +102,30 @@ impl ObjectStoreBlobs {
             .put_opts(&self.path(key), PutPayload::from(bytes), options)
             .await
             .map_err(|e| self.error(op, key, e))?;
-        Ok(Version {
-            e_tag: result.e_tag,
-            generation: result.version,
-        })
+        Ok(version(result.e_tag, result.version))
     }
+}
+
+/// A version in one canonical form. Azure's listings give ETags unquoted
+/// while its responses' `ETag` headers quote them: the same version must
+/// compare equal whichever call reported it, so ETags are kept quoted, as
+/// HTTP writes strong ETags.
+fn version(e_tag: Option<String>, generation: Option<String>) -> Version {
+    let e_tag = e_tag.map(|tag| {
+        if tag.starts_with('"') || tag.starts_with("W/") {
+            tag
+        } else {
+            format!("\"{tag}\"")
+        }
+    });
+    Version { e_tag, generation }
 }
 
 fn meta(key: String, meta: object_store::ObjectMeta) -> ObjectMeta {
     ObjectMeta {
         key,
         size: meta.size,
-        version: Version {
-            e_tag: meta.e_tag,
-            generation: meta.version,
-        },
+        version: version(meta.e_tag, meta.version),
     }
 }
 
@@ -152,10 +161,7 @@ impl BlobStore for ObjectStoreBlobs {
             .get_opts(&self.path(key), GetOptions::default())
             .await
             .map_err(err)?;
-        let version = Version {
-            e_tag: result.meta.e_tag.clone(),
-            generation: result.meta.version.clone(),
-        };
+        let version = version(result.meta.e_tag.clone(), result.meta.version.clone());
         let bytes = result.bytes().await.map_err(err)?;
         Ok(Blob { bytes, version })
     }
@@ -220,5 +226,24 @@ impl BlobStore for ObjectStoreBlobs {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.error(Op::Delete, key, e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etags_are_kept_quoted_whichever_call_reported_them() {
+        let quoted = Some("\"0x1DA\"".to_owned());
+        assert_eq!(version(Some("0x1DA".into()), None).e_tag, quoted);
+        assert_eq!(version(quoted.clone(), None).e_tag, quoted);
+        let weak = Some("W/\"x\"".to_owned());
+        assert_eq!(version(weak.clone(), None).e_tag, weak);
+        let generation = version(None, Some("7".into()));
+        assert_eq!(
+            (generation.e_tag, generation.generation.as_deref()),
+            (None, Some("7"))
+        );
     }
 }

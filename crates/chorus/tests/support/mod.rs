@@ -55,6 +55,13 @@ pub fn s3_urls(label: &str) -> Option<Vec<String>> {
     Some(urls)
 }
 
+/// An `az://` URL under a fresh prefix in the Azurite test container.
+pub fn azure_url(label: &str) -> Option<String> {
+    let container = service_var("CHORUS_TEST_AZURE_CONTAINER")?;
+    service_var("AZURE_STORAGE_USE_EMULATOR")?;
+    Some(format!("az://{container}/{}", unique(label)))
+}
+
 /// A PostgreSQL register URL naming a fresh register.
 pub fn postgres_register_url(label: &str) -> Option<String> {
     let base = service_var("CHORUS_TEST_POSTGRES_URL")?;

@@ -36,6 +36,8 @@ pub enum Backend {
     ObjectLocal,
     /// [`ObjectRegister`] over a moto S3 store.
     ObjectS3,
+    /// [`ObjectRegister`] over Azurite (the Azure Blob Storage emulator).
+    ObjectAzure,
 }
 
 impl Backend {
@@ -120,6 +122,12 @@ impl Fixture {
                     _dir: None,
                 }
             }
+            Backend::ObjectAzure => Location::Object {
+                url: support::azure_url("register-contract")?
+                    .parse()
+                    .expect("az URL parses"),
+                _dir: None,
+            },
         };
         let register = open(&location, true).await;
         Some(Fixture {

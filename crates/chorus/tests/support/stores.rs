@@ -1,5 +1,6 @@
 //! Probed stores for backend-parameterised tests: memory, a local directory,
-//! and an S3-compatible server from the test services.
+//! an S3-compatible server and an Azure Blob Storage emulator (Azurite) from
+//! the test services.
 
 #![allow(dead_code)] // each test binary uses a different subset
 
@@ -43,4 +44,12 @@ pub async fn local() -> Option<Fixture> {
 pub async fn s3() -> Option<Fixture> {
     let urls = crate::support::s3_urls("fixture")?;
     Some(open(&urls[0], None).await)
+}
+
+/// A fresh prefix in the Azurite container, or `None` (skip) outside CI.
+/// object_store reaches Azurite through `AZURE_STORAGE_USE_EMULATOR=true`,
+/// which `scripts/services.sh` exports with the container's name.
+pub async fn azure() -> Option<Fixture> {
+    let url = crate::support::azure_url("fixture")?;
+    Some(open(&url, None).await)
 }
