@@ -189,7 +189,18 @@ async fn two_of_three_down_poisons_the_writer() {
         ),
         "{refused}"
     );
-    drop(writer);
+    // A shutdown of a writer that already stopped reports why it stopped.
+    let shutdown = writer.shutdown(Duration::from_secs(1)).await.unwrap_err();
+    assert!(
+        matches!(
+            shutdown,
+            LogError::Stopped {
+                reason: StopReason::Poisoned { .. },
+                may_have_committed: false,
+            }
+        ),
+        "{shutdown}"
+    );
     let recovered = cluster.verify_acked(&acked).await;
     let mut admitted = acked.clone();
     admitted.insert(RecordIndex(1), payload("c", 1));
@@ -426,9 +437,9 @@ async fn shutdown_gives_up_at_its_deadline_when_nothing_commits() {
     );
 }
 
-/// Defends the documented bound: `shutdown(timeout)` returns at its deadline, not at a later tick.
+/// Defends the documented bound: `shutdown(timeout)` returns at its deadline,
+/// not at a later tick (it used to wait for the next stall check).
 #[tokio::test(start_paused = true)]
-#[ignore = "bug: the drain deadline has no timer; shutdown returns at the next stall tick (lane_stall_timeout / 4)"]
 async fn shutdown_returns_at_its_deadline_not_at_the_next_stall_check() {
     let cluster = Cluster::new(3, WINDOW as u32).await;
     let config = LogConfig {
@@ -457,9 +468,9 @@ async fn shutdown_returns_at_its_deadline_not_at_the_next_stall_check() {
     assert_only_admitted(&admitted, &recovered);
 }
 
-/// Defends that `shutdown` reports failure, not `Ok`, when the writer is poisoned while draining.
+/// Defends that `shutdown` reports failure, not `Ok`, when the writer is
+/// poisoned while draining (it used to read the dropped reply as success).
 #[tokio::test(start_paused = true)]
-#[ignore = "bug: a stop during the drain drops the shutdown reply, which `shutdown` reads as Ok"]
 async fn shutdown_reports_a_writer_poisoned_while_draining() {
     let cluster = Cluster::new(3, WINDOW as u32).await;
     let (writer, _) = cluster.open(test_config()).await.unwrap();

@@ -198,16 +198,22 @@ impl Writer {
 
     /// Stops admitting, waits (at most `timeout`) until everything admitted is
     /// durable, then stops. Appends still outstanding at the deadline fail.
+    /// `Ok` only if everything admitted became durable; a writer that stopped
+    /// for another reason (before or during the drain) reports that reason.
     pub async fn shutdown(self, timeout: Duration) -> Result<(), LogError> {
         let (reply, outcome) = oneshot::channel();
-        if self
-            .commands
-            .send(Command::Shutdown { timeout, reply })
-            .is_err()
-        {
-            return Ok(());
-        }
-        outcome.await.unwrap_or(Ok(()))
+        let answered = match self.commands.send(Command::Shutdown { timeout, reply }) {
+            Ok(()) => outcome.await.ok(),
+            Err(_) => None,
+        };
+        // No answer: the writer had stopped already, or its task is gone.
+        answered.unwrap_or_else(|| {
+            let reason = self.shared.admission().stopped.clone();
+            Err(LogError::Stopped {
+                reason: reason.unwrap_or(StopReason::Aborted),
+                may_have_committed: false,
+            })
+        })
     }
 
     /// Stops at once: outstanding appends fail (those already written to some

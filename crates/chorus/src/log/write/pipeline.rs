@@ -202,15 +202,19 @@ impl Pipeline {
             if self.stopped.is_some() {
                 break;
             }
-            // Only a future linger deadline is worth a timer: once it has
+            // Only a future deadline is worth a timer: once linger's has
             // passed, `cut_fragments` cuts as soon as the window allows, and
             // lane events wake the loop. A past deadline would make the
             // timer branch ready on every round: a busy loop that, under
             // paused time, also stops the clock (found by the simulator,
             // seed 14).
-            let linger = self
-                .linger_deadline()
-                .filter(|deadline| *deadline > Instant::now());
+            // The drain deadline needs its timer too: nothing else may wake
+            // the loop before it when nothing commits.
+            let wake = [self.linger_deadline(), self.drain_deadline()]
+                .into_iter()
+                .flatten()
+                .filter(|deadline| *deadline > Instant::now())
+                .min();
             // `biased`: branches are tried in order rather than at random, so a
             // run replays exactly under the deterministic simulator. Every
             // source is bounded (admission budget, one event per request), so
@@ -228,7 +232,7 @@ impl Pipeline {
                     }
                 },
                 _ = stall_check.tick() => self.on_tick(),
-                _ = sleep_until(linger) => {}
+                _ = sleep_until(wake) => {}
             }
         }
         self.cancel_background();
@@ -256,6 +260,10 @@ impl Pipeline {
             .stopped
             .get_or_insert(StopReason::Shutdown);
         self.draining = Some((deadline, reply));
+    }
+
+    fn drain_deadline(&self) -> Option<Instant> {
+        self.draining.as_ref().map(|(deadline, _)| *deadline)
     }
 
     fn finish_drain_if_done(&mut self) {
@@ -636,6 +644,11 @@ impl Pipeline {
             reason: reason.clone(),
             may_have_committed,
         };
+        // A shutdown still draining ends with this stop, not with success:
+        // what was written but not acknowledged may or may not be durable.
+        if let Some((_, Some(reply))) = self.draining.take() {
+            let _ = reply.send(Err(failed(!self.waiting.is_empty())));
+        }
         for waiter in self.waiting.drain(..) {
             let _ = waiter.completion.send(Err(failed(true)));
             metrics::append_failed("stopped");
