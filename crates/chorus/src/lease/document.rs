@@ -57,11 +57,13 @@ pub(crate) struct Fields {
 }
 
 impl Fields {
-    /// Parses `bytes` as a JSON object of at most [`MAX_DOCUMENT_BYTES`].
+    /// Parses `bytes` as a JSON object of at most [`MAX_DOCUMENT_BYTES`], in
+    /// format `supported`, with an intact checksum.
     pub(crate) fn parse(
         document: &'static str,
         key: &str,
         bytes: &Bytes,
+        supported: u64,
     ) -> Result<Fields, DocumentError> {
         let mut fields = Fields {
             document,
@@ -77,9 +79,21 @@ impl Fields {
             Ok(_) => return Err(fields.invalid("document", "not a JSON object")),
             Err(error) => return Err(fields.invalid("document", format!("not JSON: {error}"))),
         }
+        // Another format may checksum differently, or not at all: when the
+        // checksum fails, say which format the document claims.
+        let unsupported = match fields.map.get("format").and_then(Value::as_u64) {
+            Some(found) if found != supported => Some(found),
+            _ => None,
+        };
+        let unsupported_or = |reason: String| match unsupported {
+            Some(found) => {
+                format!("unsupported format={found} (this build reads {supported}), or {reason}")
+            }
+            None => reason,
+        };
         if !fields.map.contains_key(CHECKSUM_FIELD) {
             let reason = "missing (written by hand, or by a build before checksums)";
-            return Err(fields.invalid(CHECKSUM_FIELD, reason));
+            return Err(fields.invalid(CHECKSUM_FIELD, unsupported_or(reason.into())));
         }
         let stored = fields.string(CHECKSUM_FIELD)?;
         let computed = document_checksum(&fields.map);
@@ -88,8 +102,9 @@ impl Fields {
                 "checksum mismatch: stored {stored:?}, the fields give {computed:?} \
                  (the document is damaged, or was edited by hand)"
             );
-            return Err(fields.invalid(CHECKSUM_FIELD, reason));
+            return Err(fields.invalid(CHECKSUM_FIELD, unsupported_or(reason)));
         }
+        fields.format(supported)?;
         Ok(fields)
     }
 
@@ -140,7 +155,7 @@ impl Fields {
     }
 
     /// The `format` field, which must equal `supported`.
-    pub(crate) fn format(&mut self, supported: u64) -> Result<(), DocumentError> {
+    fn format(&mut self, supported: u64) -> Result<(), DocumentError> {
         match self.u64("format")? {
             found if found == supported => Ok(()),
             found => Err(self.invalid(
@@ -174,30 +189,34 @@ pub fn encode(document: Value) -> Bytes {
 mod tests {
     use super::*;
 
-    /// Parses `text` with its checksum added (when it is a JSON object).
+    /// Parses `text` in format 1 with its checksum added (when it is a JSON
+    /// object; `format` 1 is added when missing).
     fn fields(text: &str) -> Result<Fields, DocumentError> {
         let bytes = match serde_json::from_str::<Value>(text) {
-            Ok(object @ Value::Object(_)) => encode(object),
+            Ok(Value::Object(mut object)) => {
+                object.entry("format").or_insert(Value::from(1));
+                encode(Value::Object(object))
+            }
             _ => Bytes::copy_from_slice(text.as_bytes()),
         };
-        Fields::parse("test", "db/doc.json", &bytes)
+        Fields::parse("test", "db/doc.json", &bytes, 1)
     }
 
     #[test]
     fn a_changed_value_fails_the_checksum_and_layout_does_not() {
-        let bytes = encode(serde_json::json!({"expires_at_ms": 1_700_000_000_000u64, "s": "x"}));
+        let bytes = encode(serde_json::json!({"format": 1, "expires_at_ms": 1_700_000_000_000u64}));
         let text = String::from_utf8(bytes.to_vec()).unwrap();
         let compact: Value = serde_json::from_str(&text).unwrap();
         let relaid = Bytes::from(serde_json::to_vec(&compact).unwrap());
-        Fields::parse("test", "k", &relaid).expect("whitespace is not content");
+        Fields::parse("test", "k", &relaid, 1).expect("whitespace is not content");
         let damaged = text.replace("1700000000000", "1700000090000");
-        let error = Fields::parse("test", "k", &Bytes::from(damaged))
+        let error = Fields::parse("test", "k", &Bytes::from(damaged), 1)
             .err()
             .expect("a changed digit is caught");
         assert_eq!(error.field(), CHECKSUM_FIELD);
         assert!(error.to_string().contains("checksum mismatch"), "{error}");
         let unsigned = text.replace(CHECKSUM_FIELD, "other");
-        let error = Fields::parse("test", "k", &Bytes::from(unsigned))
+        let error = Fields::parse("test", "k", &Bytes::from(unsigned), 1)
             .err()
             .expect("a document without its checksum is refused");
         assert_eq!(error.field(), CHECKSUM_FIELD);
@@ -211,11 +230,11 @@ mod tests {
         for bit in 0..bytes.len() * 8 {
             let mut flipped = bytes.to_vec();
             flipped[bit / 8] ^= 1 << (bit % 8);
-            let Ok(mut parsed) = Fields::parse("test", "k", &Bytes::from(flipped)) else {
+            let Ok(mut parsed) = Fields::parse("test", "k", &Bytes::from(flipped), 1) else {
                 continue;
             };
-            // Parsed: the flip only touched layout; every value is intact.
-            assert_eq!(parsed.u64("format").unwrap(), 1, "bit {bit}");
+            // Parsed (so in format 1): the flip only touched layout; every
+            // value is intact.
             assert_eq!(parsed.string("holder_id").unwrap(), "node-a", "bit {bit}");
             assert_eq!(parsed.u64("term").unwrap(), 7, "bit {bit}");
             assert!(!parsed.bool("released").unwrap(), "bit {bit}");
@@ -258,11 +277,34 @@ mod tests {
     }
 
     #[test]
-    fn format_must_match() {
-        let mut doc = fields(r#"{"format": 2}"#).unwrap();
-        let error = doc.format(1).unwrap_err();
+    fn another_format_is_named_even_when_its_checksum_does_not_fit() {
+        let newer = encode(serde_json::json!({"format": 2, "s": "x"}));
+        let error = Fields::parse("test", "k", &newer, 1).err().unwrap();
+        assert_eq!(error.field(), "format");
         assert!(
-            error.to_string().contains("unsupported format=2"),
+            error
+                .to_string()
+                .contains("unsupported format=2 (this build reads 1)")
+        );
+        let text = String::from_utf8(newer.to_vec()).unwrap();
+        let unchecked = Bytes::from(text.replace(CHECKSUM_FIELD, "other"));
+        let error = Fields::parse("test", "k", &unchecked, 1).err().unwrap();
+        let message = error.to_string();
+        assert!(
+            message.contains("unsupported format=2 (this build reads 1), or missing"),
+            "{message}"
+        );
+        let changed = Bytes::from(text.replace("\"x\"", "\"y\""));
+        let error = Fields::parse("test", "k", &changed, 1).err().unwrap();
+        let message = error.to_string();
+        assert!(
+            message.contains("unsupported format=2 (this build reads 1), or checksum mismatch"),
+            "{message}"
+        );
+        let formatless = encode(serde_json::json!({"s": "x"}));
+        let error = Fields::parse("test", "k", &formatless, 1).err().unwrap();
+        assert!(
+            error.to_string().ends_with("field=format: missing"),
             "{error}"
         );
     }

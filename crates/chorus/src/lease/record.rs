@@ -99,8 +99,7 @@ impl LeaseRecord {
         key: &str,
         bytes: &Bytes,
     ) -> Result<LeaseRecord, DocumentError> {
-        let mut fields = Fields::parse("lease", key, bytes)?;
-        fields.format(LEASE_FORMAT)?;
+        let mut fields = Fields::parse("lease", key, bytes, LEASE_FORMAT)?;
         let database_key = fields.string("database_key")?;
         if database_key != database.as_str() {
             let reason = format!("names database={database_key:?}, expected {database}");

@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::{
-    DEFAULT_MAX_DIRECTORY_BYTES, Fields, ManifestStore, RegisterError, RegisterVersion,
+    DEFAULT_MAX_DIRECTORY_BYTES, FORMAT, Fields, ManifestStore, RegisterError, RegisterVersion,
     VersionToken, VersionedManifest,
 };
 use crate::blob::{BlobError, DynBlobStore};
@@ -62,18 +62,29 @@ pub fn encode_document(fields: &Fields) -> Bytes {
 pub fn decode_document(bytes: &[u8]) -> Result<Fields, String> {
     let mut fields: Fields = serde_json::from_slice(bytes)
         .map_err(|e| format!("register document is not a JSON object of strings: {e}"))?;
-    let stored = fields.remove(DOCUMENT_CHECKSUM_FIELD).ok_or_else(|| {
-        format!(
+    // Another format may checksum differently, or not at all: when the
+    // checksum fails, say which format the document claims.
+    let supported = FORMAT.to_string();
+    let claimed = fields.get("chorus.format").cloned();
+    let unsupported_or = |reason: String| match &claimed {
+        Some(found) if *found != supported => format!(
+            "unsupported register format: field=chorus.format value={found:?} \
+             supported={supported}, or {reason}"
+        ),
+        _ => reason,
+    };
+    let Some(stored) = fields.remove(DOCUMENT_CHECKSUM_FIELD) else {
+        return Err(unsupported_or(format!(
             "register document has no {DOCUMENT_CHECKSUM_FIELD:?} checksum entry (written by \
              hand, or by a build before checksums)"
-        )
-    })?;
+        )));
+    };
     let computed = document_checksum(&fields);
     if stored != computed {
-        return Err(format!(
+        return Err(unsupported_or(format!(
             "register document checksum mismatch: stored {stored:?}, its fields give \
              {computed:?} (damaged in storage or in transit, or edited by hand)"
-        ));
+        )));
     }
     Ok(fields)
 }
@@ -159,6 +170,25 @@ mod tests {
         let unsigned = serde_json::to_vec(&fields()).unwrap();
         let error = decode_document(&unsigned).unwrap_err();
         assert!(error.contains("no \"crc32c\" checksum"), "{error}");
+    }
+
+    #[test]
+    fn another_format_is_named_when_its_checksum_does_not_fit() {
+        let mut newer = fields();
+        newer.insert("chorus.format".into(), "2".into());
+        let unsigned = serde_json::to_vec(&newer).unwrap();
+        let error = decode_document(&unsigned).unwrap_err();
+        assert!(
+            error.starts_with("unsupported register format: field=chorus.format value=\"2\" supported=1, or register document has no"),
+            "{error}"
+        );
+        let text = String::from_utf8(encode_document(&newer).to_vec()).unwrap();
+        let damaged = text.replace("\"120\"", "\"130\"");
+        let error = decode_document(damaged.as_bytes()).unwrap_err();
+        assert!(
+            error.contains("supported=1, or register document checksum mismatch"),
+            "{error}"
+        );
     }
 
     #[test]
