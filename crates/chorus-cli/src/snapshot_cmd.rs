@@ -255,7 +255,23 @@ async fn publish(args: PublishArgs) -> Result<(), CommandError> {
         wal_index: RecordIndex(args.wal_index),
     };
     let snapshots = snapshot_store(store, &location);
-    let published = publish_under(&lease, &snapshots, snapshot, args.keep).await;
+    // Nothing refreshes the lease during the call: once it may no longer
+    // write, nothing more can be published, so a stalled store call is not
+    // worth waiting for (its own timeout and retries take minutes).
+    let budget = lease.remaining(std::time::Instant::now());
+    let published = tokio::time::timeout(
+        budget,
+        publish_under(&lease, &snapshots, snapshot, args.keep),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        Err(format!(
+            "the lease (--lease-ttl-secs {}) ran out before the store answered; HEAD may or \
+             may not name the new payload: see `chorus snapshot list`",
+            args.lease_ttl_secs
+        )
+        .into())
+    });
     // Release even after a failure, so the next writer need not wait out the ttl.
     let released = lease.release().await;
     let (head, report) = published.map_err(|e| format!("cannot publish snapshot: {e}"))?;

@@ -292,13 +292,11 @@ fn an_unreachable_register_fails_and_creates_nothing() {
 #[test]
 fn a_store_that_ignores_conditional_writes_is_refused_and_nothing_is_created() {
     let dir = tempfile::TempDir::new().unwrap();
-    let server = support::careless_s3::CarelessS3::start();
-    let careless = |path: &str| {
-        format!(
-            "s3://careless/{path}?endpoint={}&allow_http=true&region=us-east-1",
-            server.endpoint
-        )
-    };
+    let server = support::test_s3::TestS3::start(support::test_s3::Faults {
+        careless: true,
+        ..Default::default()
+    });
+    let careless = |path: &str| server.url(path);
     assert_fails_with(
         &chorus_with_credentials(dir.path(), &["log", "init", "--replicas", &careless("log")]),
         "ignores create-if-absent (a second create succeeded)",

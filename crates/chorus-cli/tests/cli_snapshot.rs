@@ -455,3 +455,60 @@ fn restore_and_status_with_nothing_published() {
         &["db: invalid database key"],
     );
 }
+
+/// A store that never answers the payload upload: `snapshot publish` gives up
+/// once its lease can no longer vouch for it, saying so, instead of waiting
+/// out the store's own timeouts and retries (minutes), and still releases
+/// the lease.
+#[test]
+fn publish_gives_up_when_its_lease_runs_out_on_a_stalled_store() {
+    use support::test_s3::{Faults, TestS3};
+    let server = TestS3::start(Faults {
+        stall_puts_containing: Some("/snapshots/".into()),
+        ..Faults::default()
+    });
+    let dir = TempDir::new().unwrap();
+    write_file(dir.path(), "payload", b"state");
+    let store = server.url("stalled");
+    let mut child = support::chorus_command(dir.path())
+        .args([
+            "snapshot",
+            "publish",
+            "--file",
+            "payload",
+            "--wal-index",
+            "1",
+        ])
+        .args(["--lease-ttl-secs", "2", "--store", &store])
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Without the bound the command runs for minutes: fail instead of hanging.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("snapshot publish did not give up when its lease ran out");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    assert_fails_with(
+        &output,
+        &[
+            "cannot publish snapshot",
+            "the lease (--lease-ttl-secs 2) ran out",
+        ],
+    );
+    let status = support::chorus_command(dir.path())
+        .args(["lease", "status", "--store", &store])
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .output()
+        .unwrap();
+    let status = assert_succeeds(&status);
+    assert!(status.contains("released"), "{status}");
+}

@@ -6,7 +6,7 @@
 #[path = "../../../chorus/tests/support/mod.rs"]
 mod shared;
 
-pub mod careless_s3;
+pub mod test_s3;
 
 use std::path::Path;
 use std::process::Command;
