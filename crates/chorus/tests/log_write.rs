@@ -3,10 +3,11 @@
 
 #[path = "support/log.rs"]
 mod log_support;
+#[path = "support/metrics.rs"]
+mod metrics_support;
 
 use std::collections::BTreeMap;
-use std::future::{Future, ready};
-use std::sync::{Arc, Mutex};
+use std::future::ready;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,7 +17,7 @@ use chorus::log::layout::{SEGMENTS_PREFIX, fragment_key};
 use chorus::log::{LogConfig, LogError, StopReason};
 use futures::FutureExt;
 use log_support::{Cluster, append_acked, assert_acked_present, payload, test_config, wait_until};
-use metrics::{Counter, CounterFn, Gauge, Histogram, Key, KeyName, Metadata, SharedString, Unit};
+use metrics_support::Recorded;
 
 /// The per-replica fragment window of the logs the newer tests create.
 const WINDOW: u64 = 4;
@@ -502,86 +503,33 @@ async fn shutdown_reports_a_writer_poisoned_while_draining() {
     assert_only_admitted(&admitted, &recovered);
 }
 
-/// Lane sheds `(replica, reason)` as the writer reports them through the
+/// The lane sheds `(replica, reason)` the writer reported through the
 /// `metrics` facade (`chorus_lane_sheds_total`).
-#[derive(Debug, Clone, Default)]
-struct ShedRecorder {
-    sheds: Arc<Mutex<Vec<(usize, String)>>>,
-}
-
-/// One `chorus_lane_sheds_total` series.
-struct ShedCounter {
-    replica: usize,
-    reason: String,
-    sheds: Arc<Mutex<Vec<(usize, String)>>>,
-}
-
-impl CounterFn for ShedCounter {
-    fn increment(&self, value: u64) {
-        let mut sheds = self.sheds.lock().unwrap();
-        for _ in 0..value {
-            sheds.push((self.replica, self.reason.clone()));
-        }
-    }
-
-    fn absolute(&self, _value: u64) {}
-}
-
-impl metrics::Recorder for ShedRecorder {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        if key.name() != "chorus_lane_sheds_total" {
-            return Counter::noop();
-        }
+fn sheds(recorded: &Recorded) -> Vec<(usize, String)> {
+    let mut sheds = Vec::new();
+    for (labels, increments) in recorded.series("chorus_lane_sheds_total") {
         let label = |name: &str| {
-            key.labels()
-                .find(|label| label.key() == name)
-                .map(|label| label.value().to_owned())
+            labels
+                .iter()
+                .find_map(|label| label.strip_prefix(&format!("{name}=")))
                 .expect("shed counters are labelled")
+                .to_owned()
         };
-        Counter::from_arc(Arc::new(ShedCounter {
-            replica: label("replica").parse().expect("replica position"),
-            reason: label("reason"),
-            sheds: Arc::clone(&self.sheds),
-        }))
+        let replica: usize = label("replica").parse().expect("replica position");
+        let count: f64 = increments.iter().sum();
+        sheds.extend(std::iter::repeat_n(
+            (replica, label("reason")),
+            count as usize,
+        ));
     }
-
-    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::noop()
-    }
-
-    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::noop()
-    }
-}
-
-impl ShedRecorder {
-    /// The sheds so far.
-    fn sheds(&self) -> Vec<(usize, String)> {
-        self.sheds.lock().unwrap().clone()
-    }
-}
-
-/// Runs `scenario` on a single-threaded runtime with paused time, with
-/// `recorder` as this thread's metrics recorder: every task of the runtime
-/// (the writer's pipeline included) runs on this thread and reports to it.
-fn run_recording<F: Future<Output = ()>>(recorder: &ShedRecorder, scenario: impl FnOnce() -> F) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("runtime");
-    metrics::with_local_recorder(recorder, || runtime.block_on(scenario()));
+    sheds
 }
 
 /// Defends lag shedding: a replica `max_replica_lag_bytes` behind is shed; acks keep flowing.
 #[test]
 fn a_lagging_replica_is_shed_and_acks_keep_flowing() {
-    let recorder = ShedRecorder::default();
-    run_recording(&recorder, || async {
+    let recorded = Recorded::default();
+    recorded.run(|| async {
         let cluster = Cluster::new(3, WINDOW as u32).await;
         // Small fragments and a small lag budget; a stall timeout no scenario
         // reaches, so lag is the only reason a lane can be shed.
@@ -602,14 +550,14 @@ fn a_lagging_replica_is_shed_and_acks_keep_flowing() {
         // one): replica 2 owes more than 4 KiB after about fourteen of them.
         let mut acked = BTreeMap::new();
         let mut sequence = 0u64;
-        while recorder.sheds().is_empty() {
+        while sheds(&recorded).is_empty() {
             assert!(sequence < 100, "replica 2 was never shed");
             let record = Bytes::from(format!("{:0>300}", sequence));
             let receipt = writer.append(record.clone()).unwrap().await.unwrap();
             acked.insert(receipt.index, record);
             sequence += 1;
         }
-        assert_eq!(recorder.sheds(), vec![(2, "lag".to_owned())]);
+        assert_eq!(sheds(&recorded), vec![(2, "lag".to_owned())]);
         // Acks keep flowing on the two remaining replicas.
         append_acked(&writer, "after", 20, &mut acked).await;
         // Long after replica 2 would have caught up, it holds nothing: its
@@ -621,7 +569,7 @@ fn a_lagging_replica_is_shed_and_acks_keep_flowing() {
             "more than the window was sent"
         );
         assert_eq!(cluster.fragments_on(0, segment).await.len(), acked.len());
-        assert_eq!(recorder.sheds().len(), 1);
+        assert_eq!(sheds(&recorded).len(), 1);
         writer.shutdown(Duration::from_secs(5)).await.unwrap();
         let recovered = cluster.verify_acked(&acked).await;
         assert_eq!(recovered.len(), acked.len());
@@ -631,8 +579,8 @@ fn a_lagging_replica_is_shed_and_acks_keep_flowing() {
 /// Defends stall shedding: a replica stuck for `lane_stall_timeout` is shed; acks keep flowing.
 #[test]
 fn a_stalled_replica_is_shed_and_acks_keep_flowing() {
-    let recorder = ShedRecorder::default();
-    run_recording(&recorder, || async {
+    let recorded = Recorded::default();
+    recorded.run(|| async {
         let cluster = Cluster::new(3, WINDOW as u32).await;
         // test_config: a 500 ms stall timeout and a 1 MiB lag budget that these
         // few small records never approach, so a stall is the only reason.
@@ -646,14 +594,14 @@ fn a_stalled_replica_is_shed_and_acks_keep_flowing() {
         let started = tokio::time::Instant::now();
         let mut acked = BTreeMap::new();
         let mut sequence = 0u64;
-        while recorder.sheds().is_empty() {
+        while sheds(&recorded).is_empty() {
             assert!(sequence < 1000, "replica 2 was never shed");
             let record = payload("before", sequence);
             let receipt = writer.append(record.clone()).unwrap().await.unwrap();
             acked.insert(receipt.index, record);
             sequence += 1;
         }
-        assert_eq!(recorder.sheds(), vec![(2, "stall".to_owned())]);
+        assert_eq!(sheds(&recorded), vec![(2, "stall".to_owned())]);
         assert!(started.elapsed() > config.lane_stall_timeout);
         append_acked(&writer, "after", 20, &mut acked).await;
         // Past the hour its stuck requests would have taken, replica 2 holds
@@ -664,9 +612,85 @@ fn a_stalled_replica_is_shed_and_acks_keep_flowing() {
             cluster.faults[2].calls(Op::Create) - recovery_creates <= WINDOW,
             "more than the window was sent"
         );
-        assert_eq!(recorder.sheds().len(), 1);
+        assert_eq!(sheds(&recorded).len(), 1);
         writer.shutdown(Duration::from_secs(5)).await.unwrap();
         let recovered = cluster.verify_acked(&acked).await;
         assert_eq!(recovered.len(), acked.len());
+    });
+}
+
+/// Defends the write path's and recovery's metrics (DESIGN 12): what a
+/// scenario did shows in the counters, with their replica and outcome labels.
+#[test]
+fn the_write_path_and_recovery_report_their_metrics() {
+    const RECORDS: usize = 100;
+    const RECORD_BYTES: usize = 100;
+    let recorded = Recorded::default();
+    recorded.run(|| async {
+        let cluster = Cluster::new(3, WINDOW as u32).await;
+        let config = LogConfig {
+            max_segment_bytes: 2 * 1024,
+            ..test_config()
+        };
+        let (writer, _) = cluster.open(config.clone()).await.unwrap();
+        assert_eq!(recorded.total("chorus_recovery_runs_total"), 1.0);
+        let recovery = recorded.values("chorus_recovery_seconds", &["outcome=ok"]);
+        assert_eq!(recovery.len(), 1);
+
+        let mut acked = BTreeMap::new();
+        for i in 0..RECORDS {
+            let record = Bytes::from(format!("{i:0>RECORD_BYTES$}"));
+            let receipt = writer.append(record.clone()).unwrap().await.unwrap();
+            acked.insert(receipt.index, record);
+        }
+        let too_large = vec![0u8; config.max_record_bytes as usize + 1];
+        assert!(writer.append(too_large).is_err());
+        writer.shutdown(Duration::from_secs(5)).await.unwrap();
+
+        assert_eq!(
+            recorded.total("chorus_append_records_total"),
+            RECORDS as f64
+        );
+        assert_eq!(
+            recorded.total("chorus_append_bytes_total"),
+            (RECORDS * RECORD_BYTES) as f64
+        );
+        assert_eq!(
+            recorded.values("chorus_append_failures_total", &["reason=too_large"]),
+            [1.0]
+        );
+        let latencies = recorded.values("chorus_commit_latency_seconds", &[]);
+        assert_eq!(latencies.len(), RECORDS);
+        assert!(latencies.iter().all(|seconds| *seconds >= 0.0));
+        // Every fragment reached a quorum, and no replica got one twice.
+        let mut fragments = 0.0;
+        for replica in 0..3 {
+            let label = format!("replica={replica}");
+            let written: f64 = recorded
+                .values("chorus_fragments_total", &[&label])
+                .iter()
+                .sum();
+            assert!(written <= RECORDS as f64, "replica {replica}: {written}");
+            let bytes: f64 = recorded
+                .values("chorus_fragment_bytes_total", &[&label])
+                .iter()
+                .sum();
+            assert!(bytes >= written * RECORD_BYTES as f64, "replica {replica}");
+            fragments += written;
+        }
+        assert!(fragments >= 2.0 * RECORDS as f64, "{fragments}");
+        // 10 KB through 2 KiB segments: rotations, each one seal and one fold CAS.
+        let seals: f64 = recorded
+            .values("chorus_seals_total", &["outcome=ok"])
+            .iter()
+            .sum();
+        assert!(seals >= 2.0, "{seals}");
+        assert!(!recorded.values("chorus_rotation_state", &[]).is_empty());
+        // The recovery's view commit and every fold are register CASes.
+        assert!(recorded.total("chorus_manifest_cas_attempts_total") >= 1.0 + seals);
+        assert!(recorded.values("chorus_manifest_cas_seconds", &[]).len() > seals as usize);
+
+        let recovered = cluster.verify_acked(&acked).await;
+        assert_eq!(recovered.len(), RECORDS);
     });
 }
