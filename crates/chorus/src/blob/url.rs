@@ -164,7 +164,7 @@ impl FromStr for StoreUrl {
         for (name, value) in url.query_pairs() {
             match (name.as_ref(), scheme) {
                 ("endpoint", Scheme::S3 | Scheme::Gcs | Scheme::Azure) => {
-                    Url::parse(&value).map_err(|e| fail(&format!("endpoint: {e}")))?;
+                    check_endpoint(&value).map_err(|reason| fail(&reason))?;
                     parsed.endpoint = Some(value.into_owned());
                 }
                 ("region", Scheme::S3) => parsed.region = Some(value.into_owned()),
@@ -213,7 +213,7 @@ impl StoreUrl {
         if self.endpoint.is_none()
             && let Some(endpoint) = &settings.endpoint
         {
-            Url::parse(endpoint).map_err(|e| fail(format!("s3.endpoint: {e}")))?;
+            check_endpoint(endpoint).map_err(|reason| fail(format!("s3.{reason}")))?;
             self.endpoint = Some(endpoint.clone());
         }
         self.region = self.region.or_else(|| settings.region.clone());
@@ -306,12 +306,16 @@ impl StoreUrl {
                     builder = builder.with_region(region);
                 }
                 if let Some(credentials) = &self.credentials {
-                    builder = builder
-                        .with_access_key_id(&credentials.access_key_id)
-                        .with_secret_access_key(&credentials.secret_access_key);
-                    if let Some(token) = &credentials.session_token {
-                        builder = builder.with_token(token);
-                    }
+                    // A provider, not the key fields: those would be combined
+                    // with an `AWS_SESSION_TOKEN` that `from_env` read.
+                    let credential = object_store::aws::AwsCredential {
+                        key_id: credentials.access_key_id.clone(),
+                        secret_key: credentials.secret_access_key.clone(),
+                        token: credentials.session_token.clone(),
+                    };
+                    builder = builder.with_credentials(Arc::new(
+                        object_store::StaticCredentialProvider::new(credential),
+                    ));
                 }
                 Arc::new(builder.build()?)
             }
@@ -344,6 +348,16 @@ impl StoreUrl {
             Scheme::File => unreachable!("file stores are not object_store backed"),
         })
     }
+}
+
+/// An endpoint must be a URL without credentials: it is shown in messages
+/// and bound into the register as part of the replica's identity.
+fn check_endpoint(endpoint: &str) -> Result<(), String> {
+    let url = Url::parse(endpoint).map_err(|e| format!("endpoint: {e}"))?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("endpoint: credentials do not belong in an endpoint URL".into());
+    }
+    Ok(())
 }
 
 impl fmt::Display for StoreUrl {
@@ -422,6 +436,10 @@ mod tests {
             ("s3://b/p?colour=red", "unknown option"),
             ("s3://b/p?allow_http=maybe", "allow_http"),
             ("s3://key:secret@b/p", "credentials"),
+            (
+                "s3://b/p?endpoint=http://key:secret@h:1",
+                "credentials do not belong",
+            ),
             ("memory://m?region=x", "unknown option"),
         ];
         for (text, expected) in cases {
@@ -531,6 +549,18 @@ mod tests {
             .with_s3_settings(&bad_endpoint)
             .unwrap_err();
         assert!(error.to_string().contains("s3.endpoint"), "{error}");
+        let secret_endpoint = S3Settings {
+            endpoint: Some("http://key:secret@h:1".into()),
+            ..S3Settings::default()
+        };
+        let error = parse("s3://b/p")
+            .unwrap()
+            .with_s3_settings(&secret_endpoint)
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("s3.endpoint: credentials"),
+            "{error}"
+        );
     }
 
     #[test]
