@@ -12,6 +12,7 @@ the tests need from the server; connections are still served concurrently.
 """
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -31,7 +32,12 @@ def serialized(app):
         with lock:
             # Produce the whole body inside the lock: a lazy body would run
             # moto's code after the lock is released.
-            return [b"".join(app(environ, start_response))]
+            body = app(environ, start_response)
+            try:
+                return [b"".join(body)]
+            finally:
+                if hasattr(body, "close"):
+                    body.close()
 
     return handle
 
@@ -41,6 +47,8 @@ def main():
     parser.add_argument("-H", "--host", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, required=True)
     args = parser.parse_args()
+    # moto reads its own port from here (as moto_server sets it).
+    os.environ.setdefault("MOTO_PORT", str(args.port))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     app = DomainDispatcherApplication(create_backend_app)
     run_simple(

@@ -41,6 +41,9 @@ AZURITE_HOST="127.0.0.1"
 AZURITE_PORT=10000  # the port object_store's emulator mode expects
 AZURE_CONTAINER="chorus-az"
 
+# The virtualenv holds exactly these versions when this file exists.
+VENV_MARKER="$VENV/.moto-$MOTO_VERSION-azure-blob-$AZURE_BLOB_SDK_VERSION"
+
 PG_PORT=5499
 PG_DB="chorus_test"
 PG_OS_USER="postgres"
@@ -122,8 +125,7 @@ ensure_tools() {
 # ---------------------------------------------------------------- moto ----
 
 ensure_venv() {
-  local marker="$VENV/.moto-$MOTO_VERSION-azure-blob-$AZURE_BLOB_SDK_VERSION"
-  if [[ -x "$VENV/bin/moto_server" && -f "$marker" ]]; then
+  if [[ -x "$VENV/bin/moto_server" && -f "$VENV_MARKER" ]]; then
     return
   fi
   log "creating virtualenv $VENV with moto[server]==$MOTO_VERSION, azure-storage-blob==$AZURE_BLOB_SDK_VERSION"
@@ -131,7 +133,7 @@ ensure_venv() {
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-input \
     "moto[server]==$MOTO_VERSION" "azure-storage-blob==$AZURE_BLOB_SDK_VERSION"
-  touch "$marker"
+  touch "$VENV_MARKER"
 }
 
 start_moto() {
@@ -142,8 +144,14 @@ start_moto() {
     pid="$(cat "$pidfile" 2>/dev/null || true)"
     # A chaos test killed mid-run may have left a server SIGSTOPped; a frozen
     # server still accepts connections but never answers.
-    if pid_alive "$pid" && grep -q "$MOTO_SCRIPT" "/proc/$pid/cmdline" 2>/dev/null; then
+    if pid_alive "$pid" && grep -q moto_server "/proc/$pid/cmdline" 2>/dev/null; then
       kill -CONT "$pid" 2>/dev/null || true
+      # One started by an older version of this script, without serialized
+      # requests: replace it.
+      if ! grep -q "$MOTO_SCRIPT" "/proc/$pid/cmdline"; then
+        log "replacing moto zone $zone (pid $pid): not started with $MOTO_SCRIPT"
+        kill_wait "$pid"
+      fi
     fi
     if pid_alive "$pid" && port_open "$MOTO_HOST" "$port"; then
       log "moto zone $zone already running (pid $pid, port $port)"
@@ -180,8 +188,9 @@ stop_moto() {
   for zone in "${ZONES[@]}"; do
     pidfile="$STATE/moto-$zone.pid"
     pid="$(cat "$pidfile" 2>/dev/null || true)"
-    # Only kill the pid if it still is a moto server (pids get reused).
-    if pid_alive "$pid" && grep -q "$MOTO_SCRIPT" "/proc/$pid/cmdline" 2>/dev/null; then
+    # Only kill the pid if it still is a moto server (pids get reused); this
+    # matches moto's own moto_server too, as older versions of this script ran it.
+    if pid_alive "$pid" && grep -q moto_server "/proc/$pid/cmdline" 2>/dev/null; then
       log "stopping moto zone $zone (pid $pid)"
       kill -CONT "$pid" 2>/dev/null || true  # a frozen one acts on SIGTERM only once resumed
       kill_wait "$pid"
@@ -357,6 +366,9 @@ kill_wait() {
 cmd_start() {
   mkdir -p "$STATE"
   ensure_tools
+  # Servers still running from an older venv would keep it busy; moto is
+  # stopped before the venv may be rebuilt (start_moto restarts it).
+  [[ -f "$VENV_MARKER" ]] || stop_moto
   ensure_venv
   ensure_azurite
   start_moto

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command: bash scripts/test.sh
 #
-# Starts the test services (3 moto S3 zones + PostgreSQL, see services.sh),
+# Starts the test services (3 moto S3 zones, Azurite, PostgreSQL; see services.sh),
 # runs cargo test, clippy and rustfmt with the services' env, then stops the
 # services again (also on failure). Set CHORUS_KEEP_SERVICES=1 to leave them
 # running afterwards.

@@ -1,6 +1,6 @@
 //! Helpers shared by the integration tests: where the test services are.
 //!
-//! `scripts/services.sh start` runs three S3-compatible servers and PostgreSQL
+//! `scripts/services.sh start` runs three S3-compatible servers, Azurite and PostgreSQL
 //! and writes their addresses to `.ci/state/env`; `scripts/test.sh` exports them.
 //! Without them a test skips with a message, except under CI (`CI` set), where
 //! a missing service fails the test loudly.
