@@ -15,8 +15,8 @@ use chorus::clock::SystemClock;
 use chorus::ids::RecordIndex;
 use chorus::lease::{LeaseConfig, LeaseHolder, Term};
 use chorus::snapshot::{
-    ClaimOutcome, DEFAULT_KEEP_PAYLOADS, Head, NewSnapshot, RetentionReport, SnapshotConfig,
-    SnapshotStore, StoredPayload,
+    ClaimOutcome, DEFAULT_KEEP_PAYLOADS, Head, NewSnapshot, SnapshotConfig, SnapshotStore,
+    StoredPayload,
 };
 use serde_json::json;
 
@@ -259,22 +259,22 @@ async fn publish(args: PublishArgs) -> Result<(), CommandError> {
     // write, nothing more can be published, so a stalled store call is not
     // worth waiting for (its own timeout and retries take minutes).
     let budget = lease.remaining(std::time::Instant::now());
-    let published = tokio::time::timeout(
-        budget,
-        publish_under(&lease, &snapshots, snapshot, args.keep),
-    )
-    .await
-    .unwrap_or_else(|_| {
-        Err(format!(
-            "the lease (--lease-ttl-secs {}) ran out before the store answered; HEAD may or \
-             may not name the new payload: see `chorus snapshot list`",
+    let Ok(published) =
+        tokio::time::timeout(budget, publish_under(&lease, &snapshots, snapshot)).await
+    else {
+        // A cancelled store call may still land: the lease is left to expire
+        // rather than released, so no next writer starts before it could.
+        return Err(format!(
+            "cannot publish snapshot: the lease (--lease-ttl-secs {}) ran out before the store \
+             answered; HEAD may or may not name the new payload (see `chorus snapshot list`); \
+             the lease is left to expire",
             args.lease_ttl_secs
         )
-        .into())
-    });
+        .into());
+    };
     // Release even after a failure, so the next writer need not wait out the ttl.
     let released = lease.release().await;
-    let (head, report) = published.map_err(|e| format!("cannot publish snapshot: {e}"))?;
+    let head = published.map_err(|e| format!("cannot publish snapshot: {e}"))?;
     outln!(
         "published snapshot {}: sequence {}, wal_index {}, {} bytes, sha256 {}, holder {} generation {}",
         head.snapshot_key(),
@@ -285,30 +285,31 @@ async fn publish(args: PublishArgs) -> Result<(), CommandError> {
         head.holder_id,
         head.lease_generation
     )?;
+    released.map_err(|e| format!("published, but cannot release the lease: {e}"))?;
+    // Retention needs no lease: it deletes only payloads below HEAD's sequence.
+    let report = snapshots
+        .retain(args.keep)
+        .await
+        .map_err(|e| format!("published, but retention failed: {e}"))?;
     if !report.deleted.is_empty() {
         outln!("retention deleted {} old payload(s)", report.deleted.len())?;
     }
-    released.map_err(|e| format!("published, but cannot release the lease: {e}"))?;
     Ok(())
 }
 
 /// Boots a publication store under `lease` and publishes `snapshot`: on the
 /// first boot the claim itself installs it; otherwise claim, then publish.
-/// Then retention.
 async fn publish_under(
     lease: &LeaseHolder,
     snapshots: &SnapshotStore,
     snapshot: NewSnapshot,
-    keep: NonZeroUsize,
-) -> Result<(Head, RetentionReport), CommandError> {
+) -> Result<Head, CommandError> {
     let mut publication = snapshots.publication();
     publication.observe_for_boot().await?;
-    let head = match publication.claim(lease, snapshot.clone()).await? {
+    Ok(match publication.claim(lease, snapshot.clone()).await? {
         ClaimOutcome::Installed(head) => head,
         ClaimOutcome::Adopted(_) => publication.publish(lease, snapshot).await?,
-    };
-    let report = snapshots.retain(keep).await?;
-    Ok((head, report))
+    })
 }
 
 async fn restore(args: RestoreArgs) -> Result<(), CommandError> {

@@ -458,8 +458,8 @@ fn restore_and_status_with_nothing_published() {
 
 /// A store that never answers the payload upload: `snapshot publish` gives up
 /// once its lease can no longer vouch for it, saying so, instead of waiting
-/// out the store's own timeouts and retries (minutes), and still releases
-/// the lease.
+/// out the store's own timeouts and retries (minutes); it leaves the lease to
+/// expire, since a cancelled call may still land.
 #[test]
 fn publish_gives_up_when_its_lease_runs_out_on_a_stalled_store() {
     use support::test_s3::{Faults, TestS3};
@@ -509,6 +509,7 @@ fn publish_gives_up_when_its_lease_runs_out_on_a_stalled_store() {
         .env("AWS_SECRET_ACCESS_KEY", "test")
         .output()
         .unwrap();
+    // A cancelled upload may still land: the lease is left to expire.
     let status = assert_succeeds(&status);
-    assert!(status.contains("released"), "{status}");
+    assert!(!status.contains("released"), "{status}");
 }
