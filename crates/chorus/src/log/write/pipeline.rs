@@ -202,19 +202,18 @@ impl Pipeline {
             if self.stopped.is_some() {
                 break;
             }
-            // Only a future deadline is worth a timer: once linger's has
+            // Only a future linger deadline is worth a timer: once it has
             // passed, `cut_fragments` cuts as soon as the window allows, and
-            // lane events wake the loop. A past deadline would make the
-            // timer branch ready on every round: a busy loop that, under
-            // paused time, also stops the clock (found by the simulator,
-            // seed 14).
-            // The drain deadline needs its timer too: nothing else may wake
-            // the loop before it when nothing commits.
-            let wake = [self.linger_deadline(), self.drain_deadline()]
-                .into_iter()
-                .flatten()
-                .filter(|deadline| *deadline > Instant::now())
-                .min();
+            // lane events wake the loop. A past one would make the timer
+            // branch ready on every round: a busy loop that, under paused
+            // time, also stops the clock (found by the simulator, seed 14).
+            // The drain deadline always gets its timer, since nothing else
+            // may wake the loop when nothing commits; once it has passed,
+            // the next round ends the drain, so it cannot spin.
+            let linger = self
+                .linger_deadline()
+                .filter(|deadline| *deadline > Instant::now());
+            let wake = linger.into_iter().chain(self.drain_deadline()).min();
             // `biased`: branches are tried in order rather than at random, so a
             // run replays exactly under the deterministic simulator. Every
             // source is bounded (admission budget, one event per request), so
@@ -278,7 +277,7 @@ impl Pipeline {
             } else {
                 Err(LogError::Stopped {
                     reason: StopReason::Shutdown,
-                    may_have_committed: true,
+                    may_have_committed: !self.waiting.is_empty(),
                 })
             };
             self.stop(StopReason::Shutdown);
