@@ -88,9 +88,11 @@ async fn init(args: InitArgs) -> Result<(), CommandError> {
     if !(1..=MAX_WINDOW).contains(&args.window) {
         return Err(format!("--window {} is outside 1..={MAX_WINDOW}", args.window).into());
     }
-    // Every replica must open and pass the probe before the register is
-    // touched, and every remote location must answer before anything is
-    // created on the local disk: a failure leaves nothing behind.
+    // Every remote location must answer (replicas probed, a remote register
+    // connected) before anything is created on the local disk, and every
+    // replica must pass the probe before the register is initialized: a
+    // failure leaves nothing behind but, at most, PostgreSQL's (idempotent)
+    // register table.
     let (local, remote): (Vec<_>, Vec<_>) = location
         .replicas
         .iter()

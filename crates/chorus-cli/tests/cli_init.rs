@@ -172,23 +172,30 @@ fn data_dir_moves_the_embedded_default() {
     );
 }
 
-/// `chorus --help` works and names every command group.
+/// `chorus --help` works and lists every command group, and `log --help`
+/// every log command, each on a line of its own.
 #[test]
 fn help_lists_the_commands() {
     let dir = tempfile::TempDir::new().unwrap();
-    let help = chorus(dir.path(), &["--help"]);
-    assert!(help.status.success(), "{}", stderr(&help));
-    let text = stdout(&help);
-    for command in ["log", "snapshot", "lease", "bench"] {
-        assert!(text.contains(command), "{command} missing from: {text}");
-    }
-    let help = chorus(dir.path(), &["log", "--help"]);
-    let text = stdout(&help);
-    for command in [
-        "init", "append", "read", "inspect", "truncate", "repair", "verify",
-    ] {
-        assert!(text.contains(command), "{command} missing from: {text}");
-    }
+    let listed = |args: &[&str], commands: &[&str]| {
+        let help = chorus(dir.path(), args);
+        assert!(help.status.success(), "{}", stderr(&help));
+        let text = stdout(&help);
+        for command in commands {
+            assert!(
+                text.lines()
+                    .any(|line| line.trim_start().starts_with(&format!("{command} "))),
+                "no line for {command} in: {text}"
+            );
+        }
+    };
+    listed(&["--help"], &["log", "snapshot", "lease", "bench"]);
+    listed(
+        &["log", "--help"],
+        &[
+            "init", "append", "read", "tail", "inspect", "truncate", "repair", "verify",
+        ],
+    );
 }
 
 #[test]
