@@ -13,6 +13,23 @@ use serde::Serialize;
 /// survives re-indentation but not a changed value.
 pub const DOCUMENT_CHECKSUM_FIELD: &str = "crc32c";
 
+/// Why a document failed its checksum check, led by the format it claims
+/// (`claimed`, in its `field`) when that is not `supported`: another format
+/// may checksum differently, or not at all, so "damaged" may be wrong.
+pub fn checksum_failure(
+    field: &str,
+    claimed: Option<&str>,
+    supported: &str,
+    reason: String,
+) -> String {
+    match claimed {
+        Some(found) if found != supported => format!(
+            "unsupported format: field={field} value={found} supported={supported}, or {reason}"
+        ),
+        _ => reason,
+    }
+}
+
 /// The checksum of a document's `fields`, ignoring
 /// [`DOCUMENT_CHECKSUM_FIELD`].
 pub fn document_checksum<'a, V: Serialize + 'a>(

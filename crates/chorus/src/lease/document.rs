@@ -8,7 +8,9 @@
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use crate::codec::{DOCUMENT_CHECKSUM_FIELD as CHECKSUM_FIELD, document_checksum};
+use crate::codec::{
+    DOCUMENT_CHECKSUM_FIELD as CHECKSUM_FIELD, checksum_failure, document_checksum,
+};
 
 /// Largest lease or HEAD document accepted, in bytes; real ones are < 1 KiB.
 pub const MAX_DOCUMENT_BYTES: usize = 16 * 1024;
@@ -79,17 +81,10 @@ impl Fields {
             Ok(_) => return Err(fields.invalid("document", "not a JSON object")),
             Err(error) => return Err(fields.invalid("document", format!("not JSON: {error}"))),
         }
-        // Another format may checksum differently, or not at all: when the
-        // checksum fails, say which format the document claims.
-        let unsupported = match fields.map.get("format").and_then(Value::as_u64) {
-            Some(found) if found != supported => Some(found),
-            _ => None,
-        };
-        let unsupported_or = |reason: String| match unsupported {
-            Some(found) => {
-                format!("unsupported format={found} (this build reads {supported}), or {reason}")
-            }
-            None => reason,
+        let claimed = fields.map.get("format").map(Value::to_string);
+        let supported_text = supported.to_string();
+        let unsupported_or = |reason: String| {
+            checksum_failure("format", claimed.as_deref(), &supported_text, reason)
         };
         if !fields.map.contains_key(CHECKSUM_FIELD) {
             let reason = "missing (written by hand, or by a build before checksums)";
@@ -291,14 +286,14 @@ mod tests {
         let error = Fields::parse("test", "k", &unchecked, 1).err().unwrap();
         let message = error.to_string();
         assert!(
-            message.contains("unsupported format=2 (this build reads 1), or missing"),
+            message.contains("unsupported format: field=format value=2 supported=1, or missing"),
             "{message}"
         );
         let changed = Bytes::from(text.replace("\"x\"", "\"y\""));
         let error = Fields::parse("test", "k", &changed, 1).err().unwrap();
         let message = error.to_string();
         assert!(
-            message.contains("unsupported format=2 (this build reads 1), or checksum mismatch"),
+            message.contains("value=2 supported=1, or checksum mismatch"),
             "{message}"
         );
         let formatless = encode(serde_json::json!({"s": "x"}));

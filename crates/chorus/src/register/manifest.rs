@@ -26,7 +26,8 @@ use crate::ids::{Epoch, OwnerId, RecordIndex, SegmentId};
 /// The register format this build reads and writes.
 pub const FORMAT: u32 = 1;
 
-const F_FORMAT: &str = "chorus.format";
+/// The register field naming the document's format.
+pub(crate) const F_FORMAT: &str = "chorus.format";
 const F_EPOCH: &str = "chorus.epoch";
 const F_OWNER: &str = "chorus.owner";
 const F_TAIL_ID: &str = "chorus.tail_id";

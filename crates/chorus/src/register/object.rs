@@ -4,12 +4,13 @@
 use async_trait::async_trait;
 use bytes::Bytes;
 
+use super::manifest::F_FORMAT;
 use super::{
     DEFAULT_MAX_DIRECTORY_BYTES, FORMAT, Fields, ManifestStore, RegisterError, RegisterVersion,
     VersionToken, VersionedManifest,
 };
 use crate::blob::{BlobError, DynBlobStore};
-use crate::codec::{DOCUMENT_CHECKSUM_FIELD, document_checksum};
+use crate::codec::{DOCUMENT_CHECKSUM_FIELD, checksum_failure, document_checksum};
 
 /// The register document's key in its store.
 pub const REGISTER_KEY: &str = "manifest.json";
@@ -62,17 +63,10 @@ pub fn encode_document(fields: &Fields) -> Bytes {
 pub fn decode_document(bytes: &[u8]) -> Result<Fields, String> {
     let mut fields: Fields = serde_json::from_slice(bytes)
         .map_err(|e| format!("register document is not a JSON object of strings: {e}"))?;
-    // Another format may checksum differently, or not at all: when the
-    // checksum fails, say which format the document claims.
+    let claimed = fields.get(F_FORMAT).cloned();
     let supported = FORMAT.to_string();
-    let claimed = fields.get("chorus.format").cloned();
-    let unsupported_or = |reason: String| match &claimed {
-        Some(found) if *found != supported => format!(
-            "unsupported register format: field=chorus.format value={found:?} \
-             supported={supported}, or {reason}"
-        ),
-        _ => reason,
-    };
+    let unsupported_or =
+        |reason: String| checksum_failure(F_FORMAT, claimed.as_deref(), &supported, reason);
     let Some(stored) = fields.remove(DOCUMENT_CHECKSUM_FIELD) else {
         return Err(unsupported_or(format!(
             "register document has no {DOCUMENT_CHECKSUM_FIELD:?} checksum entry (written by \
@@ -179,7 +173,7 @@ mod tests {
         let unsigned = serde_json::to_vec(&newer).unwrap();
         let error = decode_document(&unsigned).unwrap_err();
         assert!(
-            error.starts_with("unsupported register format: field=chorus.format value=\"2\" supported=1, or register document has no"),
+            error.starts_with("unsupported format: field=chorus.format value=2 supported=1, or register document has no"),
             "{error}"
         );
         let text = String::from_utf8(encode_document(&newer).to_vec()).unwrap();
