@@ -284,21 +284,13 @@ async fn completions_resolve_in_index_order_when_later_fragments_land_first() {
     }
     // One record per fragment: each is cut (issued to all three replicas)
     // before the next is appended.
-    let creates_before = creates(&cluster);
-    let mut pending = Vec::new();
     let mut admitted = BTreeMap::new();
-    for sequence in 0..FRAGMENTS {
-        let record = payload("o", sequence);
-        let completion = writer.append(record.clone()).unwrap();
-        assert_eq!(completion.index(), RecordIndex(sequence));
-        admitted.insert(completion.index(), record);
-        pending.push(Some(completion));
-        let issued = creates_before + 3 * (sequence + 1);
-        wait_until("the fragment is issued", Duration::from_secs(1), || {
-            ready(creates(&cluster) == issued)
-        })
-        .await;
+    let completions =
+        append_one_per_fragment(&cluster, &writer, "o", FRAGMENTS, &mut admitted).await;
+    for (sequence, completion) in completions.iter().enumerate() {
+        assert_eq!(completion.index(), RecordIndex(sequence as u64));
     }
+    let mut pending: Vec<_> = completions.into_iter().map(Some).collect();
     // The store really reorders: the last fragment is on every replica while
     // the first is on none.
     let last = FRAGMENTS - 1;
