@@ -9,6 +9,10 @@ Serializing requests makes every check-and-store atomic again, which is what
 the tests need from the server; connections are still served concurrently.
 
     python serialized_moto_server.py -H 127.0.0.1 -p 5101
+
+Once listening it prints `listening on <port>` to stdout; `-p 0` lets the
+system pick a free port, which a caller reads from that line (no race
+between finding a free port and binding it).
 """
 
 import argparse
@@ -22,7 +26,7 @@ from moto.moto_server.werkzeug_app import (
     MotoRequestHandler,
     create_backend_app,
 )
-from werkzeug.serving import run_simple
+from werkzeug.serving import make_server
 
 
 def serialized(app):
@@ -47,17 +51,19 @@ def main():
     parser.add_argument("-H", "--host", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, required=True)
     args = parser.parse_args()
-    # moto reads its own port from here (as moto_server sets it).
-    os.environ.setdefault("MOTO_PORT", str(args.port))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     app = DomainDispatcherApplication(create_backend_app)
-    run_simple(
+    server = make_server(
         args.host,
         args.port,
         serialized(app),
         threaded=True,
         request_handler=MotoRequestHandler,
     )
+    # moto reads its own port from here (as moto_server sets it).
+    os.environ.setdefault("MOTO_PORT", str(server.port))
+    print(f"listening on {server.port}", flush=True)
+    server.serve_forever()
 
 
 if __name__ == "__main__":

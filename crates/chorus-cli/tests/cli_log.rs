@@ -768,18 +768,24 @@ impl PrivateS3 {
             eprintln!("skipping: {python:?} missing; run `bash scripts/services.sh start`");
             return None;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(python)
+        // Port 0: the server binds a free port itself and prints it, so no
+        // other process can take the port between choosing and binding it.
+        let mut child = Command::new(python)
             .arg(root.join("scripts/serialized_moto_server.py"))
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
+            .args(["-H", "127.0.0.1", "-p", "0"])
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("the moto server starts");
+        let mut first_line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first_line)
+            .unwrap();
+        let port: u16 = first_line
+            .trim()
+            .strip_prefix("listening on ")
+            .and_then(|port| port.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected first line {first_line:?}"));
         let endpoint = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(30);
         // Create the bucket once the server answers (unsigned PUT works on moto).
