@@ -36,8 +36,11 @@ pub struct ReleaseArgs {
     #[command(flatten)]
     database: DatabaseArgs,
 
-    #[command(flatten)]
-    holder: HolderArgs,
+    /// The holder whose lease to release, as it acquired it. Required: a
+    /// default identity (`<hostname>-<pid>`) would name this very process,
+    /// never the one holding the lease.
+    #[arg(long, env = "CHORUS_HOLDER", required = true)]
+    holder: String,
 }
 
 /// Who the CLI acts as when it takes or releases a lease.
@@ -207,7 +210,7 @@ fn status_text(location: &DatabaseLocation, record: Option<&LeaseRecord>, now_ms
 
 async fn release(args: ReleaseArgs) -> Result<(), CommandError> {
     let location = args.database.resolve()?;
-    let holder = args.holder.resolve()?;
+    let holder = HolderId::new(&args.holder).map_err(|e| format!("holder: {e}"))?;
     let store = open_for_write(&location).await?;
     let leases = lease_store(store, &location, LeaseConfig::default())?;
     let outcome = leases

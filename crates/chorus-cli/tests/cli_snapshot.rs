@@ -265,6 +265,14 @@ fn writers_are_refused_while_held(dir: &Path, location: &[&str]) {
         ),
         &[&["cannot release lease"], &held[..]].concat(),
     );
+    // Without a holder there is nobody to release for: refused, nothing changes.
+    let nameless = chorus(dir, &with(location, &["lease", "release"]));
+    assert!(!nameless.status.success());
+    assert!(
+        stderr(&nameless).contains("--holder"),
+        "{}",
+        stderr(&nameless)
+    );
 
     // The named holder may release it; then publishing works.
     let released = assert_succeeds(&chorus(
