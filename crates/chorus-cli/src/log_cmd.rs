@@ -1,7 +1,6 @@
 //! `chorus log …`: create, append to, read and inspect logs.
 
 mod append;
-mod json_lines;
 mod maintain;
 mod read;
 

@@ -5,6 +5,8 @@
 use std::fmt;
 use std::io::{self, Write};
 
+use serde::Serialize;
+
 use crate::CommandError;
 
 /// Like `print!`, returning a write error instead of panicking.
@@ -21,17 +23,23 @@ pub(crate) use {out, outln};
 
 /// Writes `args` (and a newline) to standard output and flushes it.
 pub fn write(args: fmt::Arguments<'_>, newline: bool) -> Result<(), CommandError> {
+    write_io(args, newline).map_err(output_error)
+}
+
+/// Writes `value` as one JSON line (JSON Lines) and flushes it, so that a
+/// consumer sees each line as soon as it is decided.
+pub fn json_line(value: &impl Serialize) -> io::Result<()> {
+    let json = serde_json::to_string(value).map_err(io::Error::other)?;
+    write_io(format_args!("{json}"), true)
+}
+
+fn write_io(args: fmt::Arguments<'_>, newline: bool) -> io::Result<()> {
     let mut out = io::stdout().lock();
-    out.write_fmt(args)
-        .and_then(|()| {
-            if newline {
-                out.write_all(b"\n")
-            } else {
-                Ok(())
-            }
-        })
-        .and_then(|()| out.flush())
-        .map_err(output_error)
+    out.write_fmt(args)?;
+    if newline {
+        out.write_all(b"\n")?;
+    }
+    out.flush()
 }
 
 /// The command error for a failed write to standard output. A broken pipe is

@@ -25,11 +25,10 @@ use chorus::log::{Completion, LogConfig, LogError, Receipt, Recovery, Writer};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use super::json_lines::JsonLines;
 use crate::CommandError;
 use crate::config::StoreArgs;
 use crate::open::{Access, open_log};
-use crate::output::output_error;
+use crate::output::{json_line, output_error};
 
 /// Records read ahead of admission.
 const INPUT_QUEUE_RECORDS: usize = 256;
@@ -217,7 +216,6 @@ struct Appender {
     writer: Writer,
     /// Admitted records not yet acknowledged, oldest first.
     outstanding: VecDeque<Completion>,
-    out: JsonLines,
     /// False once standard output failed.
     printing: bool,
 }
@@ -227,7 +225,6 @@ impl Appender {
         Appender {
             writer,
             outstanding: VecDeque::new(),
-            out: JsonLines::stdout(),
             printing: true,
         }
     }
@@ -340,7 +337,7 @@ impl Appender {
         let ack = Ack {
             index: receipt.index.0,
         };
-        self.out.write(&ack).map_err(|e| {
+        json_line(&ack).map_err(|e| {
             self.printing = false;
             Halt::Output(e)
         })

@@ -14,11 +14,10 @@ use chorus::ids::RecordIndex;
 use chorus::log::Reader;
 use serde::Serialize;
 
-use super::json_lines::JsonLines;
 use crate::CommandError;
 use crate::config::StoreArgs;
 use crate::open::{Access, open_log};
-use crate::output::output_error;
+use crate::output::{json_line, output_error};
 
 /// Arguments of `log read`.
 #[derive(Debug, clap::Args)]
@@ -98,7 +97,6 @@ async fn run(args: ReadArgs, start: Start) -> Result<(), CommandError> {
     };
     let mut reader = Reader::new(&log.stores, RecordIndex(from))
         .with_poll_interval(Duration::from_millis(args.poll_interval_ms));
-    let mut out = JsonLines::stdout();
     while args.to.is_none_or(|to| reader.position().0 < to) {
         let next = if args.follow {
             Some(reader.next().await)
@@ -111,7 +109,7 @@ async fn run(args: ReadArgs, start: Start) -> Result<(), CommandError> {
         let (index, record) =
             next.map_err(|e| format!("cannot read index {}: {e}", reader.position()))?;
         let line = encode(index, &record, args.base64)?;
-        out.write(&line).map_err(output_error)?;
+        json_line(&line).map_err(output_error)?;
     }
     Ok(())
 }
