@@ -241,13 +241,10 @@ fn a_bad_url_fails_and_creates_nothing() {
     );
 }
 
-/// `chorus` with static test credentials (the servers here ignore them, but
-/// without any the S3 client would look for an instance profile).
+/// `chorus` with static test credentials, for the S3 servers here.
 fn chorus_with_credentials(dir: &Path, args: &[&str]) -> Output {
-    support::chorus_command(dir)
+    support::chorus_command_with_test_credentials(dir)
         .args(args)
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
         .output()
         .unwrap()
 }

@@ -50,19 +50,7 @@ impl TestLog {
     }
 
     fn run(&self, args: &[&str], input: &[u8]) -> Output {
-        let mut child = self
-            .command(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("chorus runs");
-        let mut stdin = child.stdin.take().unwrap();
-        let input = input.to_vec();
-        let feeder = std::thread::spawn(move || stdin.write_all(&input));
-        let output = child.wait_with_output().unwrap();
-        let _ = feeder.join().unwrap();
-        output
+        run_with_input(self.command(args), input)
     }
 
     fn init(&self) {
@@ -95,6 +83,23 @@ impl TestLog {
         let json: Value = serde_json::from_slice(&output.stdout).unwrap();
         json["epoch"].as_u64().unwrap()
     }
+}
+
+/// Runs `command` with `input` on its stdin (fed from a thread, so a large
+/// input cannot deadlock against a full stdout pipe) and collects its output.
+fn run_with_input(mut command: Command, input: &[u8]) -> Output {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("chorus runs");
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let feeder = std::thread::spawn(move || stdin.write_all(&input));
+    let output = child.wait_with_output().unwrap();
+    let _ = feeder.join().unwrap();
+    output
 }
 
 fn stderr(output: &Output) -> String {
@@ -639,15 +644,8 @@ fn round_trip_with(dir: &std::path::Path, configure: impl Fn(&mut Command)) {
     let run = |args: &[&str], input: &[u8]| {
         let mut command = without_aws_environment(support::chorus_command(dir));
         configure(&mut command);
-        let mut child = command
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(input).unwrap();
-        let output = child.wait_with_output().unwrap();
+        command.args(args);
+        let output = run_with_input(command, input);
         assert!(output.status.success(), "{args:?}: {}", stderr(&output));
         stdout_lines(&output)
     };

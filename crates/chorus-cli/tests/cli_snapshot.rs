@@ -184,7 +184,7 @@ fn a_closed_stdout_ends_listing_commands_quietly() {
         &["lease", "status"],
         &["lease", "status", "--json"],
     ] {
-        let mut child = support::chorus_command(dir.path())
+        let mut child = support::chorus_command_with_test_credentials(dir.path())
             .args(args)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -478,7 +478,7 @@ fn publish_gives_up_when_its_lease_runs_out_on_a_stalled_store() {
     let dir = TempDir::new().unwrap();
     write_file(dir.path(), "payload", b"state");
     let store = server.url("stalled");
-    let mut child = support::chorus_command(dir.path())
+    let mut child = support::chorus_command_with_test_credentials(dir.path())
         .args([
             "snapshot",
             "publish",
@@ -488,8 +488,6 @@ fn publish_gives_up_when_its_lease_runs_out_on_a_stalled_store() {
             "1",
         ])
         .args(["--lease-ttl-secs", "2", "--store", &store])
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -511,10 +509,8 @@ fn publish_gives_up_when_its_lease_runs_out_on_a_stalled_store() {
             "the lease (--lease-ttl-secs 2) ran out",
         ],
     );
-    let status = support::chorus_command(dir.path())
+    let status = support::chorus_command_with_test_credentials(dir.path())
         .args(["lease", "status", "--store", &store])
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
         .output()
         .unwrap();
     // A cancelled upload may still land: the lease is left to expire.

@@ -35,3 +35,13 @@ pub fn chorus_command(dir: &Path) -> Command {
     }
     command
 }
+
+/// [`chorus_command`] with static S3 test credentials, for servers that ignore
+/// them (without any, the S3 client would look for an instance profile).
+pub fn chorus_command_with_test_credentials(dir: &Path) -> Command {
+    let mut command = chorus_command(dir);
+    command
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test");
+    command
+}
