@@ -20,6 +20,7 @@ use std::str::FromStr;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
+use object_store::aws::AwsCredential;
 use object_store::memory::InMemory;
 use object_store::{ClientConfigKey, ObjectStore, RetryConfig};
 use url::Url;
@@ -50,23 +51,8 @@ pub struct StoreUrl {
     region: Option<String>,
     /// `None` leaves the choice to the environment (`AWS_ALLOW_HTTP`, …).
     allow_http: Option<bool>,
-    credentials: Option<S3Credentials>,
-}
-
-/// Static S3 credentials. `Debug` never prints the secrets.
-#[derive(Clone, PartialEq, Eq)]
-struct S3Credentials {
-    access_key_id: String,
-    secret_access_key: String,
-    session_token: Option<String>,
-}
-
-impl fmt::Debug for S3Credentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("S3Credentials")
-            .field("access_key_id", &self.access_key_id)
-            .finish_non_exhaustive()
-    }
+    /// Static credentials (object_store's `Debug` hides the secrets).
+    credentials: Option<Arc<AwsCredential>>,
 }
 
 /// Settings for every `s3://` store that does not set them in its own URL
@@ -219,11 +205,11 @@ impl StoreUrl {
         self.region = self.region.or_else(|| settings.region.clone());
         self.allow_http = self.allow_http.or(settings.allow_http);
         self.credentials = match (&settings.access_key_id, &settings.secret_access_key) {
-            (Some(id), Some(secret)) => Some(S3Credentials {
-                access_key_id: id.clone(),
-                secret_access_key: secret.clone(),
-                session_token: settings.session_token.clone(),
-            }),
+            (Some(id), Some(secret)) => Some(Arc::new(AwsCredential {
+                key_id: id.clone(),
+                secret_key: secret.clone(),
+                token: settings.session_token.clone(),
+            })),
             (None, None) if settings.session_token.is_none() => None,
             (None, None) => {
                 return Err(fail(
@@ -308,10 +294,10 @@ impl StoreUrl {
                 if let Some(credentials) = &self.credentials {
                     // A provider, not the key fields: those would be combined
                     // with an `AWS_SESSION_TOKEN` that `from_env` read.
-                    let credential = object_store::aws::AwsCredential {
-                        key_id: credentials.access_key_id.clone(),
-                        secret_key: credentials.secret_access_key.clone(),
-                        token: credentials.session_token.clone(),
+                    let credential = AwsCredential {
+                        key_id: credentials.key_id.clone(),
+                        secret_key: credentials.secret_key.clone(),
+                        token: credentials.token.clone(),
                     };
                     builder = builder.with_credentials(Arc::new(
                         object_store::StaticCredentialProvider::new(credential),
@@ -485,7 +471,7 @@ mod tests {
         assert_eq!(url.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
         assert_eq!(url.region.as_deref(), Some("eu-west-1"));
         assert_eq!(url.allow_http, Some(true));
-        assert_eq!(url.credentials.as_ref().unwrap().access_key_id, "AKID");
+        assert_eq!(url.credentials.as_ref().unwrap().key_id, "AKID");
         // The endpoint is part of the identity the register binds.
         assert_eq!(
             url.identity(),
