@@ -270,20 +270,15 @@ impl Pipeline {
             return;
         };
         let idle = self.queue.is_empty() && self.waiting.is_empty();
-        if idle || Instant::now() >= *deadline {
+        if idle {
             let (_, reply) = self.draining.take().expect("draining");
-            let outcome = if idle {
-                Ok(())
-            } else {
-                Err(LogError::Stopped {
-                    reason: StopReason::Shutdown,
-                    may_have_committed: !self.waiting.is_empty(),
-                })
-            };
             self.stop(StopReason::Shutdown);
             if let Some(reply) = reply {
-                let _ = reply.send(outcome);
+                let _ = reply.send(Ok(()));
             }
+        } else if Instant::now() >= *deadline {
+            // `stop` fails what is outstanding and answers the drain.
+            self.stop(StopReason::Shutdown);
         }
     }
 
@@ -643,11 +638,7 @@ impl Pipeline {
             reason: reason.clone(),
             may_have_committed,
         };
-        // A shutdown still draining ends with this stop, not with success:
-        // what was written but not acknowledged may or may not be durable.
-        if let Some((_, Some(reply))) = self.draining.take() {
-            let _ = reply.send(Err(failed(!self.waiting.is_empty())));
-        }
+        let written_unacknowledged = !self.waiting.is_empty();
         for waiter in self.waiting.drain(..) {
             let _ = waiter.completion.send(Err(failed(true)));
             metrics::append_failed("stopped");
@@ -655,6 +646,12 @@ impl Pipeline {
         for record in self.queue.drain(..) {
             let _ = record.completion.send(Err(failed(false)));
             metrics::append_failed("stopped");
+        }
+        // A shutdown still draining (past its deadline, or cut short) ends
+        // with this stop, not with success: what was written but not
+        // acknowledged may or may not be durable.
+        if let Some((_, Some(reply))) = self.draining.take() {
+            let _ = reply.send(Err(failed(written_unacknowledged)));
         }
         admission.inflight_bytes = 0;
         admission.inflight_records = 0;
