@@ -105,7 +105,7 @@ fn sealed(records: &[Bytes]) -> Bytes {
         base: RecordIndex(40),
         records: records.to_vec(),
     };
-    segment.encode()
+    segment.encode().expect("a valid segment")
 }
 
 /// The `decode_frames` input: the record count byte, then the frames.

@@ -481,6 +481,7 @@ impl Sim {
                 faults,
                 reader: Some(reader),
                 task: None,
+                injected_at_start: 0,
             });
         }
         slot
@@ -492,7 +493,9 @@ impl Sim {
             return; // a read is running
         };
         let task = tokio::spawn(read_some(reader, max, self.origin));
+        let injected = self.readers[slot].faults.injected_with(&self.world);
         self.readers[slot].task = Some(task);
+        self.readers[slot].injected_at_start = injected;
     }
 
     fn new_reader(&mut self) {

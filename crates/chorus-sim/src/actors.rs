@@ -155,6 +155,8 @@ pub struct ReaderSlot {
     pub reader: Option<Reader>,
     /// The running read.
     pub task: Option<JoinHandle<ReadOutcome>>,
+    /// `ActorFaults::injected_with` when the running read began.
+    pub injected_at_start: u64,
 }
 
 /// What one read returned.

@@ -381,6 +381,20 @@ impl Sim {
             error,
             finished_at,
         } = outcome;
+        // Stored bytes are damaged only where more than a quorum of valid
+        // copies remain, and a segment deleted under the read by truncation
+        // must come back as `Truncated`: a read that met no injected fault
+        // has no reason to report corruption.
+        if let Some(chorus::log::LogError::Corrupt { .. }) = &error {
+            let injected = self.readers[slot].faults.injected_with(&self.world);
+            if injected == self.readers[slot].injected_at_start {
+                return Err(format!(
+                    "reader r{slot} reported corruption at {} with no fault injected: {}",
+                    reader.position(),
+                    error.as_ref().map(ToString::to_string).unwrap_or_default()
+                ));
+            }
+        }
         // A reader left behind by truncation moves up to the floor, as an
         // application restoring from a newer snapshot would.
         let reader = match &error {
@@ -570,6 +584,7 @@ impl Sim {
         self.liveness_append(writer).await?;
         self.liveness_read().await?;
         self.liveness_repair().await?;
+        self.liveness_sweep().await?;
         self.checker.resync(&self.world)?;
         Ok(())
     }
@@ -600,6 +615,59 @@ impl Sim {
             return Err(format!(
                 "liveness: verify after a repair with every fault healed: {replica:?}"
             ));
+        }
+        self.observe()
+    }
+
+    /// With every writer stopped, an orphan sweep must leave only sealed
+    /// objects the directory names (or a seal of the tail or pending
+    /// segment): nothing a losing recovery, a late seal write or a repair
+    /// that raced a truncation left behind may stay forever.
+    async fn liveness_sweep(&mut self) -> Result<(), Violation> {
+        use chorus::log::maintenance::{Maintenance, NoProgress};
+        for slot in &mut self.writers {
+            if let Some(writer) = slot.writer.take() {
+                writer.abort();
+            }
+        }
+        // Writes still in flight (delayed calls, seal copies past their
+        // quorum) land meanwhile; the first sweep may miss them.
+        self.advance(Duration::from_secs(30)).await?;
+        let (stores, _faults) = self.world.view(|| 0);
+        let maintenance = Maintenance::new(&stores);
+        for _ in 0..2 {
+            maintenance
+                .sweep_orphans(&NoProgress)
+                .await
+                .map_err(|error| format!("liveness: sweep failed after healing: {error}"))?;
+        }
+        let manifest = maintenance
+            .manifest()
+            .await
+            .map_err(|error| format!("liveness: {error}"))?;
+        for (replica, store) in self.world.raw.iter().enumerate() {
+            let listed = store
+                .list(chorus::log::layout::SEALED_PREFIX)
+                .await
+                .map_err(|error| format!("liveness: {error}"))?;
+            for meta in listed {
+                let name = meta.key.rsplit('/').next().unwrap_or_default();
+                let Ok((id, crc32c)) = chorus::codec::parse_sealed_key_name(name) else {
+                    continue;
+                };
+                let named = manifest
+                    .segments
+                    .iter()
+                    .any(|entry| entry.id == id && entry.crc32c == crc32c);
+                let in_flight = id == manifest.tail || Some(id) == manifest.pending;
+                if !named && !in_flight {
+                    return Err(format!(
+                        "liveness: {} on replica {replica} outlived the orphan sweep, \
+                         but nothing names it",
+                        meta.key
+                    ));
+                }
+            }
         }
         self.observe()
     }
@@ -720,6 +788,7 @@ impl Sim {
             faults: _faults,
             reader: None,
             task: None,
+            injected_at_start: 0,
         });
         let slot = self.readers.len() - 1;
         self.on_read(slot, outcome)?;

@@ -124,6 +124,18 @@ pub struct ActorFaults {
 }
 
 impl ActorFaults {
+    /// Faults injected so far into calls through `self` or any
+    /// replica-wide controller of `world` (which other actors share, so an
+    /// unchanged total proves a stretch of calls saw no fault, not the reverse).
+    pub fn injected_with(&self, world: &World) -> u64 {
+        self.replicas
+            .iter()
+            .chain(&world.replica_faults)
+            .chain([&self.register, &world.register_faults])
+            .map(FaultController::injected)
+            .sum()
+    }
+
     /// Removes every rule.
     pub fn clear(&self) {
         for controller in &self.replicas {

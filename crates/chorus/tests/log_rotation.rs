@@ -18,7 +18,8 @@ use chorus::log::{ErrorKind, LogConfig, LogError, MAX_DIRECTORY_ENTRY_BYTES, Wri
 use chorus::register::{FaultyRegister, Manifest, MemoryRegister};
 use log_support::{Cluster, append_acked, payload, test_config, wait_until};
 
-/// Segments of 200 record bytes: sixteen 13-byte test records fill one.
+/// Segments of 200 framed bytes: twelve 13-byte test records (17 bytes
+/// with their length prefix) fill one.
 fn small_segments() -> LogConfig {
     LogConfig {
         max_segment_bytes: 200,
@@ -27,7 +28,10 @@ fn small_segments() -> LogConfig {
 }
 
 /// Records that fill one 200-byte segment.
-const RECORDS_PER_SEGMENT: u64 = 16;
+const RECORDS_PER_SEGMENT: u64 = 12;
+
+/// A 13-byte test record with its 4-byte length prefix: what it adds to its segment.
+const FRAMED_RECORD_BYTES: u64 = 17;
 
 /// Makes every create of a sealed object fail on the given controllers.
 fn fail_sealed_creates(controllers: &[&FaultController]) -> Vec<RuleId> {
@@ -315,7 +319,10 @@ async fn a_stalled_seal_refuses_appends_with_active_segment_full() {
     );
     let next = writer.status().next_index;
     assert_eq!(next, RecordIndex(acked.len() as u64));
-    assert_eq!(acked.len() as u64, RECORDS_PER_SEGMENT + 400 / 13);
+    assert_eq!(
+        acked.len() as u64,
+        RECORDS_PER_SEGMENT + 400 / FRAMED_RECORD_BYTES
+    );
     assert_backpressure(&writer, &refused, next);
     assert!(cluster.manifest().await.segments.is_empty());
 
@@ -344,4 +351,33 @@ async fn a_stalled_seal_refuses_appends_with_active_segment_full() {
     writer.shutdown(Duration::from_secs(5)).await.unwrap();
     let recovered = cluster.verify_acked(&acked).await;
     assert_eq!(recovered.len(), acked.len());
+}
+
+/// Segments are measured in frames: empty records (valid, zero payload
+/// bytes) still fill and rotate their segment. Counted by payload bytes, a
+/// stream of them never rotated, so the active segment (and the records the
+/// writer keeps for its seal) grew without bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_empty_records_fills_and_rotates_its_segment() {
+    let cluster = Cluster::new(3, 4).await;
+    let (writer, _) = cluster.open(small_segments()).await.unwrap();
+    let mut acked = BTreeMap::new();
+    // 200 bytes of 4-byte frames: the 50th empty record fills the segment.
+    for _ in 0..60 {
+        let receipt = writer.append(Bytes::new()).unwrap().await.unwrap();
+        acked.insert(receipt.index, Bytes::new());
+    }
+    wait_until(
+        "the segment of empty records is folded",
+        Duration::from_secs(2),
+        || {
+            let cluster = &cluster;
+            async move { cluster.manifest().await.segments.len() == 1 }
+        },
+    )
+    .await;
+    let manifest = cluster.manifest().await;
+    assert_eq!(manifest.tail_base, RecordIndex(50), "{manifest:?}");
+    writer.shutdown(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(cluster.verify_acked(&acked).await.len(), 60);
 }

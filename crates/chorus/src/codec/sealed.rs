@@ -76,21 +76,29 @@ impl SealedSegment {
     /// The object bytes. Compute the key with [`object_crc32c`] and
     /// [`sealed_key_name`].
     ///
+    /// Refuses, as `decode` would, a segment with no records, frames above
+    /// [`MAX_SEALED_PAYLOAD_BYTES`], or record indices that overflow `u64`:
+    /// recovery seals what it read from the replicas, so this is reachable
+    /// from stored bytes and must not panic.
+    ///
     /// # Panics
-    /// With no records, a record above
-    /// [`MAX_RECORD_BYTES`](super::MAX_RECORD_BYTES), frames above
-    /// [`MAX_SEALED_PAYLOAD_BYTES`], or record indices that overflow `u64`.
-    pub fn encode(&self) -> Bytes {
-        let mut header = Header::of(self);
+    /// With a record above [`MAX_RECORD_BYTES`](super::MAX_RECORD_BYTES),
+    /// which no decoded fragment and no admitted append holds.
+    pub fn encode(&self) -> Result<Bytes, CodecError> {
+        let mut header = Header::of(self)?;
         let payload_len =
-            usize::try_from(header.payload_len).expect("sealed payload fits in memory");
+            usize::try_from(header.payload_len).map_err(|_| CodecError::PayloadTooLarge {
+                format: FORMAT,
+                declared: header.payload_len,
+                max: usize::MAX as u64,
+            })?;
         let mut out = BytesMut::with_capacity(SEALED_HEADER_BYTES + payload_len);
         out.resize(SEALED_HEADER_BYTES, 0);
         put_frames(&mut out, &self.records);
         assert_eq!(out.len(), SEALED_HEADER_BYTES + payload_len);
         header.payload_crc = crc32c::crc32c(&out[SEALED_HEADER_BYTES..]);
         header.write(&mut out[..SEALED_HEADER_BYTES]);
-        out.freeze()
+        Ok(out.freeze())
     }
 
     /// Decodes and fully validates a sealed object, in the order: length, magic,
@@ -190,27 +198,34 @@ struct Header {
 
 impl Header {
     /// The header for `segment`, with the payload checksum still to fill in.
-    /// Asserts everything `decode` would reject.
-    fn of(segment: &SealedSegment) -> Header {
+    /// Refuses everything `decode` would reject.
+    fn of(segment: &SealedSegment) -> Result<Header, CodecError> {
         let count = segment.records.len() as u64;
-        assert!(
-            count > 0,
-            "sealed segment without records: id={}",
-            segment.id
-        );
+        let inconsistent = |reason: String| CodecError::Inconsistent {
+            format: FORMAT,
+            reason,
+        };
+        if count == 0 {
+            return Err(inconsistent(format!(
+                "segment without records: id={}",
+                segment.id
+            )));
+        }
         let payload_len = framed_len(&segment.records);
-        assert!(
-            payload_len <= MAX_SEALED_PAYLOAD_BYTES,
-            "sealed payload too large: id={} payload_bytes={payload_len} max_bytes={MAX_SEALED_PAYLOAD_BYTES}",
-            segment.id
-        );
-        assert!(
-            segment.base.0.checked_add(count).is_some(),
-            "record indices overflow: id={} base={}",
-            segment.id,
-            segment.base
-        );
-        Header {
+        if payload_len > MAX_SEALED_PAYLOAD_BYTES {
+            return Err(CodecError::PayloadTooLarge {
+                format: FORMAT,
+                declared: payload_len,
+                max: MAX_SEALED_PAYLOAD_BYTES,
+            });
+        }
+        if segment.base.0.checked_add(count).is_none() {
+            return Err(inconsistent(format!(
+                "record indices overflow: id={} base={} count={count}",
+                segment.id, segment.base
+            )));
+        }
+        Ok(Header {
             version: SEALED_VERSION,
             first_reserved: 0,
             epoch: segment.id.epoch.0,
@@ -220,7 +235,7 @@ impl Header {
             count,
             payload_len,
             payload_crc: 0,
-        }
+        })
     }
 
     /// Writes the header, including its checksum, into `out` (exactly

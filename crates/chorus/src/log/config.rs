@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use crate::codec::{FRAME_HEADER_BYTES, MAX_FRAGMENT_PAYLOAD_BYTES};
+use crate::codec::{
+    FRAME_HEADER_BYTES, MAX_FRAGMENT_PAYLOAD_BYTES, MAX_RECORD_BYTES, MAX_SEALED_PAYLOAD_BYTES,
+};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -15,7 +17,8 @@ pub struct LogConfig {
     /// (cost) and more throughput per request, at the price of more memory per
     /// in-flight fragment. Default 4 MiB.
     pub max_fragment_bytes: u64,
-    /// Largest record accepted by `append`. Default 1 MiB.
+    /// Largest record accepted by `append`, at most 64 MiB (the record
+    /// codec's limit). Default 1 MiB.
     pub max_record_bytes: u64,
     /// Bytes admitted but not yet durable; `append` refuses beyond it
     /// (backpressure), bounding memory. Default 64 MiB.
@@ -30,12 +33,14 @@ pub struct LogConfig {
     /// for the rest of the segment. Default 5 s.
     pub lane_stall_timeout: Duration,
     /// A segment is rotated (sealed into one object) once it holds this many
-    /// record bytes. Larger segments mean fewer directory entries and seals;
-    /// smaller ones bound recovery reads and seal memory. Default 64 MiB.
+    /// framed record bytes (each record plus its 4-byte length prefix).
+    /// Larger segments mean fewer directory entries and seals; smaller ones
+    /// bound recovery reads and seal memory. Plus one record, at most 4 GiB
+    /// (the sealed codec's limit). Default 64 MiB.
     pub max_segment_bytes: u64,
     /// While the previous segment is still being sealed, the active segment may
-    /// grow to this many bytes before `append` refuses with `ActiveSegmentFull`.
-    /// Default 1 GiB.
+    /// grow to this many framed bytes before `append` refuses with
+    /// `ActiveSegmentFull`. At most 4 GiB (the sealed codec's limit). Default 1 GiB.
     pub max_active_segment_bytes: u64,
     /// How long the batcher waits for more records before cutting a fragment
     /// that is not full. Zero gives the lowest latency; a few milliseconds
@@ -113,6 +118,16 @@ impl LogConfig {
             },
         )?;
         check(
+            self.max_record_bytes <= MAX_RECORD_BYTES,
+            "max_record_bytes",
+            || {
+                format!(
+                    "{} exceeds the record codec's limit {MAX_RECORD_BYTES}",
+                    self.max_record_bytes
+                )
+            },
+        )?;
+        check(
             self.max_record_bytes + frame <= self.max_fragment_bytes,
             "max_record_bytes",
             || {
@@ -155,6 +170,31 @@ impl LogConfig {
         check(self.max_segment_bytes > 0, "max_segment_bytes", || {
             "must be positive".into()
         })?;
+        // The active segment holds at most max(max_active_segment_bytes,
+        // max_segment_bytes + one framed record) (see admission), and all of
+        // it becomes one sealed object.
+        check(
+            self.max_segment_bytes
+                .saturating_add(self.max_record_bytes + frame)
+                <= MAX_SEALED_PAYLOAD_BYTES,
+            "max_segment_bytes",
+            || {
+                format!(
+                    "{} plus one framed record of max_record_bytes {} exceeds the sealed codec's limit {MAX_SEALED_PAYLOAD_BYTES}",
+                    self.max_segment_bytes, self.max_record_bytes
+                )
+            },
+        )?;
+        check(
+            self.max_active_segment_bytes <= MAX_SEALED_PAYLOAD_BYTES,
+            "max_active_segment_bytes",
+            || {
+                format!(
+                    "{} exceeds the sealed codec's limit {MAX_SEALED_PAYLOAD_BYTES}",
+                    self.max_active_segment_bytes
+                )
+            },
+        )?;
         check(
             self.max_active_segment_bytes >= self.max_segment_bytes,
             "max_active_segment_bytes",
@@ -241,5 +281,59 @@ mod tests {
             assert_eq!(error.knob, knob, "{error}");
             assert!(error.to_string().contains(knob));
         }
+    }
+
+    /// Every bound a codec enforces is refused here first, by name: past
+    /// them a 65 MiB append panicked inside the pipeline task, and a segment
+    /// past 4 GiB panicked its seal and then every recovery.
+    #[test]
+    fn settings_beyond_the_codec_limits_are_refused_by_name() {
+        let gib = 1024 * MIB;
+        type Breaker = Box<dyn Fn(&mut LogConfig)>;
+        let cases: Vec<(&str, Breaker)> = vec![
+            (
+                "max_record_bytes",
+                Box::new(|c| {
+                    c.max_fragment_bytes = 128 * MIB;
+                    c.max_record_bytes = MAX_RECORD_BYTES + 1;
+                }),
+            ),
+            (
+                "max_record_bytes",
+                Box::new(|c| c.max_record_bytes = u64::MAX),
+            ),
+            (
+                "max_segment_bytes",
+                Box::new(move |c| {
+                    c.max_segment_bytes = 4 * gib;
+                    c.max_active_segment_bytes = 4 * gib;
+                }),
+            ),
+            (
+                "max_segment_bytes",
+                Box::new(|c| c.max_segment_bytes = u64::MAX),
+            ),
+            (
+                "max_active_segment_bytes",
+                Box::new(move |c| c.max_active_segment_bytes = 5 * gib),
+            ),
+        ];
+        for (knob, break_it) in cases {
+            let mut config = LogConfig::default();
+            break_it(&mut config);
+            let error = config.validate().unwrap_err();
+            assert_eq!(error.knob, knob, "{error}");
+        }
+        // The largest settings the codecs allow are valid.
+        let largest = LogConfig {
+            max_fragment_bytes: MAX_FRAGMENT_PAYLOAD_BYTES,
+            max_record_bytes: MAX_RECORD_BYTES,
+            max_inflight_bytes: MAX_RECORD_BYTES,
+            max_replica_lag_bytes: MAX_FRAGMENT_PAYLOAD_BYTES,
+            max_segment_bytes: MAX_SEALED_PAYLOAD_BYTES - MAX_RECORD_BYTES - 4,
+            max_active_segment_bytes: MAX_SEALED_PAYLOAD_BYTES,
+            ..LogConfig::default()
+        };
+        largest.validate().unwrap();
     }
 }

@@ -18,7 +18,7 @@ use futures::future::join_all;
 use super::LogStores;
 use super::error::LogError;
 use super::quorum::quorum;
-use super::replay::read_sealed_from_any;
+use super::replay::read_sealed_or_truncated;
 use super::replica::Replica;
 use crate::codec::Fragment;
 use crate::ids::{FragmentIndex, RecordIndex, SegmentId};
@@ -159,7 +159,9 @@ impl Reader {
             .rposition(|entry| entry.base <= self.next)
             .expect("the directory covers everything from the floor to tail_base");
         let entry = manifest.segments[position];
-        let records = read_sealed_from_any(&self.replicas, &entry).await?;
+        let records =
+            read_sealed_or_truncated(&self.replicas, self.register.as_ref(), &entry, self.next)
+                .await?;
         let skip = (self.next.0 - entry.base.0) as usize;
         self.buffered = records
             .into_iter()

@@ -67,7 +67,11 @@ impl Recovery {
         config: LogConfig,
         owner: OwnerId,
     ) -> Result<Recovery, LogError> {
-        assert_ne!(owner, OwnerId::NONE, "a recovery needs a non-zero owner id");
+        if owner == OwnerId::NONE {
+            return Err(LogError::Transition(
+                "a recovery needs a non-zero owner id".into(),
+            ));
+        }
         config.validate()?;
         let started = Instant::now();
         metrics::recovery_started();
@@ -163,6 +167,7 @@ impl Recovery {
     pub fn replay(&self, checkpoint: RecordIndex) -> Result<Replay, LogError> {
         Replay::new(
             self.replicas.clone(),
+            Arc::clone(&self.stores.register),
             &self.manifest,
             checkpoint,
             Arc::clone(&self.replayed),
@@ -170,9 +175,20 @@ impl Recovery {
     }
 
     /// Begins appending, after the replay reached its end and the register
-    /// still names us. A refused start leaves the recovery usable: finish the
-    /// replay and call it again.
-    pub async fn start(&self) -> Result<Writer, LogError> {
+    /// still names us.
+    ///
+    /// It consumes the recovery, so one recovery starts at most one writer:
+    /// two pipelines of one `(epoch, owner)` would write different bytes at
+    /// the same fragment positions. A refused start consumes it too; recover
+    /// again (a new epoch) to retry.
+    ///
+    /// ```compile_fail,E0382
+    /// # async fn twice(recovery: chorus::log::Recovery) {
+    /// let first = recovery.start().await;
+    /// let second = recovery.start().await; // error: use of moved value
+    /// # }
+    /// ```
+    pub async fn start(self) -> Result<Writer, LogError> {
         if !self.replayed.load(std::sync::atomic::Ordering::Acquire) {
             return Err(LogError::RecoveryIncomplete { end: self.end() });
         }
@@ -372,7 +388,7 @@ fn build_view(
         }
         let base = end;
         end = RecordIndex(base.0 + records.len() as u64);
-        seals.push((PreparedSeal::new(segment, base, records), end));
+        seals.push((PreparedSeal::new(segment, base, records)?, end));
     }
     let view = View {
         recovered_from: (manifest.tail, manifest.pending),

@@ -8,14 +8,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use bytes::Bytes;
 
 use super::error::LogError;
-use super::replica::Replica;
+use super::replica::{ReadSealedError, Replica};
 use crate::ids::RecordIndex;
-use crate::register::{DirectoryEntry, Manifest};
+use crate::register::{DirectoryEntry, Manifest, ManifestStore};
 
 /// Records from a checkpoint to the end of the recovered log, in index order.
 #[derive(Debug)]
 pub struct Replay {
     replicas: Vec<Replica>,
+    /// Read again only to tell a truncation from damage.
+    register: Arc<dyn ManifestStore>,
     /// Directory entries still to read, with their ends.
     segments: VecDeque<(DirectoryEntry, RecordIndex)>,
     /// Records of the current segment not yet returned.
@@ -28,6 +30,7 @@ pub struct Replay {
 impl Replay {
     pub(super) fn new(
         replicas: Vec<Replica>,
+        register: Arc<dyn ManifestStore>,
         manifest: &Manifest,
         checkpoint: RecordIndex,
         finished: Arc<AtomicBool>,
@@ -49,6 +52,7 @@ impl Replay {
             .collect();
         Ok(Replay {
             replicas,
+            register,
             segments,
             buffered: VecDeque::new(),
             next: checkpoint,
@@ -70,11 +74,21 @@ impl Replay {
                 return Ok(Some((index, record)));
             }
             let Some((entry, _)) = self.segments.pop_front() else {
-                assert_eq!(self.next, self.end, "replay ended before the recovered end");
+                if self.next != self.end {
+                    return Err(LogError::corrupt(
+                        "replay",
+                        format!(
+                            "the segments end before the recovered end: next={} end={}",
+                            self.next, self.end
+                        ),
+                    ));
+                }
                 self.finished.store(true, Ordering::Release);
                 return Ok(None);
             };
-            let records = read_sealed_from_any(&self.replicas, &entry).await?;
+            let records =
+                read_sealed_or_truncated(&self.replicas, self.register.as_ref(), &entry, self.next)
+                    .await?;
             let skip = self.next.0.saturating_sub(entry.base.0) as usize;
             self.buffered = records
                 .into_iter()
@@ -86,6 +100,38 @@ impl Replay {
     }
 }
 
+/// [`read_sealed_from_any`] for a reader positioned at `next`: when no copy
+/// is usable, the register is read again, and if the floor has meanwhile
+/// passed `next` the answer is `Truncated` (a truncation deleted the
+/// segment under the read), not corruption.
+pub(super) async fn read_sealed_or_truncated(
+    replicas: &[Replica],
+    register: &dyn ManifestStore,
+    entry: &DirectoryEntry,
+    next: RecordIndex,
+) -> Result<Vec<Bytes>, LogError> {
+    let error = match read_sealed_from_any(replicas, entry).await {
+        Ok(records) => return Ok(records),
+        Err(error) => error,
+    };
+    if !matches!(error, LogError::Corrupt { .. }) {
+        return Err(error);
+    }
+    // Unsure whether it was a truncation, say what stopped us finding out.
+    let current = register
+        .read()
+        .await?
+        .ok_or_else(|| LogError::Transition("register vanished".into()))?;
+    let floor = Manifest::from_fields(&current.fields)?.trunc;
+    if next < floor {
+        return Err(LogError::Truncated {
+            requested: next,
+            floor,
+        });
+    }
+    Err(error)
+}
+
 /// Reads a sealed segment from the first replica whose copy verifies, falling
 /// back to the others in order.
 pub(super) async fn read_sealed_from_any(
@@ -93,14 +139,25 @@ pub(super) async fn read_sealed_from_any(
     entry: &DirectoryEntry,
 ) -> Result<Vec<Bytes>, LogError> {
     let mut failures = Vec::new();
+    let mut unreachable = None;
     for replica in replicas {
         match replica.read_sealed(entry).await {
             Ok(segment) => return Ok(segment.records),
             Err(error) => {
                 tracing::warn!(?replica, segment = %entry.id, %error, "sealed copy unusable; trying the next replica");
                 failures.push(format!("replica {}: {error}", replica.position));
+                if let ReadSealedError::Store(store) = error
+                    && store.is_transient()
+                {
+                    unreachable.get_or_insert(store);
+                }
             }
         }
+    }
+    // A copy we could not reach may be fine: that is worth a retry, not a
+    // verdict of damage.
+    if let Some(store) = unreachable {
+        return Err(store.into());
     }
     Err(LogError::corrupt(
         format!("sealed segment {}", entry.id),

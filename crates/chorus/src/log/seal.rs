@@ -27,24 +27,31 @@ pub struct PreparedSeal {
 }
 
 impl PreparedSeal {
-    /// Encodes `records` (non-empty) as the sealed object of `segment` at `base`.
-    pub fn new(segment: SegmentId, base: RecordIndex, records: Vec<Bytes>) -> PreparedSeal {
+    /// Encodes `records` as the sealed object of `segment` at `base`; refused
+    /// (`Corrupt`) where the sealed format cannot hold them (no records, over
+    /// its size limit), which no validated configuration produces.
+    pub fn new(
+        segment: SegmentId,
+        base: RecordIndex,
+        records: Vec<Bytes>,
+    ) -> Result<PreparedSeal, LogError> {
         let bytes = SealedSegment {
             id: segment,
             base,
             records,
         }
-        .encode();
+        .encode()
+        .map_err(|error| LogError::corrupt(format!("cannot seal segment={segment}"), error))?;
         let entry = DirectoryEntry {
             id: segment,
             base,
             crc32c: object_crc32c(&bytes),
         };
         let digest = Sha256::digest(&bytes).into();
-        PreparedSeal {
+        Ok(PreparedSeal {
             bytes,
             sealed: SealedEntry { entry, digest },
-        }
+        })
     }
 }
 

@@ -1,6 +1,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::codec::MAX_RECORD_BYTES;
 use crate::codec::testing::{
     every_bit_flip_rejected, every_truncation_rejected, patch_header, records_strategy,
     replace_payload, trailing_bytes_rejected,
@@ -21,12 +22,12 @@ fn segment(records: &[&[u8]]) -> SealedSegment {
 }
 
 fn patched(segment: &SealedSegment, offset: usize, value: &[u8]) -> Bytes {
-    patch_header(&segment.encode(), HEADER, offset, value)
+    patch_header(&segment.encode().unwrap(), HEADER, offset, value)
 }
 
 #[test]
 fn layout_is_pinned() {
-    let encoded = segment(&[b"", b"xyz"]).encode();
+    let encoded = segment(&[b"", b"xyz"]).encode().unwrap();
     let payload = [0, 0, 0, 0, 3, 0, 0, 0, b'x', b'y', b'z'];
     let mut expected = b"CHSG".to_vec();
     expected.extend([1, 0, 0, 0]);
@@ -46,25 +47,70 @@ fn layout_is_pinned() {
 fn round_trips_and_reports_its_end() {
     let sealed = segment(&[b"a", b"", b"bc"]);
     assert_eq!(sealed.end(), RecordIndex(1003));
-    assert_eq!(SealedSegment::decode(&sealed.encode()), Ok(sealed));
+    assert_eq!(SealedSegment::decode(&sealed.encode().unwrap()), Ok(sealed));
 }
 
 #[test]
 fn equal_content_gives_equal_bytes_and_key() {
     let (a, b) = (
-        segment(&[b"a", b"b"]).encode(),
-        segment(&[b"a", b"b"]).encode(),
+        segment(&[b"a", b"b"]).encode().unwrap(),
+        segment(&[b"a", b"b"]).encode().unwrap(),
     );
     assert_eq!(a, b);
     let key = sealed_key_name(id(), object_crc32c(&a));
     assert_eq!(key, sealed_key_name(id(), object_crc32c(&b)));
-    assert_ne!(a, segment(&[b"a", b"c"]).encode());
+    assert_ne!(a, segment(&[b"a", b"c"]).encode().unwrap());
 }
 
 #[test]
-#[should_panic(expected = "sealed segment without records")]
-fn encoding_an_empty_segment_panics() {
-    segment(&[]).encode();
+fn encoding_an_empty_segment_is_refused() {
+    let error = segment(&[]).encode().unwrap_err();
+    assert!(
+        matches!(
+            error,
+            CodecError::Inconsistent {
+                format: Format::Sealed,
+                ..
+            }
+        ),
+        "{error}"
+    );
+}
+
+/// A segment past the sealed limit is refused, not panicked on: recovery
+/// seals what it read from the replicas.
+#[test]
+fn encoding_a_segment_above_the_sealed_limit_is_refused() {
+    // 65 references to one 64 MiB buffer: over 4 GiB of frames, 64 MiB of memory.
+    let record = Bytes::from(vec![0u8; MAX_RECORD_BYTES as usize]);
+    let sealed = SealedSegment {
+        id: id(),
+        base: RecordIndex(0),
+        records: vec![record; 65],
+    };
+    let error = sealed.encode().unwrap_err();
+    assert!(
+        matches!(
+            error,
+            CodecError::PayloadTooLarge {
+                format: Format::Sealed,
+                max: MAX_SEALED_PAYLOAD_BYTES,
+                ..
+            }
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn encoding_a_segment_whose_indices_overflow_is_refused() {
+    let sealed = SealedSegment {
+        id: id(),
+        base: RecordIndex(u64::MAX),
+        records: vec![Bytes::from_static(b"a")],
+    };
+    let error = sealed.encode().unwrap_err();
+    assert!(error.to_string().contains("overflow"), "{error}");
 }
 
 #[test]
@@ -94,7 +140,7 @@ fn key_name_parser_refuses_other_spellings() {
 #[test]
 fn decode_verified_accepts_the_named_content() {
     let sealed = segment(&[b"a"]);
-    let encoded = sealed.encode();
+    let encoded = sealed.encode().unwrap();
     let crc = object_crc32c(&encoded);
     let decoded = SealedSegment::decode_verified(&encoded, id(), RecordIndex(1000), crc);
     assert_eq!(decoded, Ok(sealed));
@@ -102,7 +148,7 @@ fn decode_verified_accepts_the_named_content() {
 
 #[test]
 fn decode_verified_rejects_other_content() {
-    let encoded = segment(&[b"a"]).encode();
+    let encoded = segment(&[b"a"]).encode().unwrap();
     let crc = object_crc32c(&encoded);
     let base = RecordIndex(1000);
     let other = SegmentId::new(Epoch(5), 10);
@@ -131,7 +177,7 @@ fn decode_verified_rejects_other_content() {
 
 #[test]
 fn rejects_shorter_than_header() {
-    let encoded = segment(&[b"a"]).encode();
+    let encoded = segment(&[b"a"]).encode().unwrap();
     assert_eq!(
         SealedSegment::decode(&encoded.slice(..10)),
         Err(CodecError::Truncated {
@@ -168,7 +214,7 @@ fn rejects_unsupported_version() {
 
 #[test]
 fn rejects_header_checksum_mismatch() {
-    let mut corrupt = segment(&[b"a"]).encode().to_vec();
+    let mut corrupt = segment(&[b"a"]).encode().unwrap().to_vec();
     corrupt[30] ^= 4;
     let err = SealedSegment::decode(&Bytes::from(corrupt)).unwrap_err();
     assert!(matches!(
@@ -240,7 +286,7 @@ fn rejects_record_indices_that_overflow() {
 
 #[test]
 fn rejects_truncated_payload_and_trailing_bytes() {
-    let encoded = segment(&[b"abc"]).encode();
+    let encoded = segment(&[b"abc"]).encode().unwrap();
     let len = encoded.len() as u64;
     assert_eq!(
         SealedSegment::decode(&encoded.slice(..encoded.len() - 2)),
@@ -263,7 +309,7 @@ fn rejects_truncated_payload_and_trailing_bytes() {
 
 #[test]
 fn rejects_payload_checksum_mismatch() {
-    let mut corrupt = segment(&[b"abc"]).encode().to_vec();
+    let mut corrupt = segment(&[b"abc"]).encode().unwrap().to_vec();
     corrupt[HEADER] ^= 2;
     let err = SealedSegment::decode(&Bytes::from(corrupt)).unwrap_err();
     assert!(matches!(
@@ -280,7 +326,7 @@ fn rejects_frames_that_disagree_with_the_header() {
     let original = segment(&[b"ab"]);
     // Checksums valid, but the single frame claims more bytes than remain.
     let payload = [9, 0, 0, 0, b'a', b'b'];
-    let encoded = replace_payload(&original.encode(), HEADER, (40, 8), &payload);
+    let encoded = replace_payload(&original.encode().unwrap(), HEADER, (40, 8), &payload);
     assert_eq!(
         SealedSegment::decode(&encoded),
         Err(CodecError::Truncated {
@@ -310,7 +356,7 @@ proptest! {
 
     #[test]
     fn prop_round_trips(sealed in segment_strategy()) {
-        let encoded = sealed.encode();
+        let encoded = sealed.encode().unwrap();
         let crc = object_crc32c(&encoded);
         prop_assert_eq!(&SealedSegment::decode(&encoded)?, &sealed);
         let verified = SealedSegment::decode_verified(&encoded, sealed.id, sealed.base, crc)?;
@@ -325,12 +371,12 @@ proptest! {
 
     #[test]
     fn prop_any_bit_flip_is_rejected(sealed in segment_strategy()) {
-        every_bit_flip_rejected(&sealed.encode(), SealedSegment::decode)?;
+        every_bit_flip_rejected(&sealed.encode().unwrap(), SealedSegment::decode)?;
     }
 
     #[test]
     fn prop_any_truncation_is_rejected(sealed in segment_strategy()) {
-        every_truncation_rejected(&sealed.encode(), SealedSegment::decode)?;
+        every_truncation_rejected(&sealed.encode().unwrap(), SealedSegment::decode)?;
     }
 
     #[test]
@@ -338,6 +384,6 @@ proptest! {
         sealed in segment_strategy(),
         extra in prop::collection::vec(any::<u8>(), 1..8),
     ) {
-        trailing_bytes_rejected(&sealed.encode(), &extra, SealedSegment::decode)?;
+        trailing_bytes_rejected(&sealed.encode().unwrap(), &extra, SealedSegment::decode)?;
     }
 }

@@ -18,7 +18,8 @@ pub enum ObjectClass {
     Tombstone,
     /// A fence: kept forever, since a superseded writer may still be running.
     Fence,
-    /// Belongs to no live or sealed segment and was named by an older epoch.
+    /// Belongs to no live or sealed segment and can never become named: a
+    /// losing recovery's seal, a late copy, data of a folded segment.
     Orphan,
     /// Not a log object (a key Chorus does not write); never touched.
     Foreign,
@@ -72,10 +73,22 @@ fn classify_sealed(manifest: &Manifest, name: &str) -> ObjectClass {
         Some(position) if manifest.is_tombstone(position) => ObjectClass::Tombstone,
         Some(_) => ObjectClass::Sealed,
         // A seal of the tail or pending segment may be in flight (rotation or
-        // recovery); the current epoch's objects are never swept.
-        None if is_active(manifest, id) => ObjectClass::Active,
+        // recovery), and so may one of a later segment of the current epoch
+        // or of a newer epoch (the register moved on since it was read).
+        None if may_be_sealing(manifest, id) => ObjectClass::Active,
+        // Anything else unnamed can never become named: the directory only
+        // gains the tail and pending segments. Such a copy is left by a
+        // losing recovery, a late seal write, or a repair that raced a
+        // truncation.
         None => ObjectClass::Orphan,
     }
+}
+
+/// Whether a seal of `id` may be in flight: ids only grow from the
+/// directory through the tail to the pending segment, and only the tail
+/// and pending segments (or segments after them) are sealed.
+fn may_be_sealing(manifest: &Manifest, id: SegmentId) -> bool {
+    id >= manifest.tail || id.epoch > manifest.epoch
 }
 
 fn is_active(manifest: &Manifest, id: SegmentId) -> bool {
@@ -157,6 +170,35 @@ mod tests {
             classify(&m, &sealed_key(SegmentId::new(Epoch(4), 0), 8), 0),
             ObjectClass::Active,
             "tail seal in flight"
+        );
+        assert_eq!(
+            classify(&m, &sealed_key(SegmentId::new(Epoch(4), 1), 8), 0),
+            ObjectClass::Active,
+            "pending seal in flight"
+        );
+        assert_eq!(
+            classify(&m, &sealed_key(SegmentId::new(Epoch(5), 3), 8), 0),
+            ObjectClass::Active,
+            "a later segment of the current epoch"
+        );
+        assert_eq!(
+            classify(&m, &sealed_key(SegmentId::new(Epoch(6), 0), 8), 0),
+            ObjectClass::Active,
+            "a newer epoch"
+        );
+        assert_eq!(
+            classify(&m, &sealed_key(SegmentId::new(Epoch(1), 0), 7), 0),
+            ObjectClass::Orphan,
+            "a segment that left the directory"
+        );
+        let mut later = m.clone();
+        later.tail = SegmentId::new(Epoch(5), 2);
+        later.pending = Some(SegmentId::new(Epoch(5), 3));
+        crate::register::validate(&later).unwrap();
+        assert_eq!(
+            classify(&later, &sealed_key(SegmentId::new(Epoch(5), 1), 8), 0),
+            ObjectClass::Orphan,
+            "a current-epoch segment before the tail that left the directory"
         );
         for foreign in [
             "segments/x/1",

@@ -61,6 +61,17 @@ impl Maintenance {
             Ok(SealedCopy::Healthy(bytes)) => Some(bytes.clone()),
             _ => None,
         });
+        let needs_writes = copies
+            .iter()
+            .any(|copy| !matches!(copy, Ok(SealedCopy::Healthy(_))));
+        // A truncation may have raised the floor past this entry since the
+        // pass read the register; healing it then would re-create a copy
+        // the truncation deletes.
+        if needs_writes && !self.still_retained(entry).await {
+            progress.advance(copies.len() as u64);
+            return;
+        }
+        let mut restored = Vec::new();
         for (replica, copy) in self.replicas.iter().zip(copies) {
             progress.advance(1);
             report.checked += 1;
@@ -70,7 +81,7 @@ impl Maintenance {
                 (Ok(_), None) => Err(format!("no replica has a healthy copy of {}", entry.id)),
                 (Ok(SealedCopy::Missing), Some(bytes)) => restore(replica, entry, bytes.clone())
                     .await
-                    .map(|()| report.restored += 1),
+                    .map(|()| restored.push(replica)),
                 (Ok(SealedCopy::Corrupt { version, detail }), Some(bytes)) => {
                     tracing::warn!(?replica, segment = %entry.id, %detail, "replacing damaged sealed copy");
                     replace(replica, entry, &version, bytes.clone())
@@ -88,6 +99,31 @@ impl Maintenance {
                     replica.position, entry.id
                 ));
             }
+        }
+        // A truncation that raised the floor after the check above deletes
+        // what it finds, but may have passed a replica before our copy
+        // landed: take back what nobody will name or delete again.
+        if !restored.is_empty() && !self.still_retained(entry).await {
+            for replica in restored {
+                let key = sealed_key(entry.id, entry.crc32c);
+                if let Err(error) = replica.store.delete(&key).await {
+                    failed("repair", &format!("{replica:?}: {key}: {error}"));
+                }
+            }
+            return;
+        }
+        report.restored += restored.len();
+    }
+
+    /// Whether `entry` is still in the directory above the floor. An
+    /// unreadable register counts as retained: the write is the safe side,
+    /// since a copy of a retained entry is never wrong.
+    async fn still_retained(&self, entry: &DirectoryEntry) -> bool {
+        match self.manifest().await {
+            Ok(manifest) => retained_entries(&manifest)
+                .iter()
+                .any(|(retained, _)| retained == entry),
+            Err(_) => true,
         }
     }
 }

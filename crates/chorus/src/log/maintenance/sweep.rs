@@ -1,5 +1,5 @@
 //! The orphan sweep: deletes objects under the log prefixes that belong to no
-//! live or sealed segment and were named by an epoch below the current one.
+//! live or sealed segment and can never become named (see `classify`).
 //! Never anything the register names, never a fence, never a foreign key.
 
 use super::classify::{ObjectClass, classify};

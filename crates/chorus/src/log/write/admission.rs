@@ -8,6 +8,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 use super::Receipt;
+use crate::codec::FRAME_HEADER_BYTES;
 use crate::ids::RecordIndex;
 use crate::log::config::LogConfig;
 use crate::log::error::{LogError, StopReason};
@@ -113,6 +114,24 @@ pub struct Admission {
 }
 
 impl Admission {
+    /// The admission state of a writer starting at `manifest`'s tail.
+    pub fn new(
+        manifest: &Manifest,
+        max_directory_bytes: usize,
+        sender: mpsc::UnboundedSender<Admitted>,
+    ) -> Admission {
+        Admission {
+            next_index: manifest.tail_base,
+            durable_end: manifest.tail_base,
+            inflight_bytes: 0,
+            inflight_records: 0,
+            active_bytes: 0,
+            stopped: None,
+            directory: DirectoryRoom::of(manifest, max_directory_bytes),
+            sender,
+        }
+    }
+
     /// Admits `payload` or refuses it, without waiting.
     pub fn admit(
         &mut self,
@@ -145,7 +164,7 @@ impl Admission {
         self.next_index = RecordIndex(index.0 + 1);
         self.inflight_bytes += bytes as u64;
         self.inflight_records += 1;
-        self.active_bytes += bytes as u64;
+        self.active_bytes += framed_bytes(bytes as u64);
         metrics::append_admitted(bytes);
         Ok((index, receiver))
     }
@@ -181,7 +200,8 @@ impl Admission {
         // simulator, seed 1013). So the active segment holds at most
         // max(max_active_segment_bytes, max_segment_bytes + max_record_bytes).
         let below_threshold = self.active_bytes < config.max_segment_bytes;
-        if !below_threshold && self.active_bytes + bytes > config.max_active_segment_bytes {
+        let over_active = self.active_bytes + framed_bytes(bytes) > config.max_active_segment_bytes;
+        if !below_threshold && over_active {
             return Err(LogError::ActiveSegmentFull {
                 bytes: self.active_bytes,
                 max: config.max_active_segment_bytes,
@@ -203,6 +223,14 @@ impl Admission {
         self.inflight_records -= records;
         self.inflight_bytes -= bytes;
     }
+}
+
+/// What a record of `payload_bytes` adds to its segment: the payload and its
+/// length prefix. Segments are measured in frames, so a stream of empty
+/// records still fills (and rotates) its segment, and the sealed object's
+/// size is bounded by the segment limits.
+pub fn framed_bytes(payload_bytes: u64) -> u64 {
+    FRAME_HEADER_BYTES as u64 + payload_bytes
 }
 
 fn refusal_label(error: &LogError) -> &'static str {

@@ -16,8 +16,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
+use admission::Admission;
 pub use admission::MAX_DIRECTORY_ENTRY_BYTES;
-use admission::{Admission, DirectoryRoom};
 use pipeline::{Pipeline, Start};
 
 use super::config::LogConfig;
@@ -113,20 +113,15 @@ pub struct Writer {
 }
 
 impl Writer {
-    pub(super) fn spawn(recovery: &Recovery) -> Writer {
+    pub(super) fn spawn(recovery: Recovery) -> Writer {
         let (sender, admitted) = mpsc::unbounded_channel();
         let (commands, command_receiver) = mpsc::unbounded_channel();
         let manifest = recovery.manifest.clone();
-        let admission = Admission {
-            next_index: manifest.tail_base,
-            durable_end: manifest.tail_base,
-            inflight_bytes: 0,
-            inflight_records: 0,
-            active_bytes: 0,
-            stopped: None,
-            directory: DirectoryRoom::of(&manifest, recovery.stores.register.max_directory_bytes()),
+        let admission = Admission::new(
+            &manifest,
+            recovery.stores.register.max_directory_bytes(),
             sender,
-        };
+        );
         let shared = Arc::new(Shared {
             admission: Mutex::new(admission),
             repair_wanted: tokio::sync::Notify::new(),

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::admission::Admitted;
+use super::admission::{Admitted, framed_bytes};
 use super::lane::Lane;
 use super::rotation::{Rotated, seal_and_fold};
 use super::{Command, Receipt, Shared};
@@ -51,7 +51,7 @@ struct ActiveSegment {
     cut: u64,
     /// Index of the next record to cut.
     next_record: RecordIndex,
-    /// Payload bytes cut so far.
+    /// Framed record bytes cut so far (see `framed_bytes`).
     bytes: u64,
     /// Committed records, kept for the seal.
     committed: Vec<Bytes>,
@@ -150,11 +150,18 @@ impl Pipeline {
         commands: mpsc::UnboundedReceiver<Command>,
     ) {
         let (events, event_receiver) = mpsc::unbounded_channel();
+        let mut pipeline = Pipeline::new(start, events);
+        pipeline
+            .event_loop(admitted, commands, event_receiver)
+            .await;
+    }
+
+    fn new(start: Start, events: mpsc::UnboundedSender<LaneEvent>) -> Pipeline {
         let manifest = &start.manifest;
         let now = Instant::now();
         let pending = manifest.pending;
         let next_counter = pending.map_or(manifest.tail.counter, |p| p.counter) + 1;
-        let mut pipeline = Pipeline {
+        Pipeline {
             quorum: manifest.quorum(),
             window: u64::from(manifest.window),
             segment: ActiveSegment::new(manifest.tail, manifest.tail_base),
@@ -181,10 +188,7 @@ impl Pipeline {
             ownership: start.ownership,
             register: start.register,
             replicas: start.replicas,
-        };
-        pipeline
-            .event_loop(admitted, commands, event_receiver)
-            .await;
+        }
     }
 
     async fn event_loop(
@@ -269,7 +273,10 @@ impl Pipeline {
         let Some((deadline, _)) = &self.draining else {
             return;
         };
-        let idle = self.queue.is_empty() && self.waiting.is_empty();
+        // Idle by the in-flight count, not by the queue: a record admitted
+        // before the drain began may still sit in the admission channel, and
+        // reporting success then would drop it.
+        let idle = self.shared.admission().inflight_records == 0;
         if idle {
             let (_, reply) = self.draining.take().expect("draining");
             self.stop(StopReason::Shutdown);
@@ -353,7 +360,7 @@ impl Pipeline {
         let mut payload_bytes = 0u64;
         let mut framed = 0u64;
         while let Some(front) = self.queue.front() {
-            let size = front.payload.len() as u64 + crate::codec::FRAME_HEADER_BYTES as u64;
+            let size = framed_bytes(front.payload.len() as u64);
             if !records.is_empty() && framed + size > self.config.max_fragment_bytes {
                 break;
             }
@@ -378,7 +385,7 @@ impl Pipeline {
         .encode();
         self.segment.cut += 1;
         self.segment.next_record = RecordIndex(first.0 + records.len() as u64);
-        self.segment.bytes += payload_bytes;
+        self.segment.bytes += framed;
         let now = Instant::now();
         let length = encoded.len() as u64;
         self.slots.insert(
@@ -686,5 +693,70 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::ids::{Epoch, OwnerId};
+    use crate::log::write::admission::Admission;
+    use crate::register::MemoryRegister;
+
+    /// A pipeline with no replicas (nothing here reaches a store), and the
+    /// receiving end of its admission channel.
+    fn pipeline(config: &LogConfig) -> (Pipeline, mpsc::UnboundedReceiver<Admitted>) {
+        let replicas = (0..3).map(|i| format!("memory://zone-{i}")).collect();
+        let manifest = Manifest::initial(replicas, 4);
+        let (sender, admitted) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            admission: Mutex::new(Admission::new(&manifest, 1 << 20, sender)),
+            repair_wanted: tokio::sync::Notify::new(),
+        });
+        let start = Start {
+            shared,
+            config: config.clone(),
+            ownership: Ownership {
+                epoch: Epoch(1),
+                owner: OwnerId::random(),
+            },
+            register: Arc::new(MemoryRegister::new()),
+            replicas: Vec::new(),
+            manifest,
+        };
+        let (events, _) = mpsc::unbounded_channel();
+        (Pipeline::new(start, events), admitted)
+    }
+
+    #[tokio::test]
+    async fn a_drain_is_not_done_while_an_admitted_record_is_still_in_the_channel() {
+        let config = LogConfig::default();
+        let (mut pipeline, mut admitted) = pipeline(&config);
+        let (_, _completion) = pipeline
+            .shared
+            .admission()
+            .admit(Bytes::from_static(b"admitted"), &config)
+            .unwrap();
+        let (reply, mut outcome) = oneshot::channel();
+        pipeline.begin_drain(Instant::now() + Duration::from_secs(60), Some(reply));
+
+        // The record is still in the admission channel: not idle.
+        pipeline.finish_drain_if_done();
+        assert!(pipeline.stopped.is_none(), "the drain ended early");
+        assert!(outcome.try_recv().is_err(), "the drain was answered early");
+
+        // Queued, it is still in flight.
+        pipeline.enqueue(admitted.try_recv().unwrap());
+        pipeline.finish_drain_if_done();
+        assert!(pipeline.stopped.is_none(), "the drain ended early");
+
+        // Durable (released by the commit), the drain ends with success.
+        pipeline.queue.clear();
+        pipeline.shared.admission().release(1, 8);
+        pipeline.finish_drain_if_done();
+        assert_eq!(pipeline.stopped, Some(StopReason::Shutdown));
+        assert!(matches!(outcome.try_recv(), Ok(Ok(()))));
     }
 }

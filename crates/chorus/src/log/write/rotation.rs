@@ -41,7 +41,13 @@ pub async fn seal_and_fold(
     done: oneshot::Sender<Result<Rotated, LogError>>,
 ) {
     let started = tokio::time::Instant::now();
-    let seal = offload(move || PreparedSeal::new(segment, base, records)).await;
+    let seal = match offload(move || PreparedSeal::new(segment, base, records)).await {
+        Ok(seal) => seal,
+        Err(error) => {
+            let _ = done.send(Err(error));
+            return;
+        }
+    };
     let prepared = started.elapsed();
     let backoff = (config.retry_backoff_min, config.retry_backoff_max);
     let mut attempt = 0;
