@@ -1,4 +1,5 @@
-//! The lease and snapshot-publication phase of a run (DESIGN 8–9).
+//! The lease and snapshot-publication phase of a run
+//! (docs/design/0002-lease-and-snapshots.md).
 //!
 //! A few processes, each with its own skewed wall clock and its own fault
 //! controller, contend for one writer lease and publish snapshots through

@@ -1,8 +1,8 @@
-//! Log maintenance (DESIGN 7): truncation (floor first, deletions after,
-//! tombstones until every replica let go), repair, the orphan sweep, verify,
-//! and the maintenance a live writer runs in the background. Memory stores with
-//! fault injection; every scenario ends by reading back every acknowledged
-//! record at or above the floor.
+//! Log maintenance (docs/protocol.md, Maintenance): truncation (floor first,
+//! deletions after, tombstones until every replica let go), repair, the orphan
+//! sweep, verify, and the maintenance a live writer runs in the background.
+//! Memory stores with fault injection; every scenario ends by reading back
+//! every acknowledged record at or above the floor.
 
 #[path = "support/log.rs"]
 mod log_support;

@@ -1,7 +1,7 @@
-//! Recovery scenarios (DESIGN 5) and what readers may see (DESIGN 6), over
-//! in-memory replicas with fault injection. After every scenario, every
-//! acknowledged record must read back with identical bytes and dense indices,
-//! through a reader and through a fresh recovery's replay.
+//! Recovery scenarios and what readers may see (docs/protocol.md, Recovering
+//! and Readers), over in-memory replicas with fault injection. After every
+//! scenario, every acknowledged record must read back with identical bytes and
+//! dense indices, through a reader and through a fresh recovery's replay.
 
 #[path = "support/log.rs"]
 mod log_support;

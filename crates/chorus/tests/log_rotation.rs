@@ -1,8 +1,8 @@
-//! Rotation, sealing and folding under faults (DESIGN 4): crashes between the
-//! switch to the pending segment and the fold, crashes mid-seal, lost fold
-//! responses, and the two rotation backpressure errors. Memory stores with
-//! fault injection; every scenario ends by reading back every acknowledged
-//! record.
+//! Rotation, sealing and folding under faults (docs/protocol.md, Writing):
+//! crashes between the switch to the pending segment and the fold, crashes
+//! mid-seal, lost fold responses, and the two rotation backpressure errors.
+//! Memory stores with fault injection; every scenario ends by reading back
+//! every acknowledged record.
 
 #[path = "support/log.rs"]
 mod log_support;

@@ -612,8 +612,9 @@ fn a_stalled_replica_is_shed_and_acks_keep_flowing() {
     });
 }
 
-/// Defends the write path's and recovery's metrics (DESIGN 12): what a
-/// scenario did shows in the counters, with their replica and outcome labels.
+/// Defends the write path's and recovery's metrics (docs/operations.md,
+/// Metrics): what a scenario did shows in the counters, with their replica and
+/// outcome labels.
 #[test]
 fn the_write_path_and_recovery_report_their_metrics() {
     const RECORDS: usize = 100;

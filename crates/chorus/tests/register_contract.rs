@@ -1,7 +1,8 @@
-//! The manifest register contract (DESIGN 3.4), one suite run against every
-//! backend: `memory::*`, `sqlite::*`, `postgres::*`, `object_local::*` (an
-//! object register in a local directory store) and `object_s3::*` (an object
-//! register in an S3-compatible server from the test services).
+//! The manifest register contract (docs/overview.md, The manifest register),
+//! one suite run against every backend: `memory::*`, `sqlite::*`,
+//! `postgres::*`, `object_local::*` (an object register in a local directory
+//! store) and `object_s3::*` (an object register in an S3-compatible server
+//! from the test services).
 //!
 //! Every case gets a fresh register (unique names and prefixes), so the suite
 //! can run again and again against the same services.

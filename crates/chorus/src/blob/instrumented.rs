@@ -1,6 +1,6 @@
 //! A wrapper that gives every store call a `tracing` span (store, operation,
-//! key) and records request counts and latencies (DESIGN 12). `open_store`
-//! applies it to every store it opens.
+//! key) and records request counts and latencies. `open_store` applies it to
+//! every store it opens.
 
 use async_trait::async_trait;
 use tracing::Instrument;

@@ -2,7 +2,7 @@
 //!
 //! Every replica, lease and snapshot lives in a [`BlobStore`]: a flat namespace of
 //! immutable-or-CAS-updated objects with exactly the operations the protocol needs
-//! (DESIGN 3.1). Backends:
+//! (docs/overview.md, Stores). Backends:
 //!
 //! - [`ObjectStoreBlobs`]: any store the `object_store` crate speaks (`s3://`,
 //!   `gs://`, `az://`, `memory://`), with create-if-absent and CAS by ETag/generation.
@@ -147,7 +147,7 @@ pub struct ObjectMeta {
     pub version: Version,
 }
 
-/// The storage operations Chorus needs from an object store (DESIGN 3.1).
+/// The storage operations Chorus needs from an object store.
 ///
 /// Keys are `/`-separated paths relative to the store's root; see
 /// [`validate_key`]. Every method is atomic with respect to every other call,

@@ -1,4 +1,4 @@
-//! The capability probe run once when a store is opened (DESIGN 3.1).
+//! The capability probe run once when a store is opened.
 //!
 //! Some "S3-compatible" servers accept `If-None-Match` / `If-Match` and then
 //! ignore them. The protocol is unsafe on such a store, so we refuse it up front.

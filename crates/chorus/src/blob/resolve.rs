@@ -1,4 +1,4 @@
-//! Settling the unknown outcome of a conditional write by reading back (DESIGN 3.1).
+//! Settling the unknown outcome of a conditional write by reading back.
 //!
 //! A conditional write that failed transiently may have applied; one that failed
 //! its precondition after the client retried internally may have been beaten by

@@ -1,6 +1,6 @@
-//! Byte formats of stored objects (DESIGN 3.3): record frames, fragment objects
-//! and sealed segment objects; and the checksum of the JSON documents
-//! (`document`). All integers are little-endian; checksums are
+//! Byte formats of stored objects (docs/overview.md, Encodings): record frames,
+//! fragment objects and sealed segment objects; and the checksum of the JSON
+//! documents (`document`). All integers are little-endian; checksums are
 //! CRC32C.
 //!
 //! Stored objects outlive the code that wrote them, so these formats are fixed:

@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::{DatabaseKey, DocumentError, Generation, HolderId, Term};
 use crate::blob::BlobError;
 
-/// Why a lease operation failed (DESIGN 8).
+/// Why a lease operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
     /// Another holder's lease is live; wait for it to expire or be released.
@@ -87,7 +87,7 @@ impl LeaseError {
     }
 }
 
-/// Counts the outcome of one lease `operation` (DESIGN 12).
+/// Counts the outcome of one lease `operation`.
 pub(crate) fn record<T>(operation: &'static str, result: &Result<T, LeaseError>) {
     let outcome = result.as_ref().map_or_else(LeaseError::label, |_| "ok");
     metrics::counter!(

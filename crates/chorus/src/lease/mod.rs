@@ -1,5 +1,5 @@
-//! The writer lease (DESIGN 8): a time-bounded claim on a database, kept as the
-//! document `<db>/lease.json` in any CAS-capable [`BlobStore`](crate::blob::BlobStore).
+//! The writer lease: a time-bounded claim on a database, kept as the document
+//! `<db>/lease.json` in any CAS-capable [`BlobStore`](crate::blob::BlobStore).
 //!
 //! - [`LeaseStore::acquire`] creates the document if absent, or CASes over a
 //!   released, expired or own lease with generation + 1. A live foreign lease is

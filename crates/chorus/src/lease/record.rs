@@ -1,4 +1,4 @@
-//! The lease document, `<db>/lease.json` (DESIGN 8).
+//! The lease document, `<db>/lease.json` (docs/design/0002, Objects).
 
 use std::time::Duration;
 

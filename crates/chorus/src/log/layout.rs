@@ -1,4 +1,4 @@
-//! Where the log's objects live in each replica (DESIGN 3.2).
+//! Where the log's objects live in each replica (docs/overview.md, Object layout).
 //!
 //! ```text
 //! segments/<segment-id>/<fragment-index, 20 digits>   active data and fences

@@ -1,5 +1,6 @@
-//! The log's metrics, through the `metrics` facade (DESIGN 12). Names carry the
-//! `chorus_` prefix; replica labels are positions in the replica list.
+//! The log's metrics, through the `metrics` facade (listed in
+//! docs/operations.md, Metrics). Names carry the `chorus_` prefix; replica
+//! labels are positions in the replica list.
 
 use std::time::Duration;
 

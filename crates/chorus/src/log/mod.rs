@@ -1,4 +1,4 @@
-//! The replicated log: write path, recovery, replay and readers (DESIGN 4–6).
+//! The replicated log: write path, recovery, replay and readers (docs/protocol.md).
 //!
 //! ```no_run
 //! # async fn example(stores: chorus::log::LogStores) -> Result<(), chorus::log::LogError> {

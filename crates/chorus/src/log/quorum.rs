@@ -1,5 +1,5 @@
-//! Quorum arithmetic and the committed-prefix choice of recovery (DESIGN 5.3),
-//! as pure functions.
+//! Quorum arithmetic and the committed-prefix choice of recovery
+//! (docs/protocol.md, Recovering, step 3), as pure functions.
 
 /// Q = N/2 + 1: the copies an acknowledged fragment has.
 pub fn quorum(replicas: usize) -> usize {

@@ -1,5 +1,5 @@
-//! Readers (DESIGN 6): read committed records from any index without claiming,
-//! fencing or writing anything.
+//! Readers (docs/protocol.md, Readers): read committed records from any index
+//! without claiming, fencing or writing anything.
 //!
 //! A reader serves sealed segments from the directory, then the active
 //! segment's *committed* fragments: present and identical on a quorum of

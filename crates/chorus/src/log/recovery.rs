@@ -1,4 +1,4 @@
-//! Recovery: opening a writer (DESIGN 5).
+//! Recovery: opening a writer (docs/protocol.md, Recovering).
 //!
 //! 1. Claim epoch + 1 with a fresh owner id (CAS), after checking the replica binding.
 //! 2. Fence the tail and pending segments on every reachable replica, then read
@@ -265,7 +265,7 @@ async fn observe_all(
     Ok(observed)
 }
 
-/// Fences `segment` on `replica` (DESIGN 5.2) and reads what it holds.
+/// Fences `segment` on `replica` and reads what it holds.
 ///
 /// At the first missing index p a fence goes in (an object found there is taken
 /// as existing, and the scan moves on); once a fence is placed at p, every

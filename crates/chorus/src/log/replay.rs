@@ -1,5 +1,6 @@
-//! The replay stream of a recovery (DESIGN 5.6): every record from a
-//! checkpoint to the recovered end, read from sealed segments.
+//! The replay stream of a recovery (docs/protocol.md, Recovering, step 6):
+//! every record from a checkpoint to the recovered end, read from sealed
+//! segments.
 
 use std::collections::VecDeque;
 use std::sync::Arc;

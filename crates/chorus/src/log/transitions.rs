@@ -1,7 +1,8 @@
 //! The register transitions of the log, as pure functions from the current
-//! record to a [`Step`] (DESIGN 3.4). Each first asks "is this already
-//! applied?", so the CAS loop can re-run it after a lost response. Writer-owned
-//! transitions refuse with [`Fenced`] once a newer epoch exists.
+//! record to a [`Step`] (docs/overview.md, The manifest register). Each first
+//! asks "is this already applied?", so the CAS loop can re-run it after a lost
+//! response. Writer-owned transitions refuse with [`Fenced`] once a newer epoch
+//! exists.
 
 use crate::ids::{Epoch, OwnerId, RecordIndex, SegmentId};
 use crate::register::{DirectoryEntry, Manifest, Seal, Step};

@@ -2,7 +2,7 @@
 
 use crate::blob::Source;
 
-/// A register store call failed (DESIGN 3.4).
+/// A register store call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RegisterError {
     /// The document is no longer at the version the update named.

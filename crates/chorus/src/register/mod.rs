@@ -1,9 +1,10 @@
 //! The manifest register: one small versioned document that every control
-//! decision of the log goes through by compare-and-swap (DESIGN 3.4).
+//! decision of the log goes through by compare-and-swap (docs/overview.md, The
+//! manifest register).
 //!
-//! - [`ManifestStore`] is the pluggable store with exactly the semantics of the
-//!   design; backends: [`MemoryRegister`], [`ObjectRegister`] (a JSON object in
-//!   any CAS-capable blob store), [`SqliteRegister`] (the embedded default) and
+//! - [`ManifestStore`] is the pluggable store, one contract for every backend:
+//!   [`MemoryRegister`], [`ObjectRegister`] (a JSON object in any CAS-capable
+//!   blob store), [`SqliteRegister`] (the embedded default) and
 //!   [`PostgresRegister`].
 //! - [`Manifest`] is the decoded record, with every invariant checked on decode
 //!   and before every write ([`validate`]).
@@ -79,7 +80,7 @@ pub struct VersionedManifest {
     pub fields: Fields,
 }
 
-/// The store behind the manifest register (DESIGN 3.4).
+/// The store behind the manifest register.
 ///
 /// A call that fails with [`RegisterError::Unavailable`] may have applied:
 /// callers re-read and re-decide. Implementations never retry internally in a

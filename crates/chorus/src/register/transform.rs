@@ -127,7 +127,7 @@ pub async fn transform<E>(
     })
 }
 
-/// Metrics of one CAS (DESIGN 12): attempts, conflicts and latency.
+/// Metrics of one CAS: attempts, conflicts and latency.
 fn record_cas<T>(elapsed: Duration, outcome: &Result<T, RegisterError>) {
     metrics::counter!("chorus_manifest_cas_attempts_total").increment(1);
     if matches!(outcome, Err(RegisterError::Conflict { .. })) {

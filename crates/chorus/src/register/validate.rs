@@ -1,5 +1,6 @@
-//! The register's invariants (DESIGN 3.4), as one pure function checked on
-//! every decode and before every write.
+//! The register's invariants (listed in docs/overview.md, The manifest
+//! register), as one pure function checked on every decode and before every
+//! write.
 
 use super::manifest::directory_bytes;
 use super::{Manifest, ManifestError};

@@ -143,7 +143,7 @@ impl SnapshotError {
     }
 }
 
-/// Counts the outcome of one publication-store `operation` (DESIGN 12).
+/// Counts the outcome of one publication-store `operation`.
 pub(crate) fn record<T>(operation: &'static str, result: &Result<T, SnapshotError>) {
     let outcome = result.as_ref().map_or_else(SnapshotError::label, |_| "ok");
     metrics::counter!(

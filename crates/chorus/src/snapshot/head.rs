@@ -1,4 +1,4 @@
-//! `HEAD.json` and the names of snapshot payloads (DESIGN 9).
+//! `HEAD.json` and the names of snapshot payloads (docs/design/0002, Objects).
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,4 +1,4 @@
-//! Fenced snapshot publication (DESIGN 9).
+//! Fenced snapshot publication (docs/design/0002-lease-and-snapshots.md).
 //!
 //! Layout of one database in a store:
 //!

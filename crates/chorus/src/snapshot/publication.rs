@@ -1,4 +1,4 @@
-//! The writer's publication state machine (DESIGN 9):
+//! The writer's publication state machine:
 //! Unobserved → Observed → Claimed → Fenced (sticky).
 //!
 //! Every HEAD write is a CAS (or, on first boot, a create-if-absent) from a

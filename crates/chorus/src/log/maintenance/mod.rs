@@ -1,7 +1,8 @@
-//! Log maintenance (DESIGN 7): truncation, repair, the orphan sweep and
-//! verification. None of it runs on the append path: a live writer runs it in a
-//! background task, and the CLI runs it against a log with or without a writer.
-//! Every step is safe beside a live writer and beside other maintenance runs.
+//! Log maintenance (docs/protocol.md, Maintenance): truncation, repair, the
+//! orphan sweep and verification. None of it runs on the append path: a live
+//! writer runs it in a background task, and the CLI runs it against a log with
+//! or without a writer. Every step is safe beside a live writer and beside
+//! other maintenance runs.
 
 mod classify;
 mod progress;

@@ -1,6 +1,6 @@
-//! One lane per replica: the in-order window discipline (DESIGN 4). A lane
-//! issues fragment k on its replica only after fragment k − window succeeded
-//! there, which is what makes recovery's fence final.
+//! One lane per replica: the in-order window discipline. A lane issues fragment
+//! k on its replica only after fragment k − window succeeded there, which is
+//! what makes recovery's fence final.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

@@ -1,5 +1,5 @@
-//! The write path (DESIGN 4): immediate admission, group commit over one lane
-//! per replica, in-order completions, rotation.
+//! The write path (docs/protocol.md, Writing): immediate admission, group
+//! commit over one lane per replica, in-order completions, rotation.
 
 mod admission;
 mod background;

@@ -1,6 +1,7 @@
 //! The pipeline task: group commit, lanes, the commit tracker and rotation
-//! (DESIGN 4). One task owns all of it, so no protocol state is shared except
-//! admission; store requests run in their own tasks and report back as events.
+//! (docs/protocol.md, Writing). One task owns all of it, so no protocol state
+//! is shared except admission; store requests run in their own tasks and report
+//! back as events.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -310,7 +311,7 @@ impl Pipeline {
             .map(|oldest| oldest.admitted_at + self.config.linger)
     }
 
-    /// Cuts fragments while a quorum of lanes has window room (DESIGN 4).
+    /// Cuts fragments while a quorum of lanes has window room.
     fn cut_fragments(&mut self) {
         loop {
             if self.rotation == Rotation::Idle && self.should_rotate() {
