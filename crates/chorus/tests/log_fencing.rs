@@ -1,6 +1,7 @@
-//! Fencing: once a newer writer has recovered, an older one can never ack again
-//! (data plane) nor change the register (control plane); racing recoveries
-//! leave exactly one writer. Memory stores with fault injection.
+//! Fencing: once a newer writer has recovered, an older one never acknowledges
+//! a record the newer one does not hold (data plane) and never changes the
+//! register (control plane); racing recoveries leave exactly one writer.
+//! Memory stores with fault injection.
 
 #[path = "support/log.rs"]
 mod log_support;
@@ -12,8 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use chorus::blob::{Fault, FaultRule, KeyMatch, Op, OpSet};
 use chorus::ids::{Epoch, RecordIndex};
-use chorus::log::{ErrorKind, LogError, StopReason, Writer};
-use log_support::{Cluster, append_acked, open_log, payload, test_config, wait_until};
+use chorus::log::{ErrorKind, LogConfig, LogError, Recovery, StopReason, Writer};
+use log_support::{Cluster, append_acked, open_log, payload, replay_all, test_config, wait_until};
 
 /// Asserts `error` is the writer-stopped error of a writer fenced by `by`.
 #[track_caller]
@@ -286,4 +287,99 @@ async fn racing_recoveries_leave_exactly_one_writer() {
         log_support::assert_acked_present(&acked, &read);
     }
     cluster.verify_acked(&acked).await;
+}
+
+/// The single-writer contract, stated exactly: once a newer writer has
+/// recovered, an older writer never acknowledges a record the newer writer
+/// does not hold. It may still acknowledge one it does hold: with N=3, a
+/// recovery that observed only two replicas keeps a fragment that has one
+/// copy among them (it may be acknowledged through the unobserved one), and
+/// the old writer's create there, still in flight, can land after the
+/// recovery and complete its quorum. This reproduces that interleaving with
+/// separate store handles and checks both halves of the contract.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_writer_acks_after_a_recovery_only_what_the_new_writer_holds() {
+    let cluster = Cluster::new(3, 4).await;
+    let (old_view, old_faults) = cluster.private_view(100);
+    // Long enough that the old writer sheds neither slow lane during the test.
+    let patient = LogConfig {
+        lane_stall_timeout: Duration::from_secs(30),
+        ..test_config()
+    };
+    let (old, _) = open_log(&old_view, patient).await.unwrap();
+    let mut acked = BTreeMap::new();
+    append_acked(&old, "old", 5, &mut acked).await;
+    let tail = cluster.manifest().await.tail;
+    let before = cluster.fragments_on(0, tail).await.len();
+
+    // The old writer's next fragment: on replica 0 at once, never on
+    // replica 1 (every attempt fails before applying), and on replica 2
+    // only after a long delay.
+    let fragments = KeyMatch::Prefix("segments/".into());
+    let creates = OpSet::of(&[Op::Create]);
+    old_faults[1].add(
+        FaultRule::new(Fault::FailBefore)
+            .ops(creates)
+            .keys(fragments.clone()),
+    );
+    old_faults[2].add(
+        FaultRule::new(Fault::Delay(Duration::from_secs(2)))
+            .ops(creates)
+            .keys(fragments),
+    );
+    let late = payload("late", 0);
+    let completion = old.append(late.clone()).unwrap();
+    let index = completion.index();
+    let acked_at = tokio::spawn(async move {
+        let receipt = completion.await;
+        (receipt, tokio::time::Instant::now())
+    });
+    wait_until(
+        "replica 0 holds the late fragment",
+        Duration::from_secs(2),
+        || {
+            let cluster = &cluster;
+            async move { cluster.fragments_on(0, tail).await.len() > before }
+        },
+    )
+    .await;
+    assert_eq!(cluster.fragments_on(2, tail).await.len(), before);
+
+    // A recovery that cannot reach replica 2 observes replicas 0 and 1 and
+    // keeps the one-copy fragment: it may have been acknowledged via 2.
+    let (new_view, new_faults) = cluster.private_view(200);
+    new_faults[2].set_outage(true);
+    let recovery = Recovery::run(new_view, test_config()).await.unwrap();
+    let held = replay_all(&recovery).await.unwrap();
+    let new = recovery.start().await.unwrap();
+    let recovered_at = tokio::time::Instant::now();
+    assert!(
+        held.contains(&(index, late.clone())),
+        "the recovery kept the one-copy fragment"
+    );
+
+    // The delayed create lands after the recovery: the old writer now has
+    // the fragment on two replicas and acknowledges it, late but truthfully.
+    let (receipt, at) = acked_at.await.unwrap();
+    let receipt = receipt.expect("the old writer completes its quorum via replica 2");
+    assert_eq!(receipt.index, index);
+    assert!(
+        at > recovered_at,
+        "the acknowledgement came after the recovery"
+    );
+    acked.insert(index, late);
+
+    // Beyond what the new writer holds, the old one can acknowledge nothing.
+    let error = match old.append(payload("stale", 1)) {
+        Ok(completion) => completion
+            .await
+            .expect_err("a fenced writer acknowledged a record the new writer lacks"),
+        Err(refused) => refused,
+    };
+    assert_stopped_fenced(&error, new.epoch());
+    append_acked(&new, "new", 5, &mut acked).await;
+    new.shutdown(Duration::from_secs(5)).await.unwrap();
+    old_faults.iter().for_each(|controller| controller.clear());
+    let recovered = cluster.verify_acked(&acked).await;
+    assert_eq!(recovered.len(), acked.len());
 }

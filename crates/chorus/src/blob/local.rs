@@ -11,25 +11,35 @@
 //! Every object file starts with the magic `CHLB` and a random 128-bit version
 //! nonce; a fresh nonce is drawn on every write, so versions never recur.
 //!
-//! - **create**: write a staging file, fsync it, then `link(2)` it to the key,
-//!   which fails atomically if the key exists (in any process), then fsync the
-//!   directory. No lock needed.
+//! - **create**: make sure the key's directories exist *and* are durable
+//!   (each one's entry fsync'd in its parent, even when another process
+//!   created it and may have crashed before its fsync), write a staging file,
+//!   fsync it, then `link(2)` it to the key, which fails atomically if the key
+//!   exists (in any process), then fsync the directory. No lock needed. A
+//!   create that finds the key taken fsyncs the existing file and its
+//!   directory before it answers `AlreadyExists`: callers settle unknown
+//!   outcomes by reading the object back, and must not confirm one whose
+//!   directory fsync failed.
 //! - **update**: under the key's exclusive stripe lock (`flock`), check the
 //!   current nonce, write a staging file, fsync, `rename(2)` over the key,
 //!   fsync the directory.
 //! - **delete**: under the same stripe lock, unlink and fsync the directory, so a
 //!   delete can never interleave with an update's check-then-rename.
 //! - Readers take no lock: `rename` replaces the file atomically, and an open
-//!   descriptor keeps seeing the file it opened.
+//!   descriptor keeps seeing the file it opened. A link is visible before the
+//!   creator's directory fsync makes it durable, so `get`, `head` and `list`
+//!   fsync the directory they read before answering: whatever a reader saw
+//!   survives an OS crash too. (fsync of a clean directory is cheap.)
 //!
 //! `object_store`'s `LocalFileSystem` neither fsyncs nor offers CAS update, hence
 //! this backend.
 
+use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -50,16 +60,41 @@ pub struct LocalDirStore {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
     root: PathBuf,
     name: String,
+    /// Directories this process has made durable (their entry fsync'd in
+    /// their parent), so a create fsyncs its ancestors once, not every time.
+    durable_dirs: Mutex<HashSet<PathBuf>>,
+    /// Runs before every fsync; a test seam for injected fsync failures.
+    before_fsync: Option<FsyncHook>,
+}
+
+/// Called with the path about to be fsync'd; an error fails that fsync.
+type FsyncHook = Box<dyn Fn(&Path) -> io::Result<()> + Send + Sync>;
+
+/// Directories remembered as durable at most; past it the set starts over.
+const MAX_DURABLE_DIRS: usize = 4096;
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("root", &self.root)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
 }
 
 impl LocalDirStore {
     /// Opens (creating if needed) a store rooted at the absolute directory `root`.
     pub fn open(root: impl Into<PathBuf>) -> Result<LocalDirStore, BlobError> {
-        let root = root.into();
+        Self::open_with(root.into(), None)
+    }
+
+    fn open_with(
+        root: PathBuf,
+        before_fsync: Option<FsyncHook>,
+    ) -> Result<LocalDirStore, BlobError> {
         let name = format!("file://{}", root.display());
         if !root.is_absolute() {
             return Err(BlobError::backend(
@@ -69,14 +104,20 @@ impl LocalDirStore {
                 "local store path must be absolute",
             ));
         }
-        let setup = || -> io::Result<()> {
-            create_dirs_durably(&root)?;
-            create_dirs_durably(&root.join(TMP_DIR))?;
-            create_dirs_durably(&root.join(LOCK_DIR))
+        let inner = Inner {
+            root,
+            name,
+            durable_dirs: Mutex::default(),
+            before_fsync,
         };
-        setup().map_err(|e| BlobError::backend(&name, Op::Create, "", e))?;
+        let setup = || -> io::Result<()> {
+            inner.create_dirs_durably(&inner.root)?;
+            inner.create_dirs_durably(&inner.root.join(TMP_DIR))?;
+            inner.create_dirs_durably(&inner.root.join(LOCK_DIR))
+        };
+        setup().map_err(|e| BlobError::backend(&inner.name, Op::Create, "", e))?;
         Ok(LocalDirStore {
-            inner: Arc::new(Inner { root, name }),
+            inner: Arc::new(inner),
         })
     }
 
@@ -134,7 +175,7 @@ impl Inner {
             file.write_all(MAGIC)?;
             file.write_all(&nonce)?;
             file.write_all(bytes)?;
-            file.sync_all()
+            self.fsync(&file, &path)
         })();
         if let Err(error) = written {
             let _ = fs::remove_file(&path);
@@ -146,13 +187,30 @@ impl Inner {
     fn create(&self, key: &str, bytes: &[u8]) -> Result<Version, BlobError> {
         let target = self.path_of(key);
         let err = |e| self.io_error(Op::Create, key, e);
-        create_dirs_durably(target.parent().expect("key has a parent")).map_err(err)?;
+        let directory = target.parent().expect("key has a parent");
+        self.create_dirs_durably(directory).map_err(err)?;
         let (staged, version) = self.stage(bytes).map_err(err)?;
         // link(2) fails with EEXIST if the key exists: atomic create-if-absent.
         let linked = fs::hard_link(&staged, &target);
         let _ = fs::remove_file(&staged);
-        linked.map_err(err)?;
-        sync_parent(&target).map_err(err)?;
+        match linked {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                // Perhaps our own earlier attempt, whose directory fsync
+                // failed: make what is there durable before anyone takes it
+                // as a success.
+                let existing = File::open(&target).map_err(err)?;
+                self.fsync(&existing, &target).map_err(err)?;
+                self.sync_dir(directory).map_err(err)?;
+                return Err(err(e));
+            }
+            Err(e) => {
+                // Someone removed the directory: forget it was durable.
+                self.durable_dirs().remove(directory);
+                return Err(err(e));
+            }
+        }
+        self.sync_dir(directory).map_err(err)?;
         Ok(version)
     }
 
@@ -177,13 +235,23 @@ impl Inner {
             let _ = fs::remove_file(&staged);
             return Err(err(error));
         }
-        sync_parent(&target).map_err(err)?;
+        self.sync_parent(&target).map_err(err)?;
         Ok(version)
+    }
+
+    /// Opens the object at `key` for reading, once its directory entry is
+    /// durable (see the module docs).
+    fn open_durable(&self, op: Op, key: &str) -> Result<File, BlobError> {
+        let err = |e| self.io_error(op, key, e);
+        let path = self.path_of(key);
+        let file = File::open(&path).map_err(err)?;
+        self.sync_parent(&path).map_err(err)?;
+        Ok(file)
     }
 
     fn get(&self, key: &str) -> Result<Blob, BlobError> {
         let err = |e| self.io_error(Op::Get, key, e);
-        let mut file = File::open(self.path_of(key)).map_err(err)?;
+        let mut file = self.open_durable(Op::Get, key)?;
         let version = read_header(&mut file).map_err(|e| self.format_error(Op::Get, key, e))?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(err)?;
@@ -195,7 +263,7 @@ impl Inner {
 
     fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, BlobError> {
         let err = |e| self.io_error(Op::Get, key, e);
-        let mut file = File::open(self.path_of(key)).map_err(err)?;
+        let mut file = self.open_durable(Op::Get, key)?;
         let size = file
             .metadata()
             .map_err(err)?
@@ -217,8 +285,11 @@ impl Inner {
     }
 
     fn head(&self, key: &str) -> Result<ObjectMeta, BlobError> {
+        self.meta_of(key, self.open_durable(Op::Head, key)?)
+    }
+
+    fn meta_of(&self, key: &str, mut file: File) -> Result<ObjectMeta, BlobError> {
         let err = |e| self.io_error(Op::Head, key, e);
-        let mut file = File::open(self.path_of(key)).map_err(err)?;
         let version = read_header(&mut file).map_err(|e| self.format_error(Op::Head, key, e))?;
         let size = file.metadata().map_err(err)?.len() - HEADER_BYTES;
         Ok(ObjectMeta {
@@ -235,12 +306,15 @@ impl Inner {
         } else {
             self.path_of(prefix)
         };
-        collect_keys(&self.root, &start, &mut keys)
+        self.collect_keys(&start, &mut keys)
             .map_err(|e| BlobError::backend(&self.name, Op::List, prefix, e))?;
         keys.sort();
         let mut listed = Vec::with_capacity(keys.len());
         for key in keys {
-            match self.head(&key) {
+            // The walk fsync'd every directory it read.
+            let opened =
+                File::open(self.path_of(&key)).map_err(|e| self.io_error(Op::Head, &key, e));
+            match opened.and_then(|file| self.meta_of(&key, file)) {
                 Ok(meta) => listed.push(meta),
                 // Deleted between the directory walk and the head: not listed.
                 Err(BlobError::NotFound { .. }) => {}
@@ -255,7 +329,7 @@ impl Inner {
         let err = |e| self.io_error(Op::Delete, key, e);
         let _lock = self.lock(key).map_err(err)?;
         match fs::remove_file(&target) {
-            Ok(()) => sync_parent(&target).map_err(err),
+            Ok(()) => self.sync_parent(&target).map_err(err),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(err(e)),
         }
@@ -313,56 +387,88 @@ fn nonce_version(nonce: &[u8]) -> Version {
     }
 }
 
-/// Creates `dir` and any missing ancestors, fsyncing each new directory's parent
-/// so the new entries survive a crash.
-fn create_dirs_durably(dir: &Path) -> io::Result<()> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    if let Some(parent) = dir.parent() {
-        create_dirs_durably(parent)?;
-    }
-    match fs::create_dir(dir) {
-        Ok(()) => sync_parent(dir),
-        // Another process created it concurrently; its creator syncs it.
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-fn sync_parent(path: &Path) -> io::Result<()> {
-    let parent = path.parent().expect("path has a parent");
-    File::open(parent)?.sync_all()
-}
-
-/// Collects the keys of all object files under `dir`, skipping private entries.
-fn collect_keys(root: &Path, dir: &Path, keys: &mut Vec<String>) -> io::Result<()> {
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e)
-            if matches!(
-                e.kind(),
-                io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
-            ) =>
-        {
+impl Inner {
+    /// Creates `dir` and any missing ancestors and makes each one's entry
+    /// durable in its parent. An existing directory is fsync'd into its
+    /// parent too: another process may have created it and crashed before
+    /// its own fsync, or may not have reached it yet.
+    fn create_dirs_durably(&self, dir: &Path) -> io::Result<()> {
+        if self.durable_dirs().contains(dir) {
             return Ok(());
         }
-        Err(e) => return Err(e),
-    };
-    for entry in entries {
-        let entry = entry?;
-        if entry.file_name().to_string_lossy().starts_with('.') {
-            continue;
+        let Some(parent) = dir.parent() else {
+            return Ok(()); // the file-system root
+        };
+        self.create_dirs_durably(parent)?;
+        match fs::create_dir(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+            Err(e) => return Err(e),
         }
-        let path = entry.path();
-        if entry.file_type()?.is_dir() {
-            collect_keys(root, &path, keys)?;
-        } else {
-            let relative = path.strip_prefix(root).expect("walk stays under root");
-            keys.push(relative.to_string_lossy().replace('\\', "/"));
+        self.sync_dir(parent)?;
+        let mut durable = self.durable_dirs();
+        if durable.len() >= MAX_DURABLE_DIRS {
+            durable.clear();
         }
+        durable.insert(dir.to_owned());
+        Ok(())
     }
-    Ok(())
+
+    fn durable_dirs(&self) -> std::sync::MutexGuard<'_, HashSet<PathBuf>> {
+        self.durable_dirs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn sync_parent(&self, path: &Path) -> io::Result<()> {
+        self.sync_dir(path.parent().expect("path has a parent"))
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.fsync(&File::open(dir)?, dir)
+    }
+
+    fn fsync(&self, file: &File, path: &Path) -> io::Result<()> {
+        if let Some(hook) = &self.before_fsync {
+            hook(path)?;
+        }
+        file.sync_all()
+    }
+}
+
+impl Inner {
+    /// Collects the keys of all object files under `dir`, skipping private
+    /// entries, and fsyncs each directory read (see the module docs).
+    fn collect_keys(&self, dir: &Path, keys: &mut Vec<String>) -> io::Result<()> {
+        let entries = match fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                ) =>
+            {
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let entry = entry?;
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let path = entry.path();
+            if entry.file_type()?.is_dir() {
+                self.collect_keys(&path, keys)?;
+            } else {
+                let relative = path
+                    .strip_prefix(&self.root)
+                    .expect("walk stays under root");
+                keys.push(relative.to_string_lossy().replace('\\', "/"));
+            }
+        }
+        self.sync_dir(dir)
+    }
 }
 
 #[async_trait]
@@ -430,5 +536,150 @@ impl BlobStore for LocalDirStore {
         let key_owned = key.to_owned();
         self.blocking(Op::Delete, key, move |inner| inner.delete(&key_owned))
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// A store whose fsyncs are recorded, and fail while `failing` names
+    /// their path.
+    struct Recorded {
+        store: LocalDirStore,
+        synced: Arc<Mutex<Vec<PathBuf>>>,
+        failing: Arc<Mutex<Option<PathBuf>>>,
+        _dir: tempfile::TempDir,
+    }
+
+    fn recorded() -> Recorded {
+        let dir = tempfile::tempdir().unwrap();
+        let synced = Arc::new(Mutex::new(Vec::new()));
+        let failing = Arc::new(Mutex::new(None::<PathBuf>));
+        let hook: FsyncHook = {
+            let (synced, failing) = (Arc::clone(&synced), Arc::clone(&failing));
+            Box::new(move |path: &Path| {
+                if failing.lock().unwrap().as_deref() == Some(path) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::Interrupted,
+                        "injected fsync failure",
+                    ));
+                }
+                synced.lock().unwrap().push(path.to_owned());
+                Ok(())
+            })
+        };
+        let store = LocalDirStore::open_with(dir.path().join("store"), Some(hook)).unwrap();
+        Recorded {
+            store,
+            synced,
+            failing,
+            _dir: dir,
+        }
+    }
+
+    impl Recorded {
+        fn take_synced(&self) -> Vec<PathBuf> {
+            std::mem::take(&mut self.synced.lock().unwrap())
+        }
+    }
+
+    /// Regression: a create into a directory that already existed returned
+    /// without fsyncing that directory into its parent, so a crash could
+    /// lose the directory (and the object) although the create had
+    /// succeeded; another process may have created it and died before its
+    /// own fsync.
+    #[tokio::test]
+    async fn a_create_into_an_existing_directory_makes_that_directory_durable() {
+        let store = recorded();
+        let root = store.store.root().to_owned();
+        // Another process created the directory and crashed before its fsync.
+        fs::create_dir_all(root.join("segments/a")).unwrap();
+        store.take_synced();
+        store
+            .store
+            .create("segments/a/1", Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        let synced = store.take_synced();
+        for durable in [root.clone(), root.join("segments"), root.join("segments/a")] {
+            assert!(
+                synced.contains(&durable),
+                "{durable:?} not fsync'd: {synced:?}"
+            );
+        }
+    }
+
+    /// Regression: when the directory fsync after `link` failed, the retry
+    /// found `AlreadyExists`, the caller read back identical bytes and took
+    /// it as success with no directory fsync ever having succeeded.
+    #[tokio::test]
+    async fn a_create_retried_after_a_failed_directory_fsync_is_not_confirmed_unsynced() {
+        let store = recorded();
+        let root = store.store.root().to_owned();
+        store
+            .store
+            .create("segments/a/0", Bytes::from_static(b"warm"))
+            .await
+            .unwrap();
+        let directory = root.join("segments/a");
+        *store.failing.lock().unwrap() = Some(directory.clone());
+        let failed = store
+            .store
+            .create("segments/a/1", Bytes::from_static(b"x"))
+            .await
+            .unwrap_err();
+        assert!(failed.is_transient(), "{failed}");
+
+        // While the fsync keeps failing, the retry is not an AlreadyExists.
+        let retried = store
+            .store
+            .create("segments/a/1", Bytes::from_static(b"x"))
+            .await
+            .unwrap_err();
+        assert!(retried.is_transient(), "{retried}");
+
+        // Once it works, AlreadyExists comes only after file and directory fsyncs.
+        *store.failing.lock().unwrap() = None;
+        store.take_synced();
+        let retried = store
+            .store
+            .create("segments/a/1", Bytes::from_static(b"x"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(retried, BlobError::AlreadyExists { .. }),
+            "{retried}"
+        );
+        let synced = store.take_synced();
+        assert!(synced.contains(&directory.join("1")), "{synced:?}");
+        assert!(synced.contains(&directory), "{synced:?}");
+    }
+
+    /// An object is visible before its creator's directory fsync: a reader
+    /// that saw it makes its entry durable before answering.
+    #[tokio::test]
+    async fn reads_make_what_they_saw_durable() {
+        let store = recorded();
+        let root = store.store.root().to_owned();
+        store
+            .store
+            .create("segments/a/1", Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        let directory = root.join("segments/a");
+        store.take_synced();
+        store.store.get("segments/a/1").await.unwrap();
+        assert_eq!(store.take_synced(), vec![directory.clone()]);
+        store.store.head("segments/a/1").await.unwrap();
+        assert_eq!(store.take_synced(), vec![directory.clone()]);
+        store.store.list("segments").await.unwrap();
+        let synced = store.take_synced();
+        assert!(
+            synced.contains(&directory) && synced.contains(&root.join("segments")),
+            "{synced:?}"
+        );
     }
 }
