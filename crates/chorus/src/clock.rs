@@ -10,9 +10,15 @@
 //!   disagreement.
 //! - [`Clock::now`]: a monotonic instant for a process's own deadlines (when must
 //!   a lease holder stop writing?). Never compared across processes.
+//!
+//! A deadline must also pass while the host or VM is suspended, since the
+//! other nodes' wall clocks go on meanwhile. `Instant` cannot promise that (on
+//! Linux it is `CLOCK_MONOTONIC`, which stops during suspend), so
+//! [`SystemClock`] reads `CLOCK_BOOTTIME` on Linux and Android, which does not.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A source of wall-clock and monotonic time; see the module docs.
@@ -20,7 +26,9 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// Milliseconds since the Unix epoch by this node's wall clock.
     fn wall_ms(&self) -> u64;
 
-    /// The current monotonic instant, for this process's own deadlines.
+    /// The current monotonic instant, for this process's own deadlines. It
+    /// should count time the host spent suspended (see [`SystemClock`]), or a
+    /// lease holder trusts its lease for that much longer than the document says.
     fn now(&self) -> Instant;
 }
 
@@ -28,6 +36,13 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
 pub type DynClock = Arc<dyn Clock>;
 
 /// The operating system's clocks.
+///
+/// The monotonic face counts suspended time where the system has a clock for
+/// it: on Linux and Android it follows `CLOCK_BOOTTIME`, expressed as an
+/// `Instant` (one anchor per process, so all `SystemClock`s agree), and it
+/// never runs behind `Instant::now()`. Elsewhere, or if that clock cannot be
+/// read, it is `Instant::now()`, whose behaviour across a suspend depends on
+/// the platform (macOS's `CLOCK_UPTIME_RAW`, for one, stops).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
 
@@ -49,8 +64,84 @@ impl Clock for SystemClock {
     }
 
     fn now(&self) -> Instant {
-        Instant::now()
+        let Some(anchor) = boot_anchor() else {
+            return Instant::now();
+        };
+        // Boot time first: a pause between the two reads then understates the
+        // suspend (harmless, the next reading catches up) instead of inventing one.
+        let boot_now = boot_time();
+        anchor.at(boot_now, Instant::now())
     }
+}
+
+/// The process's one anchor, so instants of every `SystemClock` are comparable.
+static BOOT_ANCHOR: OnceLock<Option<BootAnchor>> = OnceLock::new();
+
+/// The anchor, read on first use; `None` without a boot-time clock.
+fn boot_anchor() -> Option<&'static BootAnchor> {
+    BOOT_ANCHOR
+        .get_or_init(|| {
+            let instant = Instant::now();
+            boot_time().map(|boot| BootAnchor::new(instant, boot))
+        })
+        .as_ref()
+}
+
+/// Maps readings of the boot-time clock onto `Instant`s: an `Instant` and a
+/// boot-time reading taken together, and the time suspended since then.
+#[derive(Debug)]
+struct BootAnchor {
+    instant: Instant,
+    boot: Duration,
+    /// The most time spent suspended since the anchor that any reading showed,
+    /// in nanoseconds. Only ever raised, so the face never goes back, even if
+    /// the boot-time clock stops answering.
+    suspended_ns: AtomicU64,
+}
+
+impl BootAnchor {
+    fn new(instant: Instant, boot: Duration) -> BootAnchor {
+        BootAnchor {
+            instant,
+            boot,
+            suspended_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// `instant_now` plus the time suspended since the anchor: boot time
+    /// elapsed (`boot_now`, if it could be read) beyond `Instant` elapsed.
+    fn at(&self, boot_now: Option<Duration>, instant_now: Instant) -> Instant {
+        if let Some(boot_now) = boot_now {
+            let booted = boot_now.saturating_sub(self.boot);
+            let awake = instant_now.saturating_duration_since(self.instant);
+            let suspended = booted.saturating_sub(awake).as_nanos();
+            let suspended = u64::try_from(suspended).unwrap_or(u64::MAX);
+            self.suspended_ns.fetch_max(suspended, Ordering::Relaxed);
+        }
+        instant_now + Duration::from_nanos(self.suspended_ns.load(Ordering::Relaxed))
+    }
+}
+
+/// Time since boot including suspend (`CLOCK_BOOTTIME`); `None` if it cannot be read.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn boot_time() -> Option<Duration> {
+    let mut now = std::mem::MaybeUninit::<libc::timespec>::uninit();
+    // SAFETY: `now` points to writable memory for one `timespec`, which
+    // clock_gettime fills when it returns 0.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, now.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: clock_gettime returned 0, so it initialised `now`.
+    let now = unsafe { now.assume_init() };
+    let seconds = u64::try_from(now.tv_sec).ok()?;
+    let nanos = u32::try_from(now.tv_nsec).ok()?;
+    Some(Duration::new(seconds, nanos))
+}
+
+/// No boot-time clock here: [`SystemClock`] uses `Instant` alone.
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn boot_time() -> Option<Duration> {
+    None
 }
 
 /// A clock that moves only when told to, for tests and the simulator.
@@ -140,5 +231,63 @@ mod tests {
         assert!(clock.wall_ms() > 1_577_836_800_000);
         let first = clock.now();
         assert!(clock.now() >= first);
+    }
+
+    #[test]
+    fn system_clock_never_runs_behind_instant_nor_back() {
+        let clock = SystemClock;
+        let mut last = clock.now();
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(5));
+            let before = Instant::now();
+            let now = clock.now();
+            assert!(now >= before, "behind Instant by {:?}", before - now);
+            assert!(now >= last, "went back by {:?}", last - now);
+            last = now;
+        }
+    }
+
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    #[test]
+    fn system_clock_reads_the_boot_time_clock_here() {
+        assert!(boot_time().is_some());
+        assert!(boot_anchor().is_some());
+    }
+
+    const BOOT: Duration = Duration::from_secs(1_000);
+
+    #[test]
+    fn a_suspend_moves_the_deadline_face_forward() {
+        let start = Instant::now();
+        let anchor = BootAnchor::new(start, BOOT);
+        // One second of Instant, sixty-one of boot time: a 60 s suspend.
+        let woken = anchor.at(
+            Some(BOOT + Duration::from_secs(61)),
+            start + Duration::from_secs(1),
+        );
+        assert_eq!(woken, start + Duration::from_secs(61));
+    }
+
+    #[test]
+    fn the_deadline_face_keeps_a_suspend_when_the_boot_clock_fails() {
+        let start = Instant::now();
+        let anchor = BootAnchor::new(start, BOOT);
+        let woken = anchor.at(
+            Some(BOOT + Duration::from_secs(61)),
+            start + Duration::from_secs(1),
+        );
+        assert_eq!(woken, start + Duration::from_secs(61));
+        // The boot-time clock stops answering: Instant goes on from there.
+        let later = anchor.at(None, start + Duration::from_secs(2));
+        assert_eq!(later, start + Duration::from_secs(62));
+    }
+
+    #[test]
+    fn a_boot_reading_behind_instant_never_moves_the_deadline_face_back() {
+        let start = Instant::now();
+        let anchor = BootAnchor::new(start, BOOT);
+        let now = start + Duration::from_secs(1);
+        assert_eq!(anchor.at(Some(BOOT + Duration::from_millis(500)), now), now);
+        assert_eq!(anchor.at(Some(BOOT - Duration::from_secs(1)), now), now);
     }
 }

@@ -10,14 +10,14 @@ mod support;
 use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use chorus::blob::{
     Blob, BlobError, BlobStore, DynBlobStore, Fault, FaultController, FaultRule, FaultyStore,
-    KeyMatch, ObjectMeta, OpSet, Version,
+    KeyMatch, ObjectMeta, Op, OpSet, Version,
 };
 use chorus::clock::ManualClock;
 use chorus::ids::RecordIndex;
@@ -99,12 +99,13 @@ fn assert_fenced(result: Result<impl std::fmt::Debug, SnapshotError>, reason: Fe
     }
 }
 
-/// Holds the next payload upload until released: a writer delayed between its
-/// lease check and its HEAD CAS (a GC pause, a slow network).
+/// Holds the next write (create or update) of a key containing the armed
+/// fragment until released: a writer delayed mid-operation (a GC pause, a
+/// slow network, a long upload).
 #[derive(Debug)]
 struct GatedStore {
     inner: DynBlobStore,
-    armed: AtomicBool,
+    armed: Mutex<Option<&'static str>>,
     entered: Notify,
     release: Notify,
 }
@@ -113,10 +114,31 @@ impl GatedStore {
     fn new(inner: DynBlobStore) -> Arc<GatedStore> {
         Arc::new(GatedStore {
             inner,
-            armed: AtomicBool::new(false),
+            armed: Mutex::new(None),
             entered: Notify::new(),
             release: Notify::new(),
         })
+    }
+
+    /// Holds the next write of a key containing `fragment`.
+    fn arm(&self, fragment: &'static str) {
+        *self.armed.lock().unwrap() = Some(fragment);
+    }
+
+    /// Waits for the release if this write is the armed one.
+    async fn pass(&self, key: &str) {
+        let held = {
+            let mut armed = self.armed.lock().unwrap();
+            let held = armed.is_some_and(|fragment| key.contains(fragment));
+            if held {
+                *armed = None;
+            }
+            held
+        };
+        if held {
+            self.entered.notify_one();
+            self.release.notified().await;
+        }
     }
 }
 
@@ -126,10 +148,7 @@ impl BlobStore for GatedStore {
         self.inner.name()
     }
     async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
-        if key.contains("/snapshots/") && self.armed.swap(false, Ordering::SeqCst) {
-            self.entered.notify_one();
-            self.release.notified().await;
-        }
+        self.pass(key).await;
         self.inner.create(key, bytes).await
     }
     async fn update(
@@ -138,6 +157,7 @@ impl BlobStore for GatedStore {
         expected: &Version,
         bytes: Bytes,
     ) -> Result<Version, BlobError> {
+        self.pass(key).await;
         self.inner.update(key, expected, bytes).await
     }
     async fn get(&self, key: &str) -> Result<Blob, BlobError> {
@@ -361,7 +381,7 @@ mod snapshot_cases {
             .await
             .unwrap();
 
-        gated.armed.store(true, Ordering::SeqCst);
+        gated.arm("/snapshots/");
         let delayed_lease = old.clone();
         let delayed = tokio::spawn(async move {
             let result = old_publication
@@ -500,6 +520,118 @@ mod snapshot_cases {
             listed_before,
             "nothing uploaded"
         );
+    }
+
+    /// What the stale publisher is doing when its lease runs out.
+    #[derive(Debug, Clone, Copy)]
+    enum Late {
+        /// The first-boot claim: upload the initial payload, create HEAD.
+        Install,
+        /// A publication after a claim: upload, then CAS HEAD.
+        Publish,
+    }
+
+    /// Where the stale publisher is held while its lease runs out.
+    #[derive(Debug, Clone, Copy)]
+    enum Held {
+        /// In its payload upload.
+        Upload,
+        /// In its first HEAD write attempt, which then fails transiently, so
+        /// the resolver retries it.
+        FailingHeadWrite,
+    }
+
+    /// A publisher whose lease runs out (on its own monotonic clock) while it
+    /// is held at `held`; meanwhile a successor acquires the lease and observes
+    /// HEAD, but claims only afterwards, so no CAS protects HEAD from the stale
+    /// write: only the lease check immediately before each HEAD write attempt
+    /// does. The stale operation must fence with `lease-expired` and leave HEAD
+    /// as the successor observed it, and the successor's claim must succeed.
+    async fn late_head_write_is_fenced(store: DynBlobStore, late: Late, held: Held) {
+        let clock = clock();
+        let controller = FaultController::new(17);
+        let faulty: DynBlobStore = Arc::new(FaultyStore::new(store.clone(), controller.clone()));
+        let gated = GatedStore::new(faulty);
+        let gated_store: DynBlobStore = gated.clone();
+        let stale = Arc::new(acquire(&gated_store, &clock, "stale").await);
+        let mut publication = snapshots(&gated_store, &clock).publication();
+        publication.observe_for_boot().await.unwrap();
+        if let Late::Publish = late {
+            publication.claim(&stale, payload("zero", 0)).await.unwrap();
+        }
+        match held {
+            Held::Upload => gated.arm("/snapshots/"),
+            Held::FailingHeadWrite => {
+                gated.arm("/HEAD.json");
+                controller.add(
+                    FaultRule::new(Fault::FailBefore)
+                        .ops(OpSet::of(&[Op::Create, Op::Update]))
+                        .keys(KeyMatch::Exact("orders/HEAD.json".into()))
+                        .times(1),
+                );
+            }
+        }
+        let lease = stale.clone();
+        let task = tokio::spawn(async move {
+            let result = match late {
+                Late::Install => publication
+                    .claim(&lease, payload("stale", 1))
+                    .await
+                    .map(|claimed| claimed.head().clone()),
+                Late::Publish => publication.publish(&lease, payload("stale", 1)).await,
+            };
+            (publication, result)
+        });
+        gated.entered.notified().await;
+
+        clock.advance(TTL + Duration::from_secs(1));
+        assert!(!stale.may_write_now());
+        let successor = acquire(&store, &clock, "successor").await;
+        let successor_snapshots = snapshots(&store, &clock);
+        let mut successor_publication = successor_snapshots.publication();
+        let observed = successor_publication.observe_for_boot().await.unwrap();
+
+        gated.release.notify_one();
+        let (mut publication, result) = task.await.unwrap();
+        assert_fenced(result, FenceReason::LeaseExpired);
+        let current = successor_snapshots.read_head().await.unwrap();
+        assert_eq!(
+            current.map(|current| current.head),
+            observed,
+            "the stale publisher moved HEAD"
+        );
+        assert_fenced(
+            publication.publish(&stale, payload("later", 2)).await,
+            FenceReason::LeaseExpired,
+        );
+
+        let claimed = successor_publication
+            .claim(&successor, payload("successor", 0))
+            .await
+            .unwrap();
+        let (head, bytes) = successor_snapshots.restore().await.unwrap().unwrap();
+        assert_eq!(&head, claimed.head());
+        let expected = match late {
+            Late::Install => "successor",
+            Late::Publish => "zero",
+        };
+        assert_eq!(bytes, Bytes::from(expected));
+    }
+
+    pub async fn install_rechecks_the_lease_after_a_long_upload(store: DynBlobStore) {
+        late_head_write_is_fenced(store, Late::Install, Held::Upload).await;
+    }
+
+    pub async fn publish_rechecks_the_lease_after_a_long_upload(store: DynBlobStore) {
+        late_head_write_is_fenced(store, Late::Publish, Held::Upload).await;
+    }
+
+    pub async fn install_head_retry_rechecks_the_lease(store: DynBlobStore) {
+        late_head_write_is_fenced(store, Late::Install, Held::FailingHeadWrite).await;
+    }
+
+    pub async fn publish_head_retry_rechecks_the_lease(store: DynBlobStore) {
+        late_head_write_is_fenced(store, Late::Publish, Held::FailingHeadWrite).await;
     }
 
     pub async fn payload_key_is_never_overwritten(store: DynBlobStore) {
@@ -651,6 +783,16 @@ macro_rules! backend {
                 snapshot_cases,
                 publish_after_losing_the_lease_is_fenced_and_head_unchanged
             );
+            case!(
+                snapshot_cases,
+                install_rechecks_the_lease_after_a_long_upload
+            );
+            case!(
+                snapshot_cases,
+                publish_rechecks_the_lease_after_a_long_upload
+            );
+            case!(snapshot_cases, install_head_retry_rechecks_the_lease);
+            case!(snapshot_cases, publish_head_retry_rechecks_the_lease);
             case!(snapshot_cases, payload_key_is_never_overwritten);
             case!(
                 snapshot_cases,

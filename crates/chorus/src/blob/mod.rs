@@ -43,7 +43,10 @@ pub use layer::Layer;
 pub use local::LocalDirStore;
 pub use object::ObjectStoreBlobs;
 pub use probe::probe;
-pub use resolve::{create_resolving, update_resolving};
+pub use resolve::{
+    GuardedWriteError, create_resolving, create_resolving_guarded, update_resolving,
+    update_resolving_guarded,
+};
 pub use timeout::TimeoutStore;
 pub use url::{S3Settings, StoreUrl, StoreUrlError, open_store, open_store_unprobed};
 

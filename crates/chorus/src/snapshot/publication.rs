@@ -3,7 +3,10 @@
 //!
 //! Every HEAD write is a CAS (or, on first boot, a create-if-absent) from a
 //! version this store observed or wrote itself, so any foreign change in
-//! between makes it fail, and the store then fences itself for good. A write
+//! between makes it fail, and the store then fences itself for good. Every
+//! attempt of a HEAD write, retries included, is preceded by a lease check: an
+//! upload or a retry can outlast the lease, and a successor that has only
+//! observed HEAD so far is protected by nothing else. A write
 //! whose outcome stayed unknown (transient errors until the read-back resolver
 //! gave up) is remembered; if a later write of this store then conflicts and
 //! HEAD holds exactly that remembered document, it was ours after all and is
@@ -17,9 +20,11 @@ use super::{
     FenceReason, Head, PayloadId, PublicationSequence, PublisherId, SnapshotError, SnapshotStore,
     VersionedHead, error,
 };
-use crate::blob::{BlobError, Version, create_resolving, update_resolving};
+use crate::blob::{
+    BlobError, GuardedWriteError, Version, create_resolving_guarded, update_resolving_guarded,
+};
 use crate::ids::RecordIndex;
-use crate::lease::LeaseHolder;
+use crate::lease::{DatabaseKey, LeaseHolder};
 
 /// Rounds of one publication's HEAD CAS: the first, plus one after following
 /// an earlier write of ours that landed unseen.
@@ -170,8 +175,10 @@ impl PublicationStore {
     /// otherwise it CASes the observed version to a HEAD naming the same payload
     /// with our stamp and the next sequence (`initial` is unused). Fenced if HEAD
     /// moved since observation, if HEAD carries a newer fencing token, or if the
-    /// lease can no longer vouch for us. A transient failure leaves the store
-    /// Observed; claiming again settles whether the first attempt landed.
+    /// lease can no longer vouch for us (checked first, and again before every
+    /// HEAD write attempt, since the upload may be long). A transient failure
+    /// leaves the store Observed; claiming again settles whether the first
+    /// attempt landed.
     pub async fn claim(
         &mut self,
         lease: &LeaseHolder,
@@ -216,7 +223,7 @@ impl PublicationStore {
         let (bytes, wal_index) = (&initial.bytes, initial.wal_index);
         let head = Head::for_payload(lease, self.publisher_id, id, bytes, wal_index, wall_ms);
         let (Written::Ours(current) | Written::Earlier(current)) =
-            self.write_head(None, &head).await?;
+            self.write_head(lease, None, &head).await?;
         let outcome = ClaimOutcome::Installed(current.head.clone());
         self.set_claimed(current);
         Ok(outcome)
@@ -232,7 +239,7 @@ impl PublicationStore {
             .head
             .restamped(lease, self.publisher_id, self.snapshots.wall_ms());
         let (Written::Ours(current) | Written::Earlier(current)) =
-            self.write_head(Some(&base.version), &head).await?;
+            self.write_head(lease, Some(&base.version), &head).await?;
         let outcome = ClaimOutcome::Adopted(current.head.clone());
         self.set_claimed(current);
         Ok(outcome)
@@ -242,7 +249,8 @@ impl PublicationStore {
     /// `g<generation>-s<sequence>` (create-if-absent), then CASes HEAD from the
     /// version this store holds. Requires state Claimed, a claimed HEAD stamped
     /// by `lease`'s incarnation, and a lease that may still write (checked before
-    /// the upload and again before the CAS). Any CAS failure fences the store.
+    /// the upload and again before every HEAD write attempt). Any CAS failure
+    /// fences the store.
     /// A transient failure leaves it Claimed; the next publication settles it.
     pub async fn publish(
         &mut self,
@@ -278,23 +286,22 @@ impl PublicationStore {
             sequence,
         };
         self.upload(id, snapshot.bytes.clone()).await?;
-        // The upload may have taken long: the lease must still vouch before HEAD moves.
-        self.vouch(lease)?;
         let wall_ms = self.snapshots.wall_ms();
         let (bytes, wal_index) = (&snapshot.bytes, snapshot.wal_index);
         let head = Head::for_payload(lease, self.publisher_id, id, bytes, wal_index, wall_ms);
-        self.advance(base, head).await
+        self.advance(lease, base, head).await
     }
 
     /// CASes HEAD from `base` to `head`, following an earlier write of ours
     /// first if one landed unseen.
     async fn advance(
         &mut self,
+        lease: &LeaseHolder,
         mut base: VersionedHead,
         head: Head,
     ) -> Result<Head, SnapshotError> {
         for _ in 0..MAX_HEAD_CAS_ROUNDS {
-            match self.write_head(Some(&base.version), &head).await? {
+            match self.write_head(lease, Some(&base.version), &head).await? {
                 Written::Ours(current) => {
                     self.set_claimed(current);
                     return Ok(head);
@@ -309,11 +316,14 @@ impl PublicationStore {
     }
 
     /// Writes `head` over `base` (create-if-absent when `None`), settling
-    /// unknown outcomes by comparing bytes. A precondition failure either finds
-    /// one of our unsettled writes in place or fences; an error that leaves the
-    /// outcome unknown remembers `head` as unsettled and is returned as is.
+    /// unknown outcomes by comparing bytes. Each attempt, the resolver's
+    /// retries included, goes only while `lease` vouches; otherwise the store
+    /// fences. A precondition failure either finds one of our unsettled writes
+    /// in place or fences; an error that leaves the outcome unknown remembers
+    /// `head` as unsettled and is returned as is.
     async fn write_head(
         &mut self,
+        lease: &LeaseHolder,
         base: Option<&Version>,
         head: &Head,
     ) -> Result<Written, SnapshotError> {
@@ -321,10 +331,13 @@ impl PublicationStore {
         let ours = bytes.clone();
         let heads = self.snapshots.heads.as_ref();
         let key = self.snapshots.head_key.as_str();
+        let database = self.snapshots.database();
+        let vouches = || lease_vouches(database, lease);
         let written = match base {
-            None => create_resolving(heads, key, bytes).await,
+            None => create_resolving_guarded(heads, key, bytes, vouches).await,
             Some(version) => {
-                update_resolving(heads, key, version, bytes, |found| found == &ours).await
+                let is_ours = |found: &Bytes| found == &ours;
+                update_resolving_guarded(heads, key, version, bytes, is_ours, vouches).await
             }
         };
         match written {
@@ -333,10 +346,13 @@ impl PublicationStore {
                 let head = head.clone();
                 Ok(Written::Ours(VersionedHead { head, version }))
             }
-            Err(BlobError::AlreadyExists { .. } | BlobError::Conflict { .. }) => {
-                self.follow_unsettled().await.map(Written::Earlier)
-            }
-            Err(error) => {
+            // An earlier attempt's outcome may be unknown: no need to settle it,
+            // since the store is fenced for good.
+            Err(GuardedWriteError::Refused(reason)) => Err(self.fence(reason)),
+            Err(GuardedWriteError::Store(
+                BlobError::AlreadyExists { .. } | BlobError::Conflict { .. },
+            )) => self.follow_unsettled().await.map(Written::Earlier),
+            Err(GuardedWriteError::Store(error)) => {
                 if self.unsettled.len() == MAX_UNSETTLED_WRITES {
                     self.unsettled.remove(0);
                 }
@@ -373,13 +389,7 @@ impl PublicationStore {
 
     /// Fences unless `lease` guards this database and may still write.
     fn vouch(&mut self, lease: &LeaseHolder) -> Result<(), SnapshotError> {
-        if lease.database() != self.snapshots.database() {
-            return Err(self.fence(FenceReason::LeaseMismatch));
-        }
-        if !lease.may_write_now() {
-            return Err(self.fence(FenceReason::LeaseExpired));
-        }
-        Ok(())
+        lease_vouches(self.snapshots.database(), lease).map_err(|reason| self.fence(reason))
     }
 
     fn set_claimed(&mut self, current: VersionedHead) {
@@ -413,4 +423,17 @@ impl PublicationStore {
             },
         }
     }
+}
+
+/// Why `lease` cannot vouch for a write to `database` right now, if it cannot:
+/// it guards another database, or it may no longer write (its holder's own
+/// deadline passed, or the lease was lost or released).
+fn lease_vouches(database: &DatabaseKey, lease: &LeaseHolder) -> Result<(), FenceReason> {
+    if lease.database() != database {
+        return Err(FenceReason::LeaseMismatch);
+    }
+    if !lease.may_write_now() {
+        return Err(FenceReason::LeaseExpired);
+    }
+    Ok(())
 }
