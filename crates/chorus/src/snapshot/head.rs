@@ -39,7 +39,12 @@ impl PublicationSequence {
     /// The sequence of a database's first HEAD.
     pub const FIRST: PublicationSequence = PublicationSequence(1);
 
-    /// The next sequence. Panics on overflow, which 2^64 publications never reach.
+    /// The highest sequence a stored HEAD may carry.
+    pub const MAX_STORED: PublicationSequence = PublicationSequence(u64::MAX / 2);
+
+    /// The next sequence. Panics on overflow, which cannot happen from a
+    /// decoded HEAD (at most [`MAX_STORED`](Self::MAX_STORED)) short of 2^63
+    /// publications.
     pub fn next(self) -> PublicationSequence {
         PublicationSequence(
             self.0
@@ -336,6 +341,15 @@ impl Head {
         let term = Term(fields.positive("term")?);
         let lease_generation = Generation(fields.positive("lease_generation")?);
         let publication_sequence = PublicationSequence(fields.positive("publication_sequence")?);
+        // Far beyond any real count, and it keeps `next` from overflowing on
+        // a document that claims the last sequence.
+        if publication_sequence > PublicationSequence::MAX_STORED {
+            let reason = format!(
+                "{publication_sequence} is above {}",
+                PublicationSequence::MAX_STORED
+            );
+            return Err(fields.invalid("publication_sequence", reason));
+        }
         let snapshot_key = fields.string("snapshot_key")?;
         let snapshot = PayloadId::from_key(database, &snapshot_key).ok_or_else(|| {
             let reason =
@@ -436,6 +450,12 @@ mod tests {
             ("database_key", json!("other"), "database_key"),
             ("term", json!(0), "term"),
             ("publication_sequence", json!(null), "publication_sequence"),
+            // The last sequence would panic the next claim's bump.
+            (
+                "publication_sequence",
+                json!(u64::MAX),
+                "publication_sequence",
+            ),
             ("snapshot_key", json!("db/snapshots/g3-s8"), "snapshot_key"),
             (
                 "snapshot_key",
