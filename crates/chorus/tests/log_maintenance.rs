@@ -1455,3 +1455,79 @@ async fn without_a_degraded_seal_or_a_timer_nothing_repairs() {
     writer.shutdown(Duration::from_secs(5)).await.unwrap();
     cluster.verify_acked(&acked).await;
 }
+
+/// Truncates the cluster's log below the second directory entry, as another
+/// process would, while something else is in flight.
+async fn truncate_below_second_entry(cluster: &Cluster) -> RecordIndex {
+    let floor = cluster.manifest().await.segments[1].base;
+    let end = committed_end(cluster).await;
+    maintenance(cluster)
+        .truncate_before(floor, end, &NoProgress)
+        .await
+        .unwrap();
+    floor
+}
+
+/// Regression: a repair pass that read the register before a truncation
+/// re-created a sealed copy the truncation had just deleted everywhere. The
+/// entry then left the directory, and the copy stayed for good (an unnamed
+/// seal of the current epoch looked like a seal in flight to the sweep).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repair_racing_a_truncation_takes_back_the_copy_it_restored() {
+    let (cluster, acked) = sealed_log(3).await;
+    let first = cluster.manifest().await.segments[0];
+    let key = key_of(&first);
+    cluster.raw[2].delete(&key).await.unwrap();
+    // The repair's restore of that copy lands only after the truncation.
+    let (view, faults) = cluster.private_view(31);
+    faults[2].add(
+        FaultRule::new(Fault::Delay(Duration::from_millis(500)))
+            .ops(OpSet::of(&[Op::Create]))
+            .keys(KeyMatch::Exact(key.clone())),
+    );
+    let repair = tokio::spawn(async move { Maintenance::new(&view).repair(&NoProgress).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let floor = truncate_below_second_entry(&cluster).await;
+    assert!(!cluster.manifest().await.segments.contains(&first));
+
+    let repaired = repair.await.unwrap().unwrap();
+    assert_eq!(repaired.restored, 0, "{repaired:?}");
+    for replica in 0..3 {
+        assert!(
+            !holds(&cluster.raw[replica], &key).await,
+            "replica {replica} kept a copy of a truncated segment"
+        );
+    }
+    assert!(verify(&cluster).await.is_healthy());
+    assert_readable_from(&cluster, floor, &acked).await;
+}
+
+/// Regression: a reader whose sealed read raced a truncation that deleted
+/// the segment reported `Corrupt` ("no replica has a valid copy") instead of
+/// `Truncated`, which tells it to move up to the floor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_racing_a_truncation_is_told_truncated_not_corrupt() {
+    let (cluster, _) = sealed_log(3).await;
+    let key = key_of(&cluster.manifest().await.segments[0]);
+    // The reader has read the register; its reads of the segment arrive
+    // after the truncation deleted it.
+    let (view, faults) = cluster.private_view(41);
+    for controller in &faults {
+        controller.add(
+            FaultRule::new(Fault::Delay(Duration::from_millis(500)))
+                .ops(OpSet::of(&[Op::Get]))
+                .keys(KeyMatch::Exact(key.clone())),
+        );
+    }
+    let mut reader = Reader::new(&view, RecordIndex(0));
+    let read = tokio::spawn(async move { reader.try_next().await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let floor = truncate_below_second_entry(&cluster).await;
+    match read.await.unwrap() {
+        Err(LogError::Truncated {
+            requested: RecordIndex(0),
+            floor: reported,
+        }) => assert_eq!(reported, floor),
+        other => panic!("expected Truncated {{ floor: {floor} }}, got {other:?}"),
+    }
+}
