@@ -9,6 +9,7 @@ mod open;
 mod output;
 mod progress;
 mod snapshot_cmd;
+mod store_cmd;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -37,6 +38,9 @@ enum Command {
     /// Inspect and release a database's writer lease.
     #[command(subcommand)]
     Lease(lease_cmd::LeaseCommand),
+    /// Maintain the stores themselves (upgrade a local directory's layout).
+    #[command(subcommand)]
+    Store(store_cmd::StoreCommand),
 }
 
 /// The error a command fails with; printed as one line with its causes.
@@ -55,6 +59,7 @@ fn main() -> ExitCode {
             Command::Bench(command) => command.run().await,
             Command::Snapshot(command) => command.run().await,
             Command::Lease(command) => command.run().await,
+            Command::Store(command) => command.run().await,
         }
     });
     match outcome {

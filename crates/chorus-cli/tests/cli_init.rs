@@ -389,3 +389,37 @@ fn the_default_register_gets_its_directory_even_with_remote_replicas() {
     assert!(init.status.success(), "{}", stderr(&init));
     assert!(dir.path().join("chorus-data/register.db").is_file());
 }
+
+/// A replica directory in the older locking layout (objects as plain files,
+/// `flock` stripes in `.chorus-locks`) is refused with the command that
+/// upgrades it, and `chorus store upgrade` converts it in place.
+#[test]
+fn a_replica_of_the_locking_layout_is_refused_until_chorus_store_upgrade() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let data = dir.path().join("chorus-data");
+    let old = data.join("replica-0");
+    std::fs::create_dir_all(old.join(".chorus-locks")).unwrap();
+    std::fs::create_dir_all(old.join("notes")).unwrap();
+    let mut object = b"CHLB".to_vec();
+    object.extend_from_slice(&[9u8; 16]);
+    object.extend_from_slice(b"kept");
+    std::fs::write(old.join("notes/readme"), &object).unwrap();
+    let url = format!("file://{}", old.display());
+
+    let refused = chorus(dir.path(), &["log", "init"]);
+    assert_fails_with(&refused, &format!("run `chorus store upgrade {url}`"));
+    assert!(!data.join("register.db").exists(), "init went ahead");
+
+    let upgraded = chorus(dir.path(), &["store", "upgrade", &url]);
+    assert!(upgraded.status.success(), "{}", stderr(&upgraded));
+    assert_eq!(
+        stdout(&upgraded),
+        format!("upgraded {url}: 1 objects converted\n")
+    );
+    let init = chorus(dir.path(), &["log", "init"]);
+    assert!(init.status.success(), "{}", stderr(&init));
+    assert_eq!(
+        std::fs::read(old.join("notes/.k.readme/00000000000000000001")).unwrap(),
+        object
+    );
+}

@@ -6,6 +6,8 @@
 
 mod support;
 
+use support::{LOCAL_KEY_DIR_PREFIX, current_version};
+
 use std::path::PathBuf;
 use std::process::{Output, Stdio};
 
@@ -77,27 +79,33 @@ impl TestLog {
             .join(format!("chorus-data/replica-{replica}"))
     }
 
-    /// The sealed objects' files on `replica`, sorted by name (segment order).
+    /// The sealed objects on `replica`, sorted by name (segment order): in
+    /// the local store each key `sealed/<name>` is a directory
+    /// `sealed/.k.<name>` of version files, the highest one current.
     fn sealed_files(&self, replica: usize) -> Vec<PathBuf> {
         let mut files: Vec<PathBuf> = std::fs::read_dir(self.replica_dir(replica).join("sealed"))
             .unwrap()
             .map(|entry| entry.unwrap().path())
+            .filter(|path| file_name(path).starts_with(LOCAL_KEY_DIR_PREFIX))
             .collect();
         files.sort();
         files
     }
 
-    /// The file of directory entry `entry`'s sealed object on `replica`.
+    /// The directory of entry `entry`'s sealed object on `replica`.
     fn sealed_file(&self, replica: usize, entry: usize) -> PathBuf {
         let (name, _) = &self.directory()[entry];
-        let file = self.replica_dir(replica).join("sealed").join(name);
+        let file = self
+            .replica_dir(replica)
+            .join("sealed")
+            .join(format!("{LOCAL_KEY_DIR_PREFIX}{name}"));
         assert!(file.exists(), "{}", file.display());
         file
     }
 
-    /// `sealed/<name>`: the key of a sealed object's file.
+    /// `sealed/<name>`: the key of a sealed object's directory.
     fn key_of(file: &std::path::Path) -> String {
-        format!("sealed/{}", file.file_name().unwrap().to_str().unwrap())
+        format!("sealed/{}", object_name(file))
     }
 
     fn verify(&self) -> Output {
@@ -176,12 +184,21 @@ impl TestLog {
     }
 }
 
-/// The file names of `files`.
+/// The object names of the local store's key directories `files`.
 fn names(files: &[PathBuf]) -> Vec<String> {
-    files
-        .iter()
-        .map(|file| file.file_name().unwrap().to_str().unwrap().to_owned())
-        .collect()
+    files.iter().map(|file| object_name(file)).collect()
+}
+
+fn file_name(path: &std::path::Path) -> &str {
+    path.file_name().unwrap().to_str().unwrap()
+}
+
+/// The object name of a local store key directory (`.k.<name>`).
+fn object_name(key_dir: &std::path::Path) -> String {
+    file_name(key_dir)
+        .strip_prefix(LOCAL_KEY_DIR_PREFIX)
+        .expect("a key directory")
+        .to_owned()
 }
 
 fn record(index: u64) -> String {
@@ -287,9 +304,9 @@ fn verify_reports_every_replica_healthy_as_text_and_as_json() {
 fn a_deleted_sealed_copy_fails_verify_naming_it_and_repair_restores_it() {
     let log = TestLog::with_sealed_segments();
     let victim = log.sealed_file(1, 1);
-    let original = std::fs::read(&victim).unwrap();
+    let original = std::fs::read(current_version(&victim)).unwrap();
     let key = TestLog::key_of(&victim);
-    std::fs::remove_file(&victim).unwrap();
+    std::fs::remove_dir_all(&victim).unwrap();
 
     let output = log.verify();
     fails_naming(&output, "run `chorus log repair`");
@@ -308,7 +325,7 @@ fn a_deleted_sealed_copy_fails_verify_naming_it_and_repair_restores_it() {
     let repaired = log.repair();
     assert!(repaired.contains(" restored=1 "), "{repaired}");
     assert!(repaired.contains(" replaced=0 "), "{repaired}");
-    let restored = std::fs::read(&victim).unwrap();
+    let restored = std::fs::read(current_version(&victim)).unwrap();
     assert_eq!(
         restored[LOCAL_HEADER_BYTES..],
         original[LOCAL_HEADER_BYTES..]
@@ -321,12 +338,12 @@ fn a_corrupt_sealed_copy_fails_verify_and_repair_replaces_it() {
     let log = TestLog::with_sealed_segments();
     let victim = log.sealed_file(1, 2);
     let key = TestLog::key_of(&victim);
-    let original = std::fs::read(&victim).unwrap();
+    let original = std::fs::read(current_version(&victim)).unwrap();
     let mut rotten = original.clone();
     let last = rotten.len() - 1;
     assert!(last > LOCAL_HEADER_BYTES);
     rotten[last] ^= 0x01;
-    std::fs::write(&victim, &rotten).unwrap();
+    std::fs::write(current_version(&victim), &rotten).unwrap();
 
     let output = log.verify();
     fails_naming(
@@ -350,7 +367,7 @@ fn a_corrupt_sealed_copy_fails_verify_and_repair_replaces_it() {
     let repaired = log.repair();
     assert!(repaired.contains(" replaced=1 "), "{repaired}");
     assert!(repaired.contains(" restored=0 "), "{repaired}");
-    let healed = std::fs::read(&victim).unwrap();
+    let healed = std::fs::read(current_version(&victim)).unwrap();
     assert_eq!(healed[LOCAL_HEADER_BYTES..], original[LOCAL_HEADER_BYTES..]);
     healthy(&log.verify());
 }

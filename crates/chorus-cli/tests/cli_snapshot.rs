@@ -12,6 +12,7 @@ use chorus::blob::{StoreUrl, open_store};
 use chorus::clock::SystemClock;
 use chorus::lease::{DatabaseKey, HolderId, LeaseConfig, LeaseHolder, LeaseStore, Term};
 use serde_json::Value;
+use support::{current_version, local_key_dir, local_object_exists};
 use tempfile::TempDir;
 
 fn chorus(dir: &Path, args: &[&str]) -> Output {
@@ -122,11 +123,10 @@ fn round_trip(dir: &Path, location: &[&str]) {
 fn publish_list_restore_round_trip_on_the_embedded_default() {
     let dir = TempDir::new().unwrap();
     round_trip(dir.path(), &[]);
-    assert!(
-        dir.path()
-            .join("chorus-data/snapshots-store/default/HEAD.json")
-            .is_file()
-    );
+    assert!(local_object_exists(
+        &dir.path().join("chorus-data/snapshots-store"),
+        "default/HEAD.json"
+    ));
     let status = assert_succeeds(&chorus(dir.path(), &["lease", "status", "--json"]));
     let status: Value = serde_json::from_str(&status).unwrap();
     assert_eq!(
@@ -141,7 +141,10 @@ fn publish_list_restore_round_trip_with_explicit_store_and_db() {
     let dir = TempDir::new().unwrap();
     let store = StoreUrl::local(&dir.path().join("elsewhere")).to_string();
     round_trip(dir.path(), &["--store", &store, "--db", "orders"]);
-    assert!(dir.path().join("elsewhere/orders/HEAD.json").is_file());
+    assert!(local_object_exists(
+        &dir.path().join("elsewhere"),
+        "orders/HEAD.json"
+    ));
     assert!(!dir.path().join("chorus-data").exists());
 }
 
@@ -152,7 +155,10 @@ fn the_store_and_db_come_from_chorus_toml_and_flags_win() {
     let config = format!("snapshot_store = \"{store}\"\ndb = \"ledger\"\n");
     write_file(dir.path(), "chorus.toml", config.as_bytes());
     round_trip(dir.path(), &[]);
-    assert!(dir.path().join("configured/ledger/HEAD.json").is_file());
+    assert!(local_object_exists(
+        &dir.path().join("configured"),
+        "ledger/HEAD.json"
+    ));
     assert!(!dir.path().join("chorus-data").exists());
     let status = assert_succeeds(&chorus(dir.path(), &["lease", "status", "--json"]));
     let status: Value = serde_json::from_str(&status).unwrap();
@@ -397,10 +403,16 @@ fn publish_keeps_the_newest_three_payloads_by_default() {
         .map(|entry| entry.unwrap().path())
         .collect();
     on_disk.sort();
-    let expected: Vec<PathBuf> = keys[2..].iter().map(|key| root.join(key)).collect();
+    let expected: Vec<PathBuf> = keys[2..]
+        .iter()
+        .map(|key| local_key_dir(&root, key))
+        .collect();
     assert_eq!(on_disk, expected);
     for gone in &keys[..2] {
-        assert!(!root.join(gone).exists(), "{gone} survived retention");
+        assert!(
+            !local_object_exists(&root, gone),
+            "{gone} survived retention"
+        );
     }
     let target = dir.path().join("restored.bin");
     assert_succeeds(&chorus(
@@ -426,7 +438,10 @@ fn restore_refuses_a_corrupted_payload_and_writes_nothing() {
         .to_owned();
     // Flip one bit of the payload's last byte on disk (the local store keeps
     // the object's bytes at the end of the file, after its header).
-    let object = dir.path().join("chorus-data/snapshots-store").join(&key);
+    let object = current_version(&local_key_dir(
+        &dir.path().join("chorus-data/snapshots-store"),
+        &key,
+    ));
     let mut stored = std::fs::read(&object).unwrap();
     *stored.last_mut().unwrap() ^= 0x01;
     std::fs::write(&object, stored).unwrap();

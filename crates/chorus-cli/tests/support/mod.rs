@@ -45,3 +45,29 @@ pub fn chorus_command_with_test_credentials(dir: &Path) -> Command {
         .env("AWS_SECRET_ACCESS_KEY", "test");
     command
 }
+
+/// The local store keeps key `<dirs>/<name>` in the directory
+/// `<dirs>/.k.<name>`, one file per version, the highest current.
+pub const LOCAL_KEY_DIR_PREFIX: &str = ".k.";
+
+/// The directory of `key` in the local store at `root`.
+pub fn local_key_dir(root: &Path, key: &str) -> std::path::PathBuf {
+    let (dirs, name) = key.rsplit_once('/').unwrap_or(("", key));
+    root.join(dirs)
+        .join(format!("{LOCAL_KEY_DIR_PREFIX}{name}"))
+}
+
+/// The file of the current (highest) version in a local store key directory.
+pub fn current_version(key_dir: &Path) -> std::path::PathBuf {
+    let mut versions: Vec<_> = std::fs::read_dir(key_dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", key_dir.display()))
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    versions.sort();
+    versions.pop().expect("a key directory holds a version")
+}
+
+/// Whether `key` exists in the local store at `root`.
+pub fn local_object_exists(root: &Path, key: &str) -> bool {
+    local_key_dir(root, key).is_dir()
+}

@@ -1,45 +1,66 @@
-//! A durable local-directory store, atomic across processes.
+//! A durable local-directory store, atomic across processes and lock-free: no
+//! process, however long it is stopped (SIGSTOP, a debugger, a frozen VM),
+//! can keep another from creating, updating or deleting any key.
 //!
-//! Layout under the root directory:
+//! Layout under the root directory (layout 2):
 //!
 //! ```text
-//! <root>/<key>                 object file: 20-byte header, then the object's bytes
-//! <root>/.chorus-tmp/<random>  staging files (harmless leftovers after a crash)
-//! <root>/.chorus-locks/<nn>    256 striped lock files for update and delete
+//! <root>/.chorus-layout               "chorus-local-store 2": the layout marker
+//! <root>/<dirs>/.k.<name>/<seq, 20 digits>
+//!                                     the versions of key <dirs>/<name>; the
+//!                                     highest is current; each file is a 20-byte
+//!                                     header (magic `CHLB`, random 128-bit nonce)
+//!                                     then the object's bytes, never modified
+//! <root>/.chorus-tmp/<random>         staging files and directories
+//! <root>/.chorus-trash/<random>       deleted keys' version directories
 //! ```
 //!
-//! Every object file starts with the magic `CHLB` and a random 128-bit version
-//! nonce; a fresh nonce is drawn on every write, so versions never recur.
+//! Keys never have a segment starting with `.`, so `.k.<name>` cannot collide
+//! with a key, and a key may be both an object and a prefix of others.
 //!
-//! - **create**: make sure the key's directories exist *and* are durable
-//!   (each one's entry fsync'd in its parent, even when another process
-//!   created it and may have crashed before its fsync), write a staging file,
-//!   fsync it, then `link(2)` it to the key, which fails atomically if the key
-//!   exists (in any process), then fsync the directory. No lock needed. A
-//!   create that finds the key taken fsyncs the existing file and its
-//!   directory before it answers `AlreadyExists`: callers settle unknown
-//!   outcomes by reading the object back, and must not confirm one whose
-//!   directory fsync failed.
-//! - **update**: under the key's exclusive stripe lock (`flock`), check the
-//!   current nonce, write a staging file, fsync, `rename(2)` over the key,
-//!   fsync the directory.
-//! - **delete**: under the same stripe lock, unlink and fsync the directory, so a
-//!   delete can never interleave with an update's check-then-rename.
-//! - Readers take no lock: `rename` replaces the file atomically, and an open
-//!   descriptor keeps seeing the file it opened. A link is visible before the
-//!   creator's directory fsync makes it durable, so `get`, `head` and `list`
-//!   fsync the directory they read before answering: whatever a reader saw
-//!   survives an OS crash too. (fsync of a clean directory is cheap.)
+//! - **create**: stage a directory holding version 1 (file and directory
+//!   fsync'd), then `rename(2)` it to `.k.<name>`: a rename onto an existing,
+//!   non-empty directory fails, so this is an atomic create-if-absent across
+//!   processes. Then fsync the parent.
+//! - **update** (CAS on the version token, the nonce): read the current
+//!   version `n` and check its nonce, then `link(2)` a staged file as version
+//!   `n + 1` into the key directory: link fails if that name exists, so the
+//!   link *is* the compare-and-swap. A stale updater whose `n + 1` was
+//!   already superseded and cleaned finds a higher version after its link and
+//!   withdraws it (readers only ever take the highest version, so they never
+//!   see it). Superseded versions are removed by whoever updates next.
+//!   Links go through a descriptor of the key directory opened when the
+//!   current version was read, so an update can never land in a newer
+//!   incarnation of a deleted and re-created key.
+//! - **delete**: `rename(2)` the key directory into `.chorus-trash`, fsync
+//!   the parent, then remove it. An update racing the delete links into the
+//!   directory now in the trash and is ordered before the delete.
+//! - **read**: no lock; take the highest version, retrying if it is removed
+//!   under the read. A name is visible before the creator's fsync makes it
+//!   durable, so `get`, `head` and `list` fsync the directories they read
+//!   before answering: whatever a reader saw survives an OS crash too (fsync
+//!   of a clean directory is cheap).
+//!
+//! Every create also fsyncs each directory on the key's path into its parent,
+//! even one another process created (it may have crashed before its fsync),
+//! and a create that finds the key taken fsyncs what is there before it
+//! answers `AlreadyExists`: callers settle unknown outcomes by reading back.
+//! Versions never recur: each carries a fresh random nonce.
 //!
 //! `object_store`'s `LocalFileSystem` neither fsyncs nor offers CAS update, hence
-//! this backend.
+//! this backend. Unix only (it uses `linkat(2)` and `openat(2)`).
 
 use std::collections::HashSet;
+use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::ops::Range;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -51,13 +72,41 @@ const MAGIC: &[u8; 4] = b"CHLB";
 const NONCE_BYTES: usize = 16;
 const HEADER_BYTES: u64 = (MAGIC.len() + NONCE_BYTES) as u64;
 const TMP_DIR: &str = ".chorus-tmp";
-const LOCK_DIR: &str = ".chorus-locks";
-const LOCK_STRIPES: u32 = 256;
+const TRASH_DIR: &str = ".chorus-trash";
+const LAYOUT_FILE: &str = ".chorus-layout";
+const LAYOUT: &str = "chorus-local-store 2\n";
+/// Where the locking layout 1 kept its `flock` stripes: its mark.
+const LAYOUT_1_LOCKS: &str = ".chorus-locks";
+const KEY_DIR_PREFIX: &str = ".k.";
+const SEQ_DIGITS: usize = 20;
+/// Rounds a read retries when the version it picked is removed under it
+/// (each one means a newer version exists).
+const MAX_READ_ROUNDS: u32 = 64;
+/// Staging entries older than this are a crashed process's leftovers.
+const STALE_STAGING: Duration = Duration::from_secs(3600);
+/// Directories remembered as durable at most; past it the set starts over.
+const MAX_DURABLE_DIRS: usize = 4096;
 
 /// A store in a local directory (`file:///abs/dir`); see the module docs.
 #[derive(Debug, Clone)]
 pub struct LocalDirStore {
     inner: Arc<Inner>,
+}
+
+/// Runs before every fsync, with its path; an error fails that fsync.
+type FsyncHook = Box<dyn Fn(&Path) -> io::Result<()> + Send + Sync>;
+
+/// Runs inside an update's compare-and-swap, with its key.
+type CasHook = Box<dyn Fn(&str) + Send + Sync>;
+
+/// Test seams: each runs at a fixed point of an operation.
+#[derive(Default)]
+struct Hooks {
+    /// Before every fsync.
+    before_fsync: Option<FsyncHook>,
+    /// After the current version was read and checked, before the new one
+    /// is linked.
+    inside_cas: Option<CasHook>,
 }
 
 struct Inner {
@@ -66,15 +115,8 @@ struct Inner {
     /// Directories this process has made durable (their entry fsync'd in
     /// their parent), so a create fsyncs its ancestors once, not every time.
     durable_dirs: Mutex<HashSet<PathBuf>>,
-    /// Runs before every fsync; a test seam for injected fsync failures.
-    before_fsync: Option<FsyncHook>,
+    hooks: Hooks,
 }
-
-/// Called with the path about to be fsync'd; an error fails that fsync.
-type FsyncHook = Box<dyn Fn(&Path) -> io::Result<()> + Send + Sync>;
-
-/// Directories remembered as durable at most; past it the set starts over.
-const MAX_DURABLE_DIRS: usize = 4096;
 
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -86,15 +128,15 @@ impl std::fmt::Debug for Inner {
 }
 
 impl LocalDirStore {
-    /// Opens (creating if needed) a store rooted at the absolute directory `root`.
+    /// Opens (creating if needed) a store rooted at the absolute directory
+    /// `root`. A directory written by a build with the older locking layout
+    /// is refused with an error that says how to upgrade it
+    /// ([`LocalDirStore::upgrade`]).
     pub fn open(root: impl Into<PathBuf>) -> Result<LocalDirStore, BlobError> {
-        Self::open_with(root.into(), None)
+        Self::open_with(root.into(), Hooks::default())
     }
 
-    fn open_with(
-        root: PathBuf,
-        before_fsync: Option<FsyncHook>,
-    ) -> Result<LocalDirStore, BlobError> {
+    fn open_with(root: PathBuf, hooks: Hooks) -> Result<LocalDirStore, BlobError> {
         let name = format!("file://{}", root.display());
         if !root.is_absolute() {
             return Err(BlobError::backend(
@@ -108,12 +150,14 @@ impl LocalDirStore {
             root,
             name,
             durable_dirs: Mutex::default(),
-            before_fsync,
+            hooks,
         };
+        inner.check_layout()?;
         let setup = || -> io::Result<()> {
-            inner.create_dirs_durably(&inner.root)?;
             inner.create_dirs_durably(&inner.root.join(TMP_DIR))?;
-            inner.create_dirs_durably(&inner.root.join(LOCK_DIR))
+            inner.create_dirs_durably(&inner.root.join(TRASH_DIR))?;
+            inner.clean_leftovers();
+            Ok(())
         };
         setup().map_err(|e| BlobError::backend(&inner.name, Op::Create, "", e))?;
         Ok(LocalDirStore {
@@ -124,6 +168,24 @@ impl LocalDirStore {
     /// The directory this store lives in.
     pub fn root(&self) -> &Path {
         &self.inner.root
+    }
+
+    /// Converts a directory of the older locking layout (every object one
+    /// file at its key, `flock` stripes under `.chorus-locks`) to this
+    /// layout, in place, keeping every object's bytes and version. Run it
+    /// with no other process using the directory. Returns how many objects
+    /// it converted; an interrupted upgrade can be run again.
+    pub fn upgrade(root: &Path) -> Result<usize, BlobError> {
+        let name = format!("file://{}", root.display());
+        let inner = Inner {
+            root: root.to_owned(),
+            name,
+            durable_dirs: Mutex::default(),
+            hooks: Hooks::default(),
+        };
+        inner
+            .upgrade_layout_1()
+            .map_err(|e| BlobError::backend(&inner.name, Op::Update, "", e))
     }
 
     /// Runs blocking file-system work off the async runtime.
@@ -142,9 +204,161 @@ impl LocalDirStore {
     }
 }
 
+/// The directory holding a key's versions.
+fn key_dir(root: &Path, key: &str) -> PathBuf {
+    let (dirs, name) = key.rsplit_once('/').unwrap_or(("", key));
+    let parent = if dirs.is_empty() {
+        root.to_owned()
+    } else {
+        root.join(dirs)
+    };
+    parent.join(format!("{KEY_DIR_PREFIX}{name}"))
+}
+
+fn version_name(seq: u64) -> String {
+    format!("{seq:0SEQ_DIGITS$}")
+}
+
+fn parse_version_name(name: &[u8]) -> Option<u64> {
+    if name.len() != SEQ_DIGITS || !name.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(name).ok()?.parse().ok()
+}
+
+/// An open key directory: version lookups and links go through its
+/// descriptor, so they stay in this incarnation of the key even if the
+/// directory is renamed into the trash meanwhile.
+struct KeyDir {
+    path: PathBuf,
+    file: File,
+}
+
+impl KeyDir {
+    /// Opens `path`; `Ok(None)` if the key has no directory (it does not exist).
+    fn open(path: PathBuf) -> io::Result<Option<KeyDir>> {
+        let opened = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(&path);
+        match opened {
+            Ok(file) => Ok(Some(KeyDir { path, file })),
+            Err(e) if is_absent(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The version numbers present, ascending.
+    fn versions(&self) -> io::Result<Vec<u64>> {
+        let mut versions = Vec::new();
+        // fdopendir takes the descriptor it is given: hand it a duplicate.
+        let fd = cvt(unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) })?;
+        // SAFETY: `fd` is a fresh descriptor we own; on success the stream owns it.
+        let stream = unsafe { libc::fdopendir(fd) };
+        if stream.is_null() {
+            let error = io::Error::last_os_error();
+            // SAFETY: fdopendir failed, so `fd` is still ours to close.
+            unsafe { libc::close(fd) };
+            return Err(error);
+        }
+        // The duplicate shares the directory offset with `self.file`: start over.
+        // SAFETY: `stream` is a valid directory stream until closedir below.
+        unsafe { libc::rewinddir(stream) };
+        loop {
+            // SAFETY: as above; readdir's entry stays valid until the next call.
+            let entry = unsafe { libc::readdir(stream) };
+            if entry.is_null() {
+                break;
+            }
+            // SAFETY: d_name is a NUL-terminated name inside `entry`.
+            let name = unsafe { std::ffi::CStr::from_ptr((*entry).d_name.as_ptr()) };
+            if let Some(seq) = parse_version_name(name.to_bytes()) {
+                versions.push(seq);
+            }
+        }
+        // SAFETY: `stream` is valid and closed exactly once.
+        unsafe { libc::closedir(stream) };
+        versions.sort_unstable();
+        Ok(versions)
+    }
+
+    fn open_version(&self, seq: u64) -> io::Result<File> {
+        let name = CString::new(version_name(seq)).expect("digits have no NUL");
+        // SAFETY: both pointers are valid for the call; the result is checked.
+        let fd = cvt(unsafe {
+            libc::openat(
+                self.file.as_raw_fd(),
+                name.as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+            )
+        })?;
+        // SAFETY: `fd` is a fresh descriptor we own.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    }
+
+    /// Links `staged` in as version `seq`; fails with `AlreadyExists` if that
+    /// version exists: the atomic step of an update.
+    fn link_version(&self, staged: &Path, seq: u64) -> io::Result<()> {
+        let from = CString::new(staged.as_os_str().as_bytes())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let name = CString::new(version_name(seq)).expect("digits have no NUL");
+        // SAFETY: both pointers are valid for the call; the result is checked.
+        cvt(unsafe {
+            libc::linkat(
+                libc::AT_FDCWD,
+                from.as_ptr(),
+                self.file.as_raw_fd(),
+                name.as_ptr(),
+                0,
+            )
+        })
+        .map(drop)
+    }
+
+    fn remove_version(&self, seq: u64) -> io::Result<()> {
+        let name = CString::new(version_name(seq)).expect("digits have no NUL");
+        // SAFETY: the pointer is valid for the call; the result is checked.
+        cvt(unsafe { libc::unlinkat(self.file.as_raw_fd(), name.as_ptr(), 0) }).map(drop)
+    }
+
+    /// The current (highest) version and its open file; `None` if there is none.
+    fn current(&self) -> io::Result<Option<(u64, File)>> {
+        for _ in 0..MAX_READ_ROUNDS {
+            let Some(&seq) = self.versions()?.last() else {
+                return Ok(None);
+            };
+            match self.open_version(seq) {
+                Ok(file) => return Ok(Some((seq, file))),
+                // Superseded and removed under us: a newer one exists.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            format!("versions kept changing during {MAX_READ_ROUNDS} reads"),
+        ))
+    }
+}
+
+fn cvt(result: libc::c_int) -> io::Result<libc::c_int> {
+    if result < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(result)
+    }
+}
+
+fn is_absent(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+    )
+}
+
 impl Inner {
-    fn path_of(&self, key: &str) -> PathBuf {
-        self.root.join(key)
+    fn key_dir(&self, key: &str) -> PathBuf {
+        key_dir(&self.root, key)
     }
 
     fn io_error(&self, op: Op, key: &str, error: io::Error) -> BlobError {
@@ -160,98 +374,188 @@ impl Inner {
         }
     }
 
-    /// Writes a complete, fsync'd staging file holding `bytes` under a new version.
-    fn stage(&self, bytes: &[u8]) -> io::Result<(PathBuf, Version)> {
-        let nonce: [u8; NONCE_BYTES] = rand::random();
-        let path = self
-            .root
-            .join(TMP_DIR)
-            .join(hex::encode(rand::random::<[u8; 16]>()));
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)?;
-        let written = (|| {
-            file.write_all(MAGIC)?;
-            file.write_all(&nonce)?;
-            file.write_all(bytes)?;
-            self.fsync(&file, &path)
-        })();
+    /// Refuses a directory of another layout; marks a new one as layout 2.
+    fn check_layout(&self) -> Result<(), BlobError> {
+        let refuse = |reason: String| BlobError::backend(&self.name, Op::Create, "", reason);
+        let marker = self.root.join(LAYOUT_FILE);
+        match fs::read_to_string(&marker) {
+            Ok(found) if found == LAYOUT => return Ok(()),
+            Ok(found) => {
+                return Err(refuse(format!(
+                    "unsupported local store layout {:?} in {} (this build reads {:?})",
+                    found.trim_end(),
+                    marker.display(),
+                    LAYOUT.trim_end()
+                )));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(refuse(format!("cannot read {}: {e}", marker.display()))),
+        }
+        if self.root.join(LAYOUT_1_LOCKS).exists() {
+            return Err(refuse(format!(
+                "{} holds a local store of the older locking layout; stop every chorus \
+                 process using it, then run `chorus store upgrade {}`",
+                self.root.display(),
+                self.name
+            )));
+        }
+        let mark = || -> io::Result<()> {
+            self.create_dirs_durably(&self.root)?;
+            let staged = self.stage_file(LAYOUT.as_bytes(), false)?;
+            // Racing openers write the same marker: whichever lands first wins.
+            match fs::hard_link(&staged, &marker) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    let _ = fs::remove_file(&staged);
+                    return Err(e);
+                }
+            }
+            let _ = fs::remove_file(&staged);
+            self.sync_dir(&self.root)
+        };
+        mark().map_err(|e| refuse(format!("cannot mark the layout: {e}")))
+    }
+
+    /// Writes a complete, fsync'd staging file under `.chorus-tmp`: the
+    /// object header and `bytes` when `object`, else `bytes` alone.
+    fn stage_file(&self, bytes: &[u8], object: bool) -> io::Result<PathBuf> {
+        let tmp = self.root.join(TMP_DIR);
+        self.create_dirs_durably(&tmp)?;
+        let path = tmp.join(hex::encode(rand::random::<[u8; 16]>()));
+        let written = write_synced(self, &path, bytes, object.then(rand::random));
         if let Err(error) = written {
             let _ = fs::remove_file(&path);
             return Err(error);
         }
-        Ok((path, nonce_version(&nonce)))
+        Ok(path)
     }
 
     fn create(&self, key: &str, bytes: &[u8]) -> Result<Version, BlobError> {
-        let target = self.path_of(key);
         let err = |e| self.io_error(Op::Create, key, e);
-        let directory = target.parent().expect("key has a parent");
-        self.create_dirs_durably(directory).map_err(err)?;
-        let (staged, version) = self.stage(bytes).map_err(err)?;
-        // link(2) fails with EEXIST if the key exists: atomic create-if-absent.
-        let linked = fs::hard_link(&staged, &target);
-        let _ = fs::remove_file(&staged);
-        match linked {
+        let target = self.key_dir(key);
+        let parent = target.parent().expect("a key directory has a parent");
+        self.create_dirs_durably(parent).map_err(err)?;
+        // Stage the key's directory with version 1 inside, durable.
+        let staged = self
+            .root
+            .join(TMP_DIR)
+            .join(hex::encode(rand::random::<[u8; 16]>()));
+        fs::create_dir(&staged).map_err(err)?;
+        let nonce: [u8; NONCE_BYTES] = rand::random();
+        let prepared = write_synced(self, &staged.join(version_name(1)), bytes, Some(nonce))
+            .and_then(|()| self.sync_dir(&staged));
+        if let Err(e) = prepared {
+            let _ = fs::remove_dir_all(&staged);
+            return Err(err(e));
+        }
+        // rename(2) onto an existing non-empty directory fails: create-if-absent.
+        match fs::rename(&staged, &target) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                // Perhaps our own earlier attempt, whose directory fsync
-                // failed: make what is there durable before anyone takes it
-                // as a success.
-                let existing = File::open(&target).map_err(err)?;
-                self.fsync(&existing, &target).map_err(err)?;
-                self.sync_dir(directory).map_err(err)?;
-                return Err(err(e));
-            }
             Err(e) => {
-                // Someone removed the directory: forget it was durable.
-                self.durable_dirs().remove(directory);
-                return Err(err(e));
+                let _ = fs::remove_dir_all(&staged);
+                let taken = matches!(
+                    e.kind(),
+                    io::ErrorKind::AlreadyExists | io::ErrorKind::DirectoryNotEmpty
+                );
+                if !taken {
+                    if e.kind() == io::ErrorKind::NotFound {
+                        // Someone removed a directory on the path: forget it was durable.
+                        self.durable_dirs().remove(parent);
+                    }
+                    return Err(err(e));
+                }
+                // Perhaps our own earlier attempt, whose fsync failed: make
+                // what is there durable before anyone takes it as a success.
+                self.make_current_durable(&target).map_err(err)?;
+                return Err(BlobError::already_exists(&self.name, key));
             }
         }
-        self.sync_dir(directory).map_err(err)?;
-        Ok(version)
+        self.sync_dir(parent).map_err(err)?;
+        Ok(nonce_version(&nonce))
+    }
+
+    /// Fsyncs a key's current version, its directory and the directory's entry.
+    fn make_current_durable(&self, target: &Path) -> io::Result<()> {
+        if let Some(dir) = KeyDir::open(target.to_owned())?
+            && let Some((seq, file)) = dir.current()?
+        {
+            self.fsync(&file, &target.join(version_name(seq)))?;
+            self.fsync(&dir.file, target)?;
+        }
+        self.sync_parent(target)
     }
 
     fn update(&self, key: &str, expected: &Version, bytes: &[u8]) -> Result<Version, BlobError> {
-        let target = self.path_of(key);
         let err = |e| self.io_error(Op::Update, key, e);
-        let _lock = self.lock(key).map_err(err)?;
-        let mut file = match File::open(&target) {
-            Ok(file) => file,
-            // Not at `expected` either: a missing object is a conflict, as on S3.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(BlobError::conflict(&self.name, key));
-            }
-            Err(e) => return Err(err(e)),
+        // Not at `expected` either: a missing object is a conflict, as on S3.
+        let conflict = || BlobError::conflict(&self.name, key);
+        let Some(dir) = KeyDir::open(self.key_dir(key)).map_err(err)? else {
+            return Err(conflict());
+        };
+        let Some((seq, mut file)) = dir.current().map_err(err)? else {
+            return Err(conflict());
         };
         let current = read_header(&mut file).map_err(|e| self.format_error(Op::Update, key, e))?;
         if &current != expected {
-            return Err(BlobError::conflict(&self.name, key));
+            return Err(conflict());
         }
-        let (staged, version) = self.stage(bytes).map_err(err)?;
-        if let Err(error) = fs::rename(&staged, &target) {
+        if let Some(pause) = &self.hooks.inside_cas {
+            pause(key);
+        }
+        let nonce: [u8; NONCE_BYTES] = rand::random();
+        let staged = self
+            .root
+            .join(TMP_DIR)
+            .join(hex::encode(rand::random::<[u8; 16]>()));
+        write_synced(self, &staged, bytes, Some(nonce)).map_err(|e| {
             let _ = fs::remove_file(&staged);
-            return Err(err(error));
+            err(e)
+        })?;
+        let next = seq + 1;
+        let linked = dir.link_version(&staged, next);
+        let _ = fs::remove_file(&staged);
+        match linked {
+            Ok(()) => {}
+            // Someone else made `next` first; or the key was deleted and
+            // its directory removed from the trash.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists || is_absent(&e) => {
+                return Err(conflict());
+            }
+            Err(e) => return Err(err(e)),
         }
-        self.sync_parent(&target).map_err(err)?;
-        Ok(version)
+        // Our `next` was free only because it had been superseded and
+        // removed: we were stale. Withdraw it; readers never took it.
+        let versions = dir.versions().map_err(err)?;
+        if versions.last() != Some(&next) {
+            let _ = dir.remove_version(next);
+            return Err(conflict());
+        }
+        self.fsync(&dir.file, &dir.path).map_err(err)?;
+        // Superseded versions go; a stale updater racing this finds `next`.
+        for old in versions.into_iter().filter(|old| *old < next) {
+            let _ = dir.remove_version(old);
+        }
+        Ok(nonce_version(&nonce))
     }
 
-    /// Opens the object at `key` for reading, once its directory entry is
-    /// durable (see the module docs).
-    fn open_durable(&self, op: Op, key: &str) -> Result<File, BlobError> {
+    /// Opens the current version of `key` once its directory is durable
+    /// (see the module docs).
+    fn open_current(&self, op: Op, key: &str) -> Result<File, BlobError> {
         let err = |e| self.io_error(op, key, e);
-        let path = self.path_of(key);
-        let file = File::open(&path).map_err(err)?;
-        self.sync_parent(&path).map_err(err)?;
+        let missing = || BlobError::not_found(&self.name, key);
+        let dir = KeyDir::open(self.key_dir(key))
+            .map_err(err)?
+            .ok_or_else(missing)?;
+        let (_, file) = dir.current().map_err(err)?.ok_or_else(missing)?;
+        self.fsync(&dir.file, &dir.path).map_err(err)?;
+        self.sync_parent(&dir.path).map_err(err)?;
         Ok(file)
     }
 
     fn get(&self, key: &str) -> Result<Blob, BlobError> {
         let err = |e| self.io_error(Op::Get, key, e);
-        let mut file = self.open_durable(Op::Get, key)?;
+        let mut file = self.open_current(Op::Get, key)?;
         let version = read_header(&mut file).map_err(|e| self.format_error(Op::Get, key, e))?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(err)?;
@@ -263,7 +567,7 @@ impl Inner {
 
     fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, BlobError> {
         let err = |e| self.io_error(Op::Get, key, e);
-        let mut file = self.open_durable(Op::Get, key)?;
+        let mut file = self.open_current(Op::Get, key)?;
         let size = file
             .metadata()
             .map_err(err)?
@@ -285,7 +589,7 @@ impl Inner {
     }
 
     fn head(&self, key: &str) -> Result<ObjectMeta, BlobError> {
-        self.meta_of(key, self.open_durable(Op::Head, key)?)
+        self.meta_of(key, self.open_current(Op::Head, key)?)
     }
 
     fn meta_of(&self, key: &str, mut file: File) -> Result<ObjectMeta, BlobError> {
@@ -300,53 +604,166 @@ impl Inner {
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, BlobError> {
-        let mut keys = Vec::new();
+        let mut listed = Vec::new();
         let start = if prefix.is_empty() {
             self.root.clone()
         } else {
-            self.path_of(prefix)
+            self.root.join(prefix)
         };
-        self.collect_keys(&start, &mut keys)
+        self.collect(prefix, &start, &mut listed)
             .map_err(|e| BlobError::backend(&self.name, Op::List, prefix, e))?;
-        keys.sort();
-        let mut listed = Vec::with_capacity(keys.len());
-        for key in keys {
-            // The walk fsync'd every directory it read.
-            let opened =
-                File::open(self.path_of(&key)).map_err(|e| self.io_error(Op::Head, &key, e));
-            match opened.and_then(|file| self.meta_of(&key, file)) {
-                Ok(meta) => listed.push(meta),
-                // Deleted between the directory walk and the head: not listed.
-                Err(BlobError::NotFound { .. }) => {}
-                Err(error) => return Err(error),
-            }
-        }
+        listed.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(listed)
     }
 
+    /// Collects the current versions of the keys under `dir` (whose keys
+    /// start with `prefix`), fsyncing each directory read.
+    fn collect(&self, prefix: &str, dir: &Path, listed: &mut Vec<ObjectMeta>) -> io::Result<()> {
+        let entries = match fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) if is_absent(&e) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let child_key = |name: &str| {
+            if prefix.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{prefix}/{name}")
+            }
+        };
+        for entry in entries {
+            let entry = entry?;
+            let file_name = entry.file_name();
+            let name = file_name.to_string_lossy();
+            if !entry.file_type()?.is_dir() {
+                continue;
+            }
+            if let Some(object) = name.strip_prefix(KEY_DIR_PREFIX) {
+                let key = child_key(object);
+                let Some(key_dir) = KeyDir::open(entry.path())? else {
+                    continue; // deleted meanwhile
+                };
+                let Some((_, file)) = key_dir.current()? else {
+                    continue;
+                };
+                self.fsync(&key_dir.file, &key_dir.path)?;
+                match self.meta_of(&key, file) {
+                    Ok(meta) => listed.push(meta),
+                    Err(error) => return Err(io::Error::other(error.to_string())),
+                }
+            } else if !name.starts_with('.') {
+                self.collect(&child_key(&name), &entry.path(), listed)?;
+            }
+        }
+        self.sync_dir(dir)
+    }
+
     fn delete(&self, key: &str) -> Result<(), BlobError> {
-        let target = self.path_of(key);
         let err = |e| self.io_error(Op::Delete, key, e);
-        let _lock = self.lock(key).map_err(err)?;
-        match fs::remove_file(&target) {
-            Ok(()) => self.sync_parent(&target).map_err(err),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(err(e)),
+        let target = self.key_dir(key);
+        let Some(dir) = KeyDir::open(target.clone()).map_err(err)? else {
+            return Ok(());
+        };
+        if dir.versions().map_err(err)?.is_empty() {
+            return Ok(());
+        }
+        drop(dir);
+        let trash = self
+            .root
+            .join(TRASH_DIR)
+            .join(hex::encode(rand::random::<[u8; 16]>()));
+        match fs::rename(&target, &trash) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(err(e)),
+        }
+        self.sync_parent(&target).map_err(err)?;
+        // A stale updater may still link into it; a later open sweeps what
+        // this leaves.
+        let _ = fs::remove_dir_all(&trash);
+        Ok(())
+    }
+
+    /// Removes a crashed process's staging entries and deleted keys left in
+    /// the trash. Best effort: another process may be using the store.
+    fn clean_leftovers(&self) {
+        let now = SystemTime::now();
+        let stale = |path: &Path| {
+            fs::symlink_metadata(path)
+                .and_then(|meta| meta.modified())
+                .is_ok_and(|modified| {
+                    now.duration_since(modified).unwrap_or_default() > STALE_STAGING
+                })
+        };
+        for dir in [TMP_DIR, TRASH_DIR] {
+            let Ok(entries) = fs::read_dir(self.root.join(dir)) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if dir == TRASH_DIR || stale(&path) {
+                    let _ = fs::remove_dir_all(&path).or_else(|_| fs::remove_file(&path));
+                }
+            }
         }
     }
 
-    /// Takes the exclusive lock of the key's stripe; released when dropped.
-    fn lock(&self, key: &str) -> io::Result<File> {
-        let stripe = crc32c::crc32c(key.as_bytes()) % LOCK_STRIPES;
-        let path = self.root.join(LOCK_DIR).join(format!("{stripe:02x}"));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)?;
-        file.lock()?;
-        Ok(file)
+    /// Moves every object file of layout 1 (a file at its key) into its key
+    /// directory as version 1, then marks the layout and drops the lock stripes.
+    fn upgrade_layout_1(&self) -> io::Result<usize> {
+        let mut converted = 0;
+        self.upgrade_dir(&self.root, &mut converted)?;
+        let locks = self.root.join(LAYOUT_1_LOCKS);
+        if locks.exists() {
+            let staged = self.stage_file(LAYOUT.as_bytes(), false)?;
+            let marked = fs::hard_link(&staged, self.root.join(LAYOUT_FILE));
+            let _ = fs::remove_file(&staged);
+            match marked {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+            self.sync_dir(&self.root)?;
+            fs::remove_dir_all(&locks)?;
+            self.sync_dir(&self.root)?;
+        }
+        Ok(converted)
+    }
+
+    fn upgrade_dir(&self, dir: &Path, converted: &mut usize) -> io::Result<()> {
+        for entry in fs::read_dir(dir)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            if name.as_bytes().starts_with(b".") {
+                continue;
+            }
+            let path = entry.path();
+            if entry.file_type()?.is_dir() {
+                self.upgrade_dir(&path, converted)?;
+                continue;
+            }
+            let target = dir.join(format!("{KEY_DIR_PREFIX}{}", name.to_string_lossy()));
+            match fs::create_dir(&target) {
+                Ok(()) => {}
+                // An interrupted upgrade made it; it must still be empty.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    if KeyDir::open(target.clone())?
+                        .is_some_and(|d| d.versions().is_ok_and(|versions| !versions.is_empty()))
+                    {
+                        return Err(io::Error::other(format!(
+                            "{} exists in both layouts",
+                            path.display()
+                        )));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+            fs::rename(&path, target.join(version_name(1)))?;
+            self.sync_dir(&target)?;
+            self.sync_dir(dir)?;
+            *converted += 1;
+        }
+        Ok(())
     }
 
     fn format_error(&self, op: Op, key: &str, error: HeaderError) -> BlobError {
@@ -360,34 +777,7 @@ impl Inner {
             ),
         }
     }
-}
 
-enum HeaderError {
-    Io(io::Error),
-    NotAnObject,
-}
-
-fn read_header(file: &mut File) -> Result<Version, HeaderError> {
-    let mut header = [0u8; HEADER_BYTES as usize];
-    match file.read_exact(&mut header) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(HeaderError::NotAnObject),
-        Err(e) => return Err(HeaderError::Io(e)),
-    }
-    if &header[..MAGIC.len()] != MAGIC {
-        return Err(HeaderError::NotAnObject);
-    }
-    Ok(nonce_version(&header[MAGIC.len()..]))
-}
-
-fn nonce_version(nonce: &[u8]) -> Version {
-    Version {
-        e_tag: Some(hex::encode(nonce)),
-        generation: None,
-    }
-}
-
-impl Inner {
     /// Creates `dir` and any missing ancestors and makes each one's entry
     /// durable in its parent. An existing directory is fsync'd into its
     /// parent too: another process may have created it and crashed before
@@ -429,45 +819,52 @@ impl Inner {
     }
 
     fn fsync(&self, file: &File, path: &Path) -> io::Result<()> {
-        if let Some(hook) = &self.before_fsync {
+        if let Some(hook) = &self.hooks.before_fsync {
             hook(path)?;
         }
         file.sync_all()
     }
 }
 
-impl Inner {
-    /// Collects the keys of all object files under `dir`, skipping private
-    /// entries, and fsyncs each directory read (see the module docs).
-    fn collect_keys(&self, dir: &Path, keys: &mut Vec<String>) -> io::Result<()> {
-        let entries = match fs::read_dir(dir) {
-            Ok(entries) => entries,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
-                ) =>
-            {
-                return Ok(());
-            }
-            Err(e) => return Err(e),
-        };
-        for entry in entries {
-            let entry = entry?;
-            if entry.file_name().to_string_lossy().starts_with('.') {
-                continue;
-            }
-            let path = entry.path();
-            if entry.file_type()?.is_dir() {
-                self.collect_keys(&path, keys)?;
-            } else {
-                let relative = path
-                    .strip_prefix(&self.root)
-                    .expect("walk stays under root");
-                keys.push(relative.to_string_lossy().replace('\\', "/"));
-            }
-        }
-        self.sync_dir(dir)
+/// Writes `bytes` (after an object header with `nonce`, if given) to the new
+/// file `path` and fsyncs it.
+fn write_synced(
+    inner: &Inner,
+    path: &Path,
+    bytes: &[u8],
+    nonce: Option<[u8; NONCE_BYTES]>,
+) -> io::Result<()> {
+    let mut file = OpenOptions::new().write(true).create_new(true).open(path)?;
+    if let Some(nonce) = nonce {
+        file.write_all(MAGIC)?;
+        file.write_all(&nonce)?;
+    }
+    file.write_all(bytes)?;
+    inner.fsync(&file, path)
+}
+
+enum HeaderError {
+    Io(io::Error),
+    NotAnObject,
+}
+
+fn read_header(file: &mut File) -> Result<Version, HeaderError> {
+    let mut header = [0u8; HEADER_BYTES as usize];
+    match file.read_exact(&mut header) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(HeaderError::NotAnObject),
+        Err(e) => return Err(HeaderError::Io(e)),
+    }
+    if &header[..MAGIC.len()] != MAGIC {
+        return Err(HeaderError::NotAnObject);
+    }
+    Ok(nonce_version(&header[MAGIC.len()..]))
+}
+
+fn nonce_version(nonce: &[u8]) -> Version {
+    Version {
+        e_tag: Some(hex::encode(nonce)),
+        generation: None,
     }
 }
 
@@ -538,11 +935,8 @@ impl BlobStore for LocalDirStore {
             .await
     }
 }
-
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
     use super::*;
 
     /// A store whose fsyncs are recorded, and fail while `failing` names
@@ -558,20 +952,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let synced = Arc::new(Mutex::new(Vec::new()));
         let failing = Arc::new(Mutex::new(None::<PathBuf>));
-        let hook: FsyncHook = {
-            let (synced, failing) = (Arc::clone(&synced), Arc::clone(&failing));
-            Box::new(move |path: &Path| {
-                if failing.lock().unwrap().as_deref() == Some(path) {
-                    return Err(io::Error::new(
-                        io::ErrorKind::Interrupted,
-                        "injected fsync failure",
-                    ));
-                }
-                synced.lock().unwrap().push(path.to_owned());
-                Ok(())
-            })
+        let hooks = Hooks {
+            before_fsync: Some({
+                let (synced, failing) = (Arc::clone(&synced), Arc::clone(&failing));
+                Box::new(move |path: &Path| {
+                    if failing.lock().unwrap().as_deref() == Some(path) {
+                        return Err(io::Error::new(
+                            io::ErrorKind::Interrupted,
+                            "injected fsync failure",
+                        ));
+                    }
+                    synced.lock().unwrap().push(path.to_owned());
+                    Ok(())
+                })
+            }),
+            inside_cas: None,
         };
-        let store = LocalDirStore::open_with(dir.path().join("store"), Some(hook)).unwrap();
+        let store = LocalDirStore::open_with(dir.path().join("store"), hooks).unwrap();
         Recorded {
             store,
             synced,
@@ -654,7 +1051,12 @@ mod tests {
             "{retried}"
         );
         let synced = store.take_synced();
-        assert!(synced.contains(&directory.join("1")), "{synced:?}");
+        let key_dir = directory.join(".k.1");
+        assert!(
+            synced.contains(&key_dir.join(version_name(1))),
+            "{synced:?}"
+        );
+        assert!(synced.contains(&key_dir), "{synced:?}");
         assert!(synced.contains(&directory), "{synced:?}");
     }
 
@@ -671,15 +1073,163 @@ mod tests {
             .unwrap();
         let directory = root.join("segments/a");
         store.take_synced();
+        let key_dir = directory.join(".k.1");
         store.store.get("segments/a/1").await.unwrap();
-        assert_eq!(store.take_synced(), vec![directory.clone()]);
+        assert_eq!(
+            store.take_synced(),
+            vec![key_dir.clone(), directory.clone()]
+        );
         store.store.head("segments/a/1").await.unwrap();
-        assert_eq!(store.take_synced(), vec![directory.clone()]);
+        assert_eq!(
+            store.take_synced(),
+            vec![key_dir.clone(), directory.clone()]
+        );
         store.store.list("segments").await.unwrap();
         let synced = store.take_synced();
         assert!(
             synced.contains(&directory) && synced.contains(&root.join("segments")),
             "{synced:?}"
         );
+    }
+
+    /// An update whose compare-and-swap is paused between reading the current
+    /// version and linking the new one, as a stopped process would be, and a
+    /// second store on the same directory that updates and deletes meanwhile.
+    struct PausedUpdate {
+        resume: std::sync::mpsc::Sender<()>,
+        outcome: tokio::task::JoinHandle<Result<Version, BlobError>>,
+        other: LocalDirStore,
+        _dir: tempfile::TempDir,
+    }
+
+    const KEY: &str = "db/lease.json";
+
+    async fn paused_update() -> PausedUpdate {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("store");
+        let (paused_tx, paused) = std::sync::mpsc::channel();
+        let (resume, resume_rx) = std::sync::mpsc::channel::<()>();
+        let (paused_tx, resume_rx) = (Mutex::new(paused_tx), Mutex::new(resume_rx));
+        let hooks = Hooks {
+            before_fsync: None,
+            inside_cas: Some(Box::new(move |_key: &str| {
+                paused_tx.lock().unwrap().send(()).unwrap();
+                resume_rx.lock().unwrap().recv().unwrap();
+            })),
+        };
+        let stopped = LocalDirStore::open_with(root.clone(), hooks).unwrap();
+        let other = LocalDirStore::open(root).unwrap();
+        let first = other.create(KEY, Bytes::from_static(b"v1")).await.unwrap();
+        let outcome = tokio::spawn(async move {
+            stopped
+                .update(KEY, &first, Bytes::from_static(b"stale"))
+                .await
+        });
+        tokio::task::spawn_blocking(move || paused.recv().unwrap())
+            .await
+            .unwrap();
+        PausedUpdate {
+            resume,
+            outcome,
+            other,
+            _dir: dir,
+        }
+    }
+
+    impl PausedUpdate {
+        /// Lets the paused update go on and returns its outcome (the store
+        /// directory lives as long as `self`).
+        async fn resume(&mut self) -> Result<Version, BlobError> {
+            self.resume.send(()).unwrap();
+            (&mut self.outcome).await.unwrap()
+        }
+    }
+
+    /// Bounds an operation of the unpaused store: no lock may make it wait.
+    async fn promptly<T>(operation: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(5), operation)
+            .await
+            .expect("an operation waited on the paused update")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_update_paused_inside_its_cas_blocks_no_update_and_then_conflicts() {
+        let mut paused = paused_update().await;
+        let other = paused.other.clone();
+        let current = promptly(other.get(KEY)).await.unwrap().version;
+        let second = promptly(other.update(KEY, &current, Bytes::from_static(b"v2")))
+            .await
+            .unwrap();
+        // The paused update's version 2 is taken, then cleaned away by the third.
+        let third = promptly(other.update(KEY, &second, Bytes::from_static(b"v3")))
+            .await
+            .unwrap();
+        let outcome = paused.resume().await;
+        assert!(
+            matches!(outcome, Err(BlobError::Conflict { .. })),
+            "{outcome:?}"
+        );
+        let read = other.get(KEY).await.unwrap();
+        assert_eq!(
+            (read.bytes, read.version),
+            (Bytes::from_static(b"v3"), third)
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_update_paused_inside_its_cas_blocks_no_delete_and_never_lands_in_a_recreated_key() {
+        let mut paused = paused_update().await;
+        let other = paused.other.clone();
+        promptly(other.delete(KEY)).await.unwrap();
+        assert!(matches!(
+            other.get(KEY).await,
+            Err(BlobError::NotFound { .. })
+        ));
+        let recreated = promptly(other.create(KEY, Bytes::from_static(b"new")))
+            .await
+            .unwrap();
+        let outcome = paused.resume().await;
+        assert!(
+            matches!(outcome, Err(BlobError::Conflict { .. })),
+            "{outcome:?}"
+        );
+        let read = other.get(KEY).await.unwrap();
+        assert_eq!(
+            (read.bytes, read.version.clone()),
+            (Bytes::from_static(b"new"), recreated.clone())
+        );
+        // The re-created key's versions carry on from there.
+        other
+            .update(KEY, &recreated, Bytes::from_static(b"newer"))
+            .await
+            .unwrap();
+    }
+
+    /// A directory written with the locking layout (one file per key and
+    /// `.chorus-locks`) is refused by name, and `upgrade` converts it,
+    /// keeping every object's bytes and version.
+    #[tokio::test]
+    async fn a_directory_of_the_locking_layout_is_refused_until_upgraded() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("store");
+        fs::create_dir_all(root.join(".chorus-locks")).unwrap();
+        fs::create_dir_all(root.join("db")).unwrap();
+        let nonce = [7u8; NONCE_BYTES];
+        let mut object = MAGIC.to_vec();
+        object.extend_from_slice(&nonce);
+        object.extend_from_slice(b"lease");
+        fs::write(root.join("db/lease.json"), &object).unwrap();
+
+        let refused = LocalDirStore::open(root.clone()).unwrap_err().to_string();
+        assert!(refused.contains("older locking layout"), "{refused}");
+        assert!(refused.contains("chorus store upgrade"), "{refused}");
+
+        assert_eq!(LocalDirStore::upgrade(&root).unwrap(), 1);
+        assert_eq!(LocalDirStore::upgrade(&root).unwrap(), 0, "upgrading twice");
+        let store = LocalDirStore::open(root).unwrap();
+        let read = store.get("db/lease.json").await.unwrap();
+        assert_eq!(read.bytes, Bytes::from_static(b"lease"));
+        assert_eq!(read.version, nonce_version(&nonce));
+        assert_eq!(store.list("").await.unwrap().len(), 1);
     }
 }

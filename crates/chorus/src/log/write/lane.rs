@@ -131,12 +131,12 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::blob::{LocalDirStore, StoreUrl};
+    use crate::blob::ObjectStoreBlobs;
 
     fn lane() -> Lane {
-        let dir = std::env::temp_dir();
-        let _ = StoreUrl::local(&dir);
-        let store = Arc::new(LocalDirStore::open(dir.join("chorus-lane-test")).unwrap());
+        // The lane never reaches its store here; it needs one to exist.
+        let memory = Arc::new(object_store::memory::InMemory::new());
+        let store = Arc::new(ObjectStoreBlobs::new(memory, "", "memory://lane-test"));
         Lane::new(Replica { position: 0, store }, Instant::now())
     }
 
