@@ -41,10 +41,13 @@ pub async fn open_existing_register(
     let register = open_register(&location.register, OpenMode::MustExist)
         .await
         .map_err(|e| {
-            format!(
-                "cannot open register {}: {e}; run `chorus log init` first",
-                location.register
-            )
+            // A busy or unreachable register exists: `init` would not help.
+            let hint = if e.is_transient() {
+                ""
+            } else {
+                "; run `chorus log init` first"
+            };
+            format!("cannot open register {}: {e}{hint}", location.register)
         })?;
     Ok(register)
 }

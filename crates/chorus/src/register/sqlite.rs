@@ -102,9 +102,13 @@ impl SqliteRegister {
 
 fn sql_error(name: &str, error: rusqlite::Error) -> RegisterError {
     match error.sqlite_error_code() {
-        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
-            RegisterError::unavailable(name, error)
-        }
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => RegisterError::unavailable(
+            name,
+            format!(
+                "register busy: another process holds its lock \
+                 (it may be stopped inside a transaction): {error}"
+            ),
+        ),
         Some(ErrorCode::ConstraintViolation) => RegisterError::already_exists(name),
         _ => RegisterError::backend(name, error),
     }
@@ -171,5 +175,36 @@ impl ManifestStore for SqliteRegister {
 
     fn max_directory_bytes(&self) -> usize {
         DEFAULT_MAX_DIRECTORY_BYTES
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: a register locked by another connection (a process
+    /// stopped inside its write transaction keeps the lock) failed with a
+    /// bare `database is locked`, which the CLI answered with "run `chorus
+    /// log init` first". It is a transient, named condition.
+    #[tokio::test]
+    async fn a_locked_register_is_reported_busy() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("register.db");
+        let register = SqliteRegister::open(&path, "chorus", OpenMode::CreateIfMissing).unwrap();
+        let fields: Fields = [("chorus.format".to_owned(), "1".to_owned())].into();
+        let version = register.create(&fields).await.unwrap();
+        let holder = rusqlite::Connection::open(&path).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+
+        let error = register.update(&version, &fields).await.unwrap_err();
+        assert!(error.is_transient(), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("register busy: another process holds its lock"),
+            "{error}"
+        );
+        holder.execute_batch("ROLLBACK").unwrap();
+        register.update(&version, &fields).await.unwrap();
     }
 }
