@@ -14,6 +14,11 @@ use serde::Deserialize;
 
 /// Replicas of the embedded default.
 pub const DEFAULT_REPLICA_COUNT: usize = 3;
+/// The embedded default's register directory (an object register), under the data dir.
+const DEFAULT_REGISTER_DIR: &str = "register";
+/// The SQLite register file of data directories made before the object register
+/// became the default; still used where present.
+const LEGACY_REGISTER_FILE: &str = "register.db";
 
 /// The store options every log command takes.
 #[derive(Debug, Clone, clap::Args)]
@@ -134,9 +139,21 @@ impl StoreArgs {
                 .map_err(|e| e.to_string())
                 .and_then(|url| url.with_s3_settings(&file.s3).map_err(|e| e.to_string()))
                 .map_err(|e| ConfigError(format!("register: {e}")))?,
-            None => RegisterUrl::sqlite(data_dir.join("register.db")),
+            None => default_register(&data_dir),
         };
         Ok(Location { replicas, register })
+    }
+}
+
+/// The embedded default's register: the object register in the local store
+/// `<data dir>/register`, which no stopped process can lock; or the SQLite
+/// `register.db` that a data directory made by an older chorus holds.
+fn default_register(data_dir: &Path) -> RegisterUrl {
+    let legacy = data_dir.join(LEGACY_REGISTER_FILE);
+    if legacy.exists() {
+        RegisterUrl::sqlite(legacy)
+    } else {
+        RegisterUrl::Object(StoreUrl::local(&data_dir.join(DEFAULT_REGISTER_DIR)))
     }
 }
 

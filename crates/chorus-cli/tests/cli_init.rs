@@ -50,7 +50,9 @@ fn init_then_inspect_on_the_embedded_default() {
                 .is_dir()
         );
     }
-    assert!(dir.path().join("chorus-data/register.db").is_file());
+    // The object register in a local store: no stopped process can lock it.
+    assert!(dir.path().join("chorus-data/register").is_dir());
+    assert!(!dir.path().join("chorus-data/register.db").exists());
 
     let again = chorus(dir.path(), &["log", "init"]);
     assert!(again.status.success(), "{}", stderr(&again));
@@ -157,12 +159,12 @@ fn data_dir_moves_the_embedded_default() {
                 .is_dir()
         );
     }
-    assert!(dir.path().join("elsewhere/register.db").is_file());
+    assert!(dir.path().join("elsewhere/register").is_dir());
     assert!(!dir.path().join("chorus-data").exists());
     let inspect = chorus(dir.path(), &["log", "inspect", "--data-dir", "elsewhere"]);
     assert!(inspect.status.success(), "{}", stderr(&inspect));
     assert!(
-        stdout(&inspect).contains("elsewhere/register.db"),
+        stdout(&inspect).contains("elsewhere/register"),
         "{}",
         stdout(&inspect)
     );
@@ -319,7 +321,7 @@ fn inspect_without_a_log_says_to_init() {
         &chorus(dir.path(), &["log", "inspect"]),
         "run `chorus log init` first",
     );
-    assert!(!dir.path().join("chorus-data/register.db").exists());
+    assert!(!dir.path().join("chorus-data").exists());
 }
 
 #[test]
@@ -340,8 +342,10 @@ fn a_changed_replica_list_is_refused() {
 #[test]
 fn a_malformed_register_is_reported_and_left_alone() {
     let dir = tempfile::TempDir::new().unwrap();
+    let db = dir.path().join("register.db");
+    let config = format!("register = \"sqlite://{}\"\n", db.display());
+    std::fs::write(dir.path().join("chorus.toml"), config).unwrap();
     assert!(chorus(dir.path(), &["log", "init"]).status.success());
-    let db = dir.path().join("chorus-data/register.db");
     let connection = rusqlite::Connection::open(&db).unwrap();
     let fields: String = connection
         .query_row("SELECT fields FROM chorus_register", [], |row| row.get(0))
@@ -387,7 +391,7 @@ fn the_default_register_gets_its_directory_even_with_remote_replicas() {
         ],
     );
     assert!(init.status.success(), "{}", stderr(&init));
-    assert!(dir.path().join("chorus-data/register.db").is_file());
+    assert!(dir.path().join("chorus-data/register").is_dir());
 }
 
 /// A replica directory in the older locking layout (objects as plain files,
@@ -408,7 +412,7 @@ fn a_replica_of_the_locking_layout_is_refused_until_chorus_store_upgrade() {
 
     let refused = chorus(dir.path(), &["log", "init"]);
     assert_fails_with(&refused, &format!("run `chorus store upgrade {url}`"));
-    assert!(!data.join("register.db").exists(), "init went ahead");
+    assert!(!data.join("register").exists(), "init went ahead");
 
     let upgraded = chorus(dir.path(), &["store", "upgrade", &url]);
     assert!(upgraded.status.success(), "{}", stderr(&upgraded));

@@ -362,11 +362,14 @@ fn tail_starts_at_the_end_and_follows() {
 #[test]
 fn a_read_below_the_floor_is_truncated() {
     let log = TestLog::embedded();
+    // A SQLite register, so the test can raise the floor behind chorus's back.
+    let db = log.dir.path().join("register.db");
+    let config = format!("register = \"sqlite://{}\"\n", db.display());
+    std::fs::write(log.dir.path().join("chorus.toml"), config).unwrap();
     log.init();
     log.append(b"r0\nr1\nr2\nr3\n");
     // The next recovery seals r0..r3 into the directory.
     log.append(b"r4\n");
-    let db = log.dir.path().join("chorus-data/register.db");
     let connection = rusqlite::Connection::open(&db).unwrap();
     let fields: String = connection
         .query_row("SELECT fields FROM chorus_register", [], |row| row.get(0))

@@ -10,7 +10,7 @@
 //! database can hold the registers of several logs.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -228,6 +228,17 @@ pub async fn open_register(
             Ok(Arc::new(opened))
         }
         RegisterUrl::Object(store_url) => {
+            // Opening a local store creates its directory: a register that
+            // must exist is not conjured up by looking for it.
+            if mode == OpenMode::MustExist
+                && let Some(dir) = store_url.local_dir()
+                && !Path::new(dir).exists()
+            {
+                return Err(RegisterError::backend(
+                    &url.to_string(),
+                    format!("no register directory at {dir}"),
+                ));
+            }
             let store = open_store(store_url)
                 .await
                 .map_err(|e| RegisterError::backend(&url.to_string(), e))?;
