@@ -31,8 +31,9 @@ pub struct StoreArgs {
     #[arg(long, env = "CHORUS_REGISTER")]
     pub register: Option<String>,
 
-    /// Directory of the embedded default (three local replicas and a SQLite
-    /// register), used for whatever --replicas / --register leave unset.
+    /// Directory of the embedded default (three local replicas and an object
+    /// register in a local store), used for whatever --replicas / --register
+    /// leave unset.
     #[arg(long, env = "CHORUS_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
 

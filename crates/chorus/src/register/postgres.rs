@@ -18,6 +18,8 @@ use super::{
     VersionedManifest,
 };
 
+/// The server ends a session left idle inside a transaction after this long.
+const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on connecting and on each statement; past it the outcome is unknown.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -41,6 +43,17 @@ impl PostgresRegister {
         mode: OpenMode,
     ) -> Result<PostgresRegister, RegisterError> {
         config.connect_timeout(CALL_TIMEOUT);
+        // Every call is one autocommit statement, so no transaction outlives
+        // a round trip; still, bound what a stalled client could hold: a row
+        // lock waits at most `lock_timeout`, and a session idle inside a
+        // transaction is ended by the server.
+        let bounded = format!(
+            "{} -c lock_timeout={}ms -c idle_in_transaction_session_timeout={}ms",
+            config.get_options().unwrap_or_default(),
+            CALL_TIMEOUT.as_millis(),
+            IDLE_IN_TRANSACTION_TIMEOUT.as_millis()
+        );
+        config.options(bounded.trim_start());
         let store = PostgresRegister {
             config,
             client: Mutex::new(None),
