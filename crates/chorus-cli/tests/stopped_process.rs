@@ -22,9 +22,6 @@ use std::time::{Duration, Instant};
 
 /// How long B may take while A is stopped ("a few seconds").
 const B_LIMIT: Duration = Duration::from_secs(10);
-/// The longest A runs before it is stopped; its run is usually shorter, so
-/// some stops come after A finished (then nothing is stopped, which is fine).
-const MAX_STOP_DELAY_MS: u64 = 120;
 
 /// A small deterministic generator (xorshift64*), so a schedule replays from its seed.
 struct Schedule(u64);
@@ -53,9 +50,9 @@ fn signal(pid: u32, name: &str) {
         .status();
 }
 
-fn append(dir: &Path, args: &[String], record: &str) -> Child {
+/// Runs `chorus ARGS…` in `dir` with `input` on stdin.
+fn chorus(dir: &Path, args: &[String], input: &str) -> Child {
     let mut child = support::chorus_command(dir)
-        .args(["log", "append"])
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -63,22 +60,30 @@ fn append(dir: &Path, args: &[String], record: &str) -> Child {
         .spawn()
         .expect("chorus runs");
     let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(format!("{record}\n").as_bytes()).unwrap();
+    stdin.write_all(input.as_bytes()).unwrap();
     child
 }
 
-/// Waits for `child` at most `limit`; kills it past that (`None`).
-fn wait_at_most(mut child: Child, limit: Duration) -> Option<Output> {
-    let started = Instant::now();
-    while started.elapsed() < limit {
-        if child.try_wait().unwrap().is_some() {
-            return Some(child.wait_with_output().unwrap());
+fn append_args(location: &[String]) -> Vec<String> {
+    let mut args = vec!["log".to_owned(), "append".to_owned()];
+    args.extend_from_slice(location);
+    args
+}
+
+/// Waits for `child` at most `limit`, reading its output meanwhile (a full
+/// pipe would stall it); past the limit kills it and returns what it printed
+/// as the error.
+fn wait_at_most(child: Child, limit: Duration) -> Result<Output, Output> {
+    let pid = child.id();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(child.wait_with_output().unwrap()));
+    match finished.recv_timeout(limit) {
+        Ok(output) => Ok(output),
+        Err(_) => {
+            signal(pid, "KILL");
+            Err(finished.recv().unwrap())
         }
-        std::thread::sleep(Duration::from_millis(5));
     }
-    let _ = child.kill();
-    let _ = child.wait();
-    None
 }
 
 /// The index B's append acknowledged, from its `{"index":N}` line.
@@ -91,78 +96,137 @@ fn acked_index(output: &Output) -> u64 {
         .unwrap_or_else(|_| panic!("not an ack: {stdout:?}"))
 }
 
-fn takeovers_never_wait_for_a_stopped_process(args: &[String]) {
-    let dir = tempfile::TempDir::new().unwrap();
-    let init = support::chorus_command(dir.path())
-        .args(["log", "init"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        init.status.success(),
-        "{}",
-        String::from_utf8_lossy(&init.stderr)
-    );
+/// The command of round `round` for `role` ("a" or "b"), and its stdin.
+type RoundCommand<'a> = &'a dyn Fn(&str, u64) -> (Vec<String>, String);
+
+/// One kind of contended command: how A and B run it, and which of B's
+/// failures are a legitimate wait rather than a block.
+struct Contention<'a> {
+    /// What A and B run.
+    command: RoundCommand<'a>,
+    /// Whether B may try again after failing with this stderr.
+    retry: &'a dyn Fn(&str) -> bool,
+    /// How long B may take in all, retries included.
+    limit: Duration,
+    /// The longest A runs before it is stopped: about A's own run time, so
+    /// the stops land anywhere in it (some after it finished, which is fine).
+    max_stop_delay_ms: u64,
+}
+
+/// What B went through over every round.
+struct Takeovers {
+    /// B's output per round.
+    outputs: Vec<Output>,
+    /// Rounds in which B had to try again (A stopped inside its work).
+    waited: usize,
+}
+
+/// Stops A at random moments and runs B meanwhile.
+fn stop_and_take_over(dir: &Path, contention: &Contention) -> Takeovers {
     let seed = env_u64("CHORUS_STOP_SEED", 0x5eed_cafe);
     let rounds = env_u64("CHORUS_STOP_ROUNDS", 50);
     eprintln!("stop schedule: CHORUS_STOP_SEED={seed} rounds={rounds}");
     let mut schedule = Schedule(seed.max(1));
-    let mut acked = Vec::new();
+    let mut outputs = Vec::new();
+    let mut waited = 0;
     let mut slowest = Duration::ZERO;
     for round in 0..rounds {
-        let a = append(dir.path(), args, &format!("a-{round}"));
-        std::thread::sleep(Duration::from_millis(schedule.next() % MAX_STOP_DELAY_MS));
+        let (args, input) = (contention.command)("a", round);
+        let a = chorus(dir, &args, &input);
+        std::thread::sleep(Duration::from_millis(
+            schedule.next() % contention.max_stop_delay_ms,
+        ));
         signal(a.id(), "STOP");
 
-        let record = format!("b-{round}");
         let started = Instant::now();
+        let mut attempts = 0;
         let output = loop {
-            let b = append(dir.path(), args, &record);
-            let output =
-                wait_at_most(b, B_LIMIT.saturating_sub(started.elapsed())).unwrap_or_else(|| {
-                    signal(a.id(), "KILL");
-                    panic!("round {round}: B did not finish within {B_LIMIT:?} while A was stopped")
-                });
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            // Fenced by a newer A is a legitimate race; anything else fails.
-            if output.status.success() || !stderr.contains("fenced") {
+            attempts += 1;
+            let (args, input) = (contention.command)("b", round);
+            let b = chorus(dir, &args, &input);
+            let left = contention.limit.saturating_sub(started.elapsed());
+            let output = wait_at_most(b, left).unwrap_or_else(|killed| {
+                signal(a.id(), "KILL");
+                panic!(
+                    "round {round}: B did not finish within {:?} while A was stopped: {}",
+                    contention.limit,
+                    String::from_utf8_lossy(&killed.stderr)
+                )
+            });
+            if output.status.success()
+                || !(contention.retry)(&String::from_utf8_lossy(&output.stderr))
+            {
                 break output;
             }
+            std::thread::sleep(Duration::from_millis(20));
         };
         let took = started.elapsed();
         slowest = slowest.max(took);
+        waited += usize::from(attempts > 1);
         assert!(
             output.status.success(),
             "round {round}: B failed after {took:?}: {}",
             String::from_utf8_lossy(&output.stderr)
         );
-        acked.push((acked_index(&output), record));
+        outputs.push(output);
 
         signal(a.id(), "CONT");
         // A may finish or fail (B fenced it); it must not hang either.
-        assert!(
-            wait_at_most(a, Duration::from_secs(30)).is_some(),
-            "round {round}: A did not end after it was resumed"
-        );
+        if let Err(killed) = wait_at_most(a, Duration::from_secs(30)) {
+            panic!(
+                "round {round}: A did not end after it was resumed: {}",
+                String::from_utf8_lossy(&killed.stderr)
+            );
+        }
     }
-    eprintln!("{rounds} stops: B's slowest append took {slowest:?}");
+    eprintln!("{rounds} stops: B waited in {waited} rounds, its slowest run took {slowest:?}");
+    Takeovers { outputs, waited }
+}
 
-    let read = support::chorus_command(dir.path())
-        .args(["log", "read", "--from", "0"])
-        .args(args)
-        .output()
-        .unwrap();
+fn run_to_success(dir: &Path, args: &[String]) -> String {
+    let output =
+        wait_at_most(chorus(dir, args, ""), Duration::from_secs(30)).unwrap_or_else(|killed| {
+            panic!("{args:?} hung: {}", String::from_utf8_lossy(&killed.stderr))
+        });
     assert!(
-        read.status.success(),
+        output.status.success(),
         "{}",
-        String::from_utf8_lossy(&read.stderr)
+        String::from_utf8_lossy(&output.stderr)
     );
-    let lines = String::from_utf8_lossy(&read.stdout).into_owned();
-    for (index, record) in acked {
-        let expected = format!("{{\"index\":{index},\"data\":\"{record}\"}}");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn takeovers_never_wait_for_a_stopped_process(location: &[String]) {
+    let dir = tempfile::TempDir::new().unwrap();
+    let mut init = vec!["log".to_owned(), "init".to_owned()];
+    init.extend_from_slice(location);
+    run_to_success(dir.path(), &init);
+    let command = |role: &str, round: u64| (append_args(location), format!("{role}-{round}\n"));
+    let outputs = stop_and_take_over(
+        dir.path(),
+        &Contention {
+            command: &command,
+            // Fenced by a newer A is a legitimate race; anything else fails.
+            retry: &|stderr| stderr.contains("fenced"),
+            limit: B_LIMIT,
+            max_stop_delay_ms: 120,
+        },
+    )
+    .outputs;
+    let mut read = vec![
+        "log".to_owned(),
+        "read".to_owned(),
+        "--from".to_owned(),
+        "0".to_owned(),
+    ];
+    read.extend_from_slice(location);
+    let lines = run_to_success(dir.path(), &read);
+    for (round, output) in outputs.iter().enumerate() {
+        let index = acked_index(output);
+        let expected = format!("{{\"index\":{index},\"data\":\"b-{round}\"}}");
         assert!(
             lines.lines().any(|line| line == expected),
-            "acknowledged {record} at {index} is missing"
+            "acknowledged b-{round} at {index} is missing"
         );
     }
 }
@@ -177,4 +241,50 @@ fn a_stopped_appender_never_blocks_the_next_with_an_object_register_in_a_directo
     let register = tempfile::TempDir::new().unwrap();
     let url = format!("file://{}", register.path().join("register").display());
     takeovers_never_wait_for_a_stopped_process(&["--register".to_owned(), url]);
+}
+
+/// `chorus snapshot publish` updates `lease.json` and `HEAD.json` in the
+/// snapshot store. A publisher stopped while holding the lease makes the
+/// next one wait for the lease to expire (that is what a lease is for), never
+/// for a lock: with a 1 s lease, B publishes within a few seconds each time.
+#[test]
+fn a_stopped_publisher_never_blocks_the_next_beyond_its_lease() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let payload = dir.path().join("payload.bin");
+    std::fs::write(&payload, b"state").unwrap();
+    let payload = payload.display().to_string();
+    let command = |role: &str, round: u64| {
+        let args = [
+            "snapshot",
+            "publish",
+            "--file",
+            &payload,
+            "--wal-index",
+            &round.to_string(),
+            "--holder",
+            &format!("{role}-{round}"),
+            "--lease-ttl-secs",
+            "1",
+        ];
+        (
+            args.iter().map(|arg| (*arg).to_owned()).collect(),
+            String::new(),
+        )
+    };
+    let takeovers = stop_and_take_over(
+        dir.path(),
+        &Contention {
+            command: &command,
+            // A live lease of A's, or A's newer HEAD, is a wait, not a block.
+            retry: &|stderr| stderr.contains("lease held") || stderr.contains("fenced"),
+            limit: Duration::from_secs(1) + B_LIMIT,
+            max_stop_delay_ms: 30,
+        },
+    );
+    assert!(
+        takeovers.waited > 0,
+        "no stop landed while A held the lease: the test proved nothing"
+    );
+    let listed = run_to_success(dir.path(), &["snapshot".to_owned(), "list".to_owned()]);
+    assert!(listed.contains("HEAD"), "{listed}");
 }

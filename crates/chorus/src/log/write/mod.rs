@@ -110,6 +110,10 @@ pub struct Writer {
     commands: mpsc::UnboundedSender<Command>,
     maintenance: Maintenance,
     truncations: Arc<background::Truncations>,
+    /// The background maintenance task; it ends with the writer, so a pass
+    /// still running cannot outlive a shutdown (maintenance may stop at any
+    /// point).
+    background: tokio::task::AbortHandle,
 }
 
 impl Writer {
@@ -131,11 +135,12 @@ impl Writer {
             Arc::clone(&recovery.stores.register),
             recovery.config.register_rounds,
         );
-        tokio::spawn(background::run(
+        let background = tokio::spawn(background::run(
             Arc::downgrade(&shared),
             maintenance.clone(),
             recovery.config.clone(),
-        ));
+        ))
+        .abort_handle();
         let start = Start {
             shared: Arc::clone(&shared),
             config: recovery.config.clone(),
@@ -152,6 +157,7 @@ impl Writer {
             commands,
             maintenance,
             truncations: Arc::default(),
+            background,
         }
     }
 
@@ -201,6 +207,7 @@ impl Writer {
             Ok(()) => outcome.await.ok(),
             Err(_) => None,
         };
+        self.background.abort();
         // No answer: the writer had stopped already, or its task is gone.
         answered.unwrap_or_else(|| {
             let reason = self.shared.admission().stopped.clone();
@@ -214,6 +221,7 @@ impl Writer {
     /// Stops at once: outstanding appends fail (those already written to some
     /// replica with `may_have_committed`).
     pub fn abort(self) {
+        self.background.abort();
         let _ = self.commands.send(Command::Abort);
     }
 }
