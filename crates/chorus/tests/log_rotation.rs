@@ -16,7 +16,7 @@ use chorus::blob::{Fault, FaultController, FaultRule, KeyMatch, Op, OpSet, RuleI
 use chorus::ids::RecordIndex;
 use chorus::log::{ErrorKind, LogConfig, LogError, MAX_DIRECTORY_ENTRY_BYTES, Writer};
 use chorus::register::{FaultyRegister, Manifest, MemoryRegister};
-use log_support::{Cluster, append_acked, payload, test_config, wait_until};
+use log_support::{Cluster, append_acked, append_acked_retrying, payload, test_config, wait_until};
 
 /// Segments of 200 framed bytes: twelve 13-byte test records (17 bytes
 /// with their length prefix) fill one.
@@ -347,7 +347,9 @@ async fn a_stalled_seal_refuses_appends_with_active_segment_full() {
     let receipt = completion.unwrap().await.unwrap();
     assert_eq!(receipt.index, next);
     acked.insert(receipt.index, record);
-    append_acked(&writer, "after", 40, &mut acked).await;
+    // The full segment rotates now; until that seal lands the new one may
+    // fill up too, which is backpressure to wait out.
+    append_acked_retrying(&writer, "after", 40, &mut acked).await;
     writer.shutdown(Duration::from_secs(5)).await.unwrap();
     let recovered = cluster.verify_acked(&acked).await;
     assert_eq!(recovered.len(), acked.len());

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use chorus::blob::{Fault, FaultRule, KeyMatch, Op, OpSet};
 use chorus::log::{LogConfig, LogError, Recovery};
-use log_support::{Cluster, append_acked, payload, replay_all, test_config};
+use log_support::{Cluster, append_acked, append_acked_retrying, payload, replay_all, test_config};
 
 /// Seed 3: recovery discarded an acknowledged fragment when every observed
 /// copy of it read back corrupt. A damaged copy was only counted where a
@@ -137,20 +137,5 @@ async fn seed_1013_a_large_record_never_waits_forever_for_rotation() {
     // The segment crossed its threshold and rotates; until the rotation
     // lands, `ActiveSegmentFull` is the retryable backpressure it should be,
     // and then appends go on.
-    for sequence in 0..8 {
-        let record = payload("after", sequence);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        let completion = loop {
-            match writer.append(record.clone()) {
-                Ok(completion) => break completion,
-                Err(LogError::ActiveSegmentFull { .. })
-                    if tokio::time::Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                Err(other) => panic!("append {sequence} refused: {other}"),
-            }
-        };
-        completion.await.unwrap();
-    }
+    append_acked_retrying(&writer, "after", 8, &mut BTreeMap::new()).await;
 }

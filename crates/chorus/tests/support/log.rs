@@ -11,7 +11,7 @@ use chorus::blob::{DynBlobStore, FaultController, FaultyStore, ObjectStoreBlobs}
 use chorus::codec::Fragment;
 use chorus::ids::{Epoch, FragmentIndex, RecordIndex, SegmentId};
 use chorus::log::layout::{SEALED_PREFIX, fragment_key, segment_prefix};
-use chorus::log::{LogConfig, LogError, LogStores, Reader, Recovery, Writer};
+use chorus::log::{ErrorKind, LogConfig, LogError, LogStores, Reader, Recovery, Writer};
 use chorus::register::{Manifest, ManifestStore, MemoryRegister, initialize};
 
 /// N in-memory replicas, each behind its own fault controller, and a register.
@@ -263,6 +263,38 @@ pub fn data_fragment(epoch: Epoch, index: u64, first: u64, records: &[Bytes]) ->
 
 /// Appends `count` records tagged `tag` one at a time, awaiting each ack, and
 /// records them in `acked`.
+/// [`append_acked`] as an application would run it under backpressure:
+/// a retryable refusal (`ActiveSegmentFull` while a rotation lands, for
+/// example) is tried again for up to 10 s.
+pub async fn append_acked_retrying(
+    writer: &Writer,
+    tag: &str,
+    count: u64,
+    acked: &mut BTreeMap<RecordIndex, Bytes>,
+) {
+    for sequence in 0..count {
+        let record = payload(tag, sequence);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let completion = loop {
+            match writer.append(record.clone()) {
+                Ok(completion) => break completion,
+                Err(refused)
+                    if refused.kind() == ErrorKind::Retry
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(other) => panic!("append {tag}-{sequence} refused: {other}"),
+            }
+        };
+        let receipt = completion.await.expect("acknowledged");
+        assert!(
+            acked.insert(receipt.index, record).is_none(),
+            "index reused"
+        );
+    }
+}
+
 pub async fn append_acked(
     writer: &Writer,
     tag: &str,
