@@ -12,12 +12,14 @@
 //! 5. [`lease`]: the writer lease, whose `(term, generation)` is a fencing token.
 //! 6. [`snapshot`]: snapshot payloads under immutable keys and the `HEAD.json`
 //!    pointer, advanced only by CAS under a lease (fenced publication).
+//! 7. [`kv`]: the key-value state machine the service runs on the log (pure).
 #![warn(missing_docs)]
 
 pub mod blob;
 pub mod clock;
 pub mod codec;
 pub mod ids;
+pub mod kv;
 pub mod lease;
 pub mod log;
 pub mod register;
