@@ -267,10 +267,18 @@ impl KeyDir {
         // The duplicate shares the directory offset with `self.file`: start over.
         // SAFETY: `stream` is a valid directory stream until closedir below.
         unsafe { libc::rewinddir(stream) };
+        let mut failed = None;
         loop {
+            // readdir returns NULL both at the end and on an error; only
+            // errno tells them apart, so clear it first.
+            set_errno(0);
             // SAFETY: as above; readdir's entry stays valid until the next call.
             let entry = unsafe { libc::readdir(stream) };
             if entry.is_null() {
+                let error = io::Error::last_os_error();
+                if error.raw_os_error() != Some(0) {
+                    failed = Some(error);
+                }
                 break;
             }
             // SAFETY: d_name is a NUL-terminated name inside `entry`.
@@ -281,6 +289,10 @@ impl KeyDir {
         }
         // SAFETY: `stream` is valid and closed exactly once.
         unsafe { libc::closedir(stream) };
+        if let Some(error) = failed {
+            // A truncated listing could name an old version as current.
+            return Err(error);
+        }
         versions.sort_unstable();
         Ok(versions)
     }
@@ -344,6 +356,20 @@ impl KeyDir {
     }
 }
 
+/// Sets this thread's `errno`.
+fn set_errno(value: libc::c_int) {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    // SAFETY: the location is this thread's errno, valid for the thread's life.
+    unsafe {
+        *libc::__errno_location() = value;
+    }
+    #[cfg(any(target_os = "macos", target_os = "ios", target_os = "freebsd"))]
+    // SAFETY: as above.
+    unsafe {
+        *libc::__error() = value;
+    }
+}
+
 fn cvt(result: libc::c_int) -> io::Result<libc::c_int> {
     if result < 0 {
         Err(io::Error::last_os_error())
@@ -380,6 +406,16 @@ impl Inner {
     /// Refuses a directory of another layout; marks a new one as layout 2.
     fn check_layout(&self) -> Result<(), BlobError> {
         let refuse = |reason: String| BlobError::backend(&self.name, Op::Create, "", reason);
+        // Checked first: an older build may have written here again after
+        // an upgrade (it re-creates its lock stripes).
+        if self.root.join(LAYOUT_1_LOCKS).exists() {
+            return Err(refuse(format!(
+                "{} holds a local store of the older locking layout; stop every chorus \
+                 process using it, then run `chorus store upgrade {}`",
+                self.root.display(),
+                self.name
+            )));
+        }
         let marker = self.root.join(LAYOUT_FILE);
         match fs::read_to_string(&marker) {
             Ok(found) if found == LAYOUT => return Ok(()),
@@ -393,14 +429,6 @@ impl Inner {
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(refuse(format!("cannot read {}: {e}", marker.display()))),
-        }
-        if self.root.join(LAYOUT_1_LOCKS).exists() {
-            return Err(refuse(format!(
-                "{} holds a local store of the older locking layout; stop every chorus \
-                 process using it, then run `chorus store upgrade {}`",
-                self.root.display(),
-                self.name
-            )));
         }
         let mark = || -> io::Result<()> {
             self.create_dirs_durably(&self.root)?;
@@ -440,8 +468,10 @@ impl Inner {
         let parent = target.parent().expect("a key directory has a parent");
         self.create_dirs_durably(parent).map_err(err)?;
         // Cheap answer for a taken key (a recovery fencing behind a fast
-        // writer meets many), without staging anything.
-        if target.is_dir() {
+        // writer meets many), without staging anything. An empty key
+        // directory (a crash's leftover) holds no object: the rename below
+        // replaces it.
+        if self.holds_version(&target).map_err(err)? {
             return self.already_exists(key, &target);
         }
         // Stage the key's directory with version 1 inside, durable.
@@ -468,8 +498,11 @@ impl Inner {
                 );
                 if !taken {
                     if e.kind() == io::ErrorKind::NotFound {
-                        // Someone removed a directory on the path: forget it was durable.
+                        // A directory on the path was removed, or our staged
+                        // directory was claimed as stale by a cleaner: nothing
+                        // was created, and trying again may work.
                         self.durable_dirs().remove(parent);
+                        return Err(BlobError::unavailable(&self.name, Op::Create, key, e));
                     }
                     return Err(err(e));
                 }
@@ -478,6 +511,14 @@ impl Inner {
         }
         self.sync_dir(parent).map_err(err)?;
         Ok(nonce_version(&nonce))
+    }
+
+    /// Whether the key directory `target` exists and holds a version.
+    fn holds_version(&self, target: &Path) -> io::Result<bool> {
+        Ok(match KeyDir::open(target.to_owned())? {
+            Some(dir) => !dir.versions()?.is_empty(),
+            None => false,
+        })
     }
 
     /// Answers a create whose key is taken, once what is there is durable:
@@ -529,12 +570,21 @@ impl Inner {
             }
             Err(e) => return Err(err(e)),
         }
-        // Our `next` was free only because it had been superseded and
-        // removed: we were stale. Withdraw it; readers never took it.
+        // A higher version already: either our `next` was free only because
+        // it had been superseded and removed (we were stale, and readers
+        // never took it), or another update built on ours while we paused
+        // here (it took effect). We cannot tell which, so withdraw it (a
+        // no-op in the second case) and report the outcome as unknown:
+        // callers settle that by reading back.
         let versions = dir.versions().map_err(err)?;
         if versions.last() != Some(&next) {
             let _ = dir.remove_version(next);
-            return Err(conflict());
+            return Err(BlobError::unavailable(
+                &self.name,
+                Op::Update,
+                key,
+                "outcome unknown: a newer version appeared right after ours",
+            ));
         }
         self.fsync(&dir.file, &dir.path).map_err(err)?;
         // Superseded versions go; a stale updater racing this finds `next`.
@@ -669,13 +719,10 @@ impl Inner {
     fn delete(&self, key: &str) -> Result<(), BlobError> {
         let err = |e| self.io_error(Op::Delete, key, e);
         let target = self.key_dir(key);
-        let Some(dir) = KeyDir::open(target.clone()).map_err(err)? else {
-            return Ok(());
-        };
-        if dir.versions().map_err(err)?.is_empty() {
+        if KeyDir::open(target.clone()).map_err(err)?.is_none() {
             return Ok(());
         }
-        drop(dir);
+        // An empty key directory goes too (a crash's leftover).
         let trash = self
             .root
             .join(TRASH_DIR)
@@ -703,15 +750,23 @@ impl Inner {
                     now.duration_since(modified).unwrap_or_default() > STALE_STAGING
                 })
         };
-        for dir in [TMP_DIR, TRASH_DIR] {
-            let Ok(entries) = fs::read_dir(self.root.join(dir)) else {
-                continue;
-            };
+        let trash = self.root.join(TRASH_DIR);
+        // A stale staging entry is first claimed by a rename into the trash:
+        // its creator, if it is only paused, then fails its own rename
+        // (retryably) instead of publishing a directory being emptied.
+        if let Ok(entries) = fs::read_dir(self.root.join(TMP_DIR)) {
             for entry in entries.flatten() {
                 let path = entry.path();
-                if dir == TRASH_DIR || stale(&path) {
-                    let _ = fs::remove_dir_all(&path).or_else(|_| fs::remove_file(&path));
+                if stale(&path) {
+                    let claimed = trash.join(hex::encode(rand::random::<[u8; 16]>()));
+                    let _ = fs::rename(&path, claimed);
                 }
+            }
+        }
+        if let Ok(entries) = fs::read_dir(&trash) {
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let _ = fs::remove_dir_all(&path).or_else(|_| fs::remove_file(&path));
             }
         }
     }
@@ -739,8 +794,10 @@ impl Inner {
     }
 
     fn upgrade_dir(&self, dir: &Path, converted: &mut usize) -> io::Result<()> {
-        for entry in fs::read_dir(dir)? {
-            let entry = entry?;
+        // Listed whole before anything moves: a directory changed while it
+        // is read may skip entries.
+        let entries = fs::read_dir(dir)?.collect::<io::Result<Vec<_>>>()?;
+        for entry in entries {
             let name = entry.file_name();
             if name.as_bytes().starts_with(b".") {
                 continue;
@@ -749,6 +806,9 @@ impl Inner {
             if entry.file_type()?.is_dir() {
                 self.upgrade_dir(&path, converted)?;
                 continue;
+            }
+            if !is_layout_1_object(&path)? {
+                continue; // not something chorus wrote: left where it is
             }
             let target = dir.join(format!("{KEY_DIR_PREFIX}{}", name.to_string_lossy()));
             match fs::create_dir(&target) {
@@ -849,6 +909,16 @@ fn write_synced(
     }
     file.write_all(bytes)?;
     inner.fsync(&file, path)
+}
+
+/// Whether the file at `path` starts like a chorus object.
+fn is_layout_1_object(path: &Path) -> io::Result<bool> {
+    let mut magic = [0u8; MAGIC.len()];
+    match File::open(path)?.read_exact(&mut magic) {
+        Ok(()) => Ok(&magic == MAGIC),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 enum HeaderError {
@@ -1017,7 +1087,7 @@ mod tests {
         }
     }
 
-    /// Regression: when the directory fsync after `link` failed, the retry
+    /// Regression: when a create's last directory fsync failed, the retry
     /// found `AlreadyExists`, the caller read back identical bytes and took
     /// it as success with no directory fsync ever having succeeded.
     #[tokio::test]
@@ -1156,7 +1226,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_update_paused_inside_its_cas_blocks_no_update_and_then_conflicts() {
+    async fn an_update_paused_inside_its_cas_blocks_no_update_and_never_lands() {
         let mut paused = paused_update().await;
         let other = paused.other.clone();
         let current = promptly(other.get(KEY)).await.unwrap().version;
@@ -1168,8 +1238,12 @@ mod tests {
             .await
             .unwrap();
         let outcome = paused.resume().await;
+        // Its version 2 had been superseded and cleaned, so its link found
+        // the name free and then a higher version: it withdraws and reports
+        // an unknown outcome (it cannot tell this from an update that built
+        // on its own), which callers settle by reading back.
         assert!(
-            matches!(outcome, Err(BlobError::Conflict { .. })),
+            matches!(&outcome, Err(error) if error.is_transient()),
             "{outcome:?}"
         );
         let read = other.get(KEY).await.unwrap();
@@ -1234,5 +1308,38 @@ mod tests {
         assert_eq!(read.bytes, Bytes::from_static(b"lease"));
         assert_eq!(read.version, nonce_version(&nonce));
         assert_eq!(store.list("").await.unwrap().len(), 1);
+    }
+
+    /// An empty key directory (a crash's leftover, or an operator's) holds
+    /// no object: create replaces it, delete removes it, and nothing wedges.
+    #[tokio::test]
+    async fn an_empty_key_directory_is_no_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("store");
+        let store = LocalDirStore::open(root.clone()).unwrap();
+        fs::create_dir_all(root.join("db/.k.lease.json")).unwrap();
+        assert!(matches!(
+            store.get(KEY).await,
+            Err(BlobError::NotFound { .. })
+        ));
+        let created = store.create(KEY, Bytes::from_static(b"v1")).await.unwrap();
+        assert_eq!(store.get(KEY).await.unwrap().version, created);
+
+        fs::create_dir_all(root.join("db/.k.other")).unwrap();
+        store.delete("db/other").await.unwrap();
+        assert!(!root.join("db/.k.other").exists());
+    }
+
+    /// An older build that writes into an upgraded directory re-creates its
+    /// lock stripes; the directory is refused again rather than read with
+    /// that build's objects ignored.
+    #[tokio::test]
+    async fn lock_stripes_reappearing_after_an_upgrade_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("store");
+        LocalDirStore::open(root.clone()).unwrap();
+        fs::create_dir_all(root.join(".chorus-locks")).unwrap();
+        let refused = LocalDirStore::open(root).unwrap_err().to_string();
+        assert!(refused.contains("chorus store upgrade"), "{refused}");
     }
 }
