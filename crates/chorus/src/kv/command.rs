@@ -177,22 +177,7 @@ impl Command {
         let malformed = |reason: &str| CommandError::Malformed {
             reason: reason.to_owned(),
         };
-        if record.len() < MAGIC.len() + 2 + CHECKSUM_BYTES {
-            return Err(malformed("shorter than a header"));
-        }
-        let (body, stored) = record.split_at(record.len() - CHECKSUM_BYTES);
-        let stored = u32::from_le_bytes(stored.try_into().expect("four bytes"));
-        if crc32c::crc32c(body) != stored {
-            return Err(malformed("checksum mismatch"));
-        }
-        let mut input = body;
-        if input[..MAGIC.len()] != MAGIC {
-            return Err(malformed("bad magic"));
-        }
-        input.advance(MAGIC.len());
-        if input.get_u8() != FORMAT {
-            return Err(malformed("unsupported format"));
-        }
+        let mut input = open_envelope(record, &MAGIC, FORMAT, 1).map_err(malformed)?;
         let command = match input.get_u8() {
             KIND_BATCH => {
                 let count = take_u32(&mut input)? as usize;
@@ -214,6 +199,32 @@ impl Command {
         command.validate()?;
         Ok(command)
     }
+}
+
+/// Checks the envelope shared by the key-value encodings (`magic | format u8
+/// | body | crc32c u32` over everything before the checksum) and returns the
+/// body, which holds at least `min_body` bytes.
+pub(super) fn open_envelope<'a>(
+    bytes: &'a [u8],
+    magic: &[u8; 4],
+    format: u8,
+    min_body: usize,
+) -> Result<&'a [u8], &'static str> {
+    if bytes.len() < magic.len() + 1 + min_body + CHECKSUM_BYTES {
+        return Err("shorter than a header");
+    }
+    let (covered, stored) = bytes.split_at(bytes.len() - CHECKSUM_BYTES);
+    let stored = u32::from_le_bytes(stored.try_into().expect("four bytes"));
+    if crc32c::crc32c(covered) != stored {
+        return Err("checksum mismatch");
+    }
+    if covered[..magic.len()] != *magic {
+        return Err("bad magic");
+    }
+    if covered[magic.len()] != format {
+        return Err("unsupported format");
+    }
+    Ok(&covered[magic.len() + 1..])
 }
 
 fn kind_of(operation: &Operation) -> u8 {

@@ -188,21 +188,8 @@ impl KvState {
         let fail = |reason: &str| SnapshotError {
             reason: reason.to_owned(),
         };
-        if bytes.len() < SNAPSHOT_MAGIC.len() + 1 + 16 + 4 {
-            return Err(fail("shorter than a header"));
-        }
-        let (body, stored) = bytes.split_at(bytes.len() - 4);
-        if crc32c::crc32c(body) != u32::from_le_bytes(stored.try_into().expect("four bytes")) {
-            return Err(fail("checksum mismatch"));
-        }
-        let mut input = body;
-        if input[..SNAPSHOT_MAGIC.len()] != SNAPSHOT_MAGIC {
-            return Err(fail("bad magic"));
-        }
-        input.advance(SNAPSHOT_MAGIC.len());
-        if input.get_u8() != SNAPSHOT_FORMAT {
-            return Err(fail("unsupported format"));
-        }
+        let mut input =
+            command::open_envelope(bytes, &SNAPSHOT_MAGIC, SNAPSHOT_FORMAT, 16).map_err(fail)?;
         let applied_end = RecordIndex(input.get_u64_le());
         let count = input.get_u64_le();
         let mut entries = BTreeMap::new();
