@@ -262,7 +262,16 @@ pub fn data_fragment(epoch: Epoch, index: u64, first: u64, records: &[Bytes]) ->
 }
 
 /// Appends `count` records tagged `tag` one at a time, awaiting each ack, and
-/// records them in `acked`.
+/// records them in `acked`. Any refusal fails the test.
+pub async fn append_acked(
+    writer: &Writer,
+    tag: &str,
+    count: u64,
+    acked: &mut BTreeMap<RecordIndex, Bytes>,
+) {
+    append_acked_within(writer, tag, count, acked, Duration::ZERO).await;
+}
+
 /// [`append_acked`] as an application would run it under backpressure:
 /// a retryable refusal (`ActiveSegmentFull` while a rotation lands, for
 /// example) is tried again for up to 10 s.
@@ -272,9 +281,21 @@ pub async fn append_acked_retrying(
     count: u64,
     acked: &mut BTreeMap<RecordIndex, Bytes>,
 ) {
+    append_acked_within(writer, tag, count, acked, Duration::from_secs(10)).await;
+}
+
+/// Appends like [`append_acked`], retrying a retryable refusal of one record
+/// for up to `patience`.
+async fn append_acked_within(
+    writer: &Writer,
+    tag: &str,
+    count: u64,
+    acked: &mut BTreeMap<RecordIndex, Bytes>,
+    patience: Duration,
+) {
     for sequence in 0..count {
         let record = payload(tag, sequence);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let deadline = tokio::time::Instant::now() + patience;
         let completion = loop {
             match writer.append(record.clone()) {
                 Ok(completion) => break completion,
@@ -284,30 +305,10 @@ pub async fn append_acked_retrying(
                 {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                Err(other) => panic!("append {tag}-{sequence} refused: {other}"),
+                Err(other) => panic!("append {tag}-{sequence} not admitted: {other}"),
             }
         };
         let receipt = completion.await.expect("acknowledged");
-        assert!(
-            acked.insert(receipt.index, record).is_none(),
-            "index reused"
-        );
-    }
-}
-
-pub async fn append_acked(
-    writer: &Writer,
-    tag: &str,
-    count: u64,
-    acked: &mut BTreeMap<RecordIndex, Bytes>,
-) {
-    for sequence in 0..count {
-        let record = payload(tag, sequence);
-        let receipt = writer
-            .append(record.clone())
-            .expect("admitted")
-            .await
-            .expect("acknowledged");
         assert!(
             acked.insert(receipt.index, record).is_none(),
             "index reused"
