@@ -430,36 +430,26 @@ impl Inner {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(refuse(format!("cannot read {}: {e}", marker.display()))),
         }
-        let mark = || -> io::Result<()> {
-            self.create_dirs_durably(&self.root)?;
-            let staged = self.stage_file(LAYOUT.as_bytes(), false)?;
-            // Racing openers write the same marker: whichever lands first wins.
-            match fs::hard_link(&staged, &marker) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => {
-                    let _ = fs::remove_file(&staged);
-                    return Err(e);
-                }
-            }
-            let _ = fs::remove_file(&staged);
-            self.sync_dir(&self.root)
-        };
-        mark().map_err(|e| refuse(format!("cannot mark the layout: {e}")))
+        self.create_dirs_durably(&self.root)
+            .and_then(|()| self.write_layout_marker())
+            .map_err(|e| refuse(format!("cannot mark the layout: {e}")))
     }
 
-    /// Writes a complete, fsync'd staging file under `.chorus-tmp`: the
-    /// object header and `bytes` when `object`, else `bytes` alone.
-    fn stage_file(&self, bytes: &[u8], object: bool) -> io::Result<PathBuf> {
+    /// Writes the layout marker durably. Racing writers write the same
+    /// bytes: whichever lands first wins.
+    fn write_layout_marker(&self) -> io::Result<()> {
         let tmp = self.root.join(TMP_DIR);
         self.create_dirs_durably(&tmp)?;
-        let path = tmp.join(hex::encode(rand::random::<[u8; 16]>()));
-        let written = write_synced(self, &path, bytes, object.then(rand::random));
-        if let Err(error) = written {
-            let _ = fs::remove_file(&path);
-            return Err(error);
+        let staged = tmp.join(hex::encode(rand::random::<[u8; 16]>()));
+        let marked = write_synced(self, &staged, LAYOUT.as_bytes(), None)
+            .and_then(|()| fs::hard_link(&staged, self.root.join(LAYOUT_FILE)));
+        let _ = fs::remove_file(&staged);
+        match marked {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
         }
-        Ok(path)
+        self.sync_dir(&self.root)
     }
 
     fn create(&self, key: &str, bytes: &[u8]) -> Result<Version, BlobError> {
@@ -778,15 +768,7 @@ impl Inner {
         self.upgrade_dir(&self.root, &mut converted)?;
         let locks = self.root.join(LAYOUT_1_LOCKS);
         if locks.exists() {
-            let staged = self.stage_file(LAYOUT.as_bytes(), false)?;
-            let marked = fs::hard_link(&staged, self.root.join(LAYOUT_FILE));
-            let _ = fs::remove_file(&staged);
-            match marked {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(e),
-            }
-            self.sync_dir(&self.root)?;
+            self.write_layout_marker()?;
             fs::remove_dir_all(&locks)?;
             self.sync_dir(&self.root)?;
         }
