@@ -390,6 +390,13 @@ impl Inner {
         key_dir(&self.root, key)
     }
 
+    /// A new random name in the private directory `dir` (staging or trash).
+    fn fresh_path(&self, dir: &str) -> PathBuf {
+        self.root
+            .join(dir)
+            .join(hex::encode(rand::random::<[u8; 16]>()))
+    }
+
     fn io_error(&self, op: Op, key: &str, error: io::Error) -> BlobError {
         match error.kind() {
             io::ErrorKind::NotFound => BlobError::not_found(&self.name, key),
@@ -440,7 +447,7 @@ impl Inner {
     fn write_layout_marker(&self) -> io::Result<()> {
         let tmp = self.root.join(TMP_DIR);
         self.create_dirs_durably(&tmp)?;
-        let staged = tmp.join(hex::encode(rand::random::<[u8; 16]>()));
+        let staged = self.fresh_path(TMP_DIR);
         let marked = write_synced(self, &staged, LAYOUT.as_bytes(), None)
             .and_then(|()| fs::hard_link(&staged, self.root.join(LAYOUT_FILE)));
         let _ = fs::remove_file(&staged);
@@ -465,10 +472,7 @@ impl Inner {
             return self.already_exists(key, &target);
         }
         // Stage the key's directory with version 1 inside, durable.
-        let staged = self
-            .root
-            .join(TMP_DIR)
-            .join(hex::encode(rand::random::<[u8; 16]>()));
+        let staged = self.fresh_path(TMP_DIR);
         fs::create_dir(&staged).map_err(err)?;
         let nonce: [u8; NONCE_BYTES] = rand::random();
         let prepared = write_synced(self, &staged.join(version_name(1)), bytes, Some(nonce))
@@ -540,10 +544,7 @@ impl Inner {
             pause(key);
         }
         let nonce: [u8; NONCE_BYTES] = rand::random();
-        let staged = self
-            .root
-            .join(TMP_DIR)
-            .join(hex::encode(rand::random::<[u8; 16]>()));
+        let staged = self.fresh_path(TMP_DIR);
         write_synced(self, &staged, bytes, Some(nonce)).map_err(|e| {
             let _ = fs::remove_file(&staged);
             err(e)
@@ -713,10 +714,7 @@ impl Inner {
             return Ok(());
         }
         // An empty key directory goes too (a crash's leftover).
-        let trash = self
-            .root
-            .join(TRASH_DIR)
-            .join(hex::encode(rand::random::<[u8; 16]>()));
+        let trash = self.fresh_path(TRASH_DIR);
         match fs::rename(&target, &trash) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -748,7 +746,7 @@ impl Inner {
             for entry in entries.flatten() {
                 let path = entry.path();
                 if stale(&path) {
-                    let claimed = trash.join(hex::encode(rand::random::<[u8; 16]>()));
+                    let claimed = self.fresh_path(TRASH_DIR);
                     let _ = fs::rename(&path, claimed);
                 }
             }
