@@ -113,7 +113,7 @@ pub struct Writer {
     /// The background maintenance task; it ends with the writer, so a pass
     /// still running cannot outlive a shutdown (maintenance may stop at any
     /// point).
-    background: tokio::task::AbortHandle,
+    background: tokio::task::JoinHandle<()>,
 }
 
 impl Writer {
@@ -139,8 +139,7 @@ impl Writer {
             Arc::downgrade(&shared),
             maintenance.clone(),
             recovery.config.clone(),
-        ))
-        .abort_handle();
+        ));
         let start = Start {
             shared: Arc::clone(&shared),
             config: recovery.config.clone(),
@@ -207,7 +206,11 @@ impl Writer {
             Ok(()) => outcome.await.ok(),
             Err(_) => None,
         };
+        // Wait until the maintenance task is gone, not only told to go: a pass
+        // still polled while the runtime shuts down would see its store calls
+        // cancelled and report them as failures.
         self.background.abort();
+        let _ = self.background.await;
         // No answer: the writer had stopped already, or its task is gone.
         answered.unwrap_or_else(|| {
             let reason = self.shared.admission().stopped.clone();
