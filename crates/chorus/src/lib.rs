@@ -12,7 +12,9 @@
 //! 5. [`lease`]: the writer lease, whose `(term, generation)` is a fencing token.
 //! 6. [`snapshot`]: snapshot payloads under immutable keys and the `HEAD.json`
 //!    pointer, advanced only by CAS under a lease (fenced publication).
-//! 7. [`kv`]: the key-value state machine the service runs on the log (pure).
+//! 7. [`runtime`]: runs a state machine on the log as primary or warm
+//!    standby: boot, apply, snapshots, lease refresh, failover.
+//! 8. [`kv`]: the key-value state machine the service runs (pure).
 #![warn(missing_docs)]
 
 pub mod blob;
@@ -23,4 +25,5 @@ pub mod kv;
 pub mod lease;
 pub mod log;
 pub mod register;
+pub mod runtime;
 pub mod snapshot;

@@ -25,6 +25,7 @@ pub use command::{
 };
 
 use crate::ids::RecordIndex;
+use crate::runtime::{Checkpoint, RestoreError, StateMachine};
 
 const SNAPSHOT_MAGIC: [u8; 4] = *b"CHKS";
 const SNAPSHOT_FORMAT: u8 = 1;
@@ -217,6 +218,35 @@ impl KvState {
             entries,
             applied_end,
         })
+    }
+}
+
+impl StateMachine for KvState {
+    type Output = Applied;
+    /// A clone: the map's keys and values are reference-counted, so this
+    /// copies the tree's nodes, not the data.
+    type Checkpoint = KvState;
+
+    fn apply(&mut self, index: RecordIndex, record: &[u8]) -> Applied {
+        KvState::apply(self, index, record)
+    }
+
+    fn checkpoint(&self) -> KvState {
+        self.clone()
+    }
+
+    fn restore(source: &mut dyn std::io::Read) -> Result<KvState, RestoreError> {
+        let mut bytes = Vec::new();
+        source
+            .read_to_end(&mut bytes)
+            .map_err(|e| RestoreError(e.to_string()))?;
+        KvState::decode_snapshot(&bytes).map_err(|e| RestoreError(e.to_string()))
+    }
+}
+
+impl Checkpoint for KvState {
+    fn write_to(&self, sink: &mut dyn std::io::Write) -> std::io::Result<()> {
+        sink.write_all(&self.encode_snapshot())
     }
 }
 

@@ -133,20 +133,41 @@ impl LeaseStore {
     /// released or expired lease, or `holder`'s own live lease (a restart);
     /// always with the stored generation + 1.
     pub async fn acquire(&self, holder: HolderId, term: Term) -> Result<LeaseHolder, LeaseError> {
-        let result = self.try_acquire(holder, term).await;
+        let result = self.try_acquire(holder, Some(term)).await;
         error::record("acquire", &result);
         result
     }
 
-    async fn try_acquire(&self, holder: HolderId, term: Term) -> Result<LeaseHolder, LeaseError> {
-        assert!(term >= Term::FIRST, "lease terms start at 1");
+    /// Takes the lease over for `holder` even while another holder's lease is
+    /// live, under the stored term + 1, so the previous holder is fenced: its
+    /// refresh finds the lease changed ([`LeaseError::Stale`]), and it can no
+    /// longer publish. Until its own deadline passes it still believes it may
+    /// write, so use this only for a holder known to be gone.
+    pub async fn take_over(&self, holder: HolderId) -> Result<LeaseHolder, LeaseError> {
+        let result = self.try_acquire(holder, None).await;
+        error::record("take_over", &result);
+        result
+    }
+
+    /// Acquires under `term`, or takes over under the stored term + 1 (`None`).
+    async fn try_acquire(
+        &self,
+        holder: HolderId,
+        term: Option<Term>,
+    ) -> Result<LeaseHolder, LeaseError> {
         let current = self.read_versioned().await?;
+        let stored = current.as_ref().map(|(record, _)| record);
+        let taking_over = term.is_none();
+        let term = match term {
+            Some(term) => term,
+            None => Term(stored.map_or(0, |record| record.term.0).saturating_add(1)),
+        };
+        assert!(term >= Term::FIRST, "lease terms start at 1");
         // The deadline counts from before the wall reading that sets the expiry,
         // so the holder never believes in more time than the document grants.
         let started = self.clock.now();
         let wall_ms = self.clock.wall_ms();
-        let next =
-            self.next_acquisition(current.as_ref().map(|(r, _)| r), holder, term, wall_ms)?;
+        let next = self.next_acquisition(stored, holder, term, wall_ms, taking_over)?;
         let written = match &current {
             None => create_resolving(self.store.as_ref(), &self.key, next.encode()).await,
             Some((_, version)) => self.write(version, &next).await,
@@ -162,18 +183,22 @@ impl LeaseStore {
         }
     }
 
-    /// The record an acquisition by `holder` writes over `current`, or why not.
+    /// The record an acquisition by `holder` writes over `current`, or why
+    /// not. A take-over (under a higher term) skips the contender checks.
     fn next_acquisition(
         &self,
         current: Option<&LeaseRecord>,
         holder: HolderId,
         term: Term,
         wall_ms: u64,
+        taking_over: bool,
     ) -> Result<LeaseRecord, LeaseError> {
         let generation = match current {
             None => Generation::FIRST,
             Some(current) => {
-                self.check_contender(current, &holder, term, wall_ms)?;
+                if !taking_over {
+                    self.check_contender(current, &holder, term, wall_ms)?;
+                }
                 current.generation.next().ok_or_else(|| {
                     DocumentError::new("lease", &self.key, "generation", "cannot be incremented")
                 })?

@@ -1,0 +1,92 @@
+//! Where a runtime's state lives and how it behaves.
+
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use crate::lease::{HolderId, LeaseStore};
+use crate::log::{LogConfig, LogStores};
+use crate::snapshot::{DEFAULT_KEEP_PAYLOADS, SnapshotStore};
+
+/// The stores of one database: its log, its snapshots and its writer lease.
+#[derive(Debug, Clone)]
+pub struct RuntimeStores {
+    /// The replicated log.
+    pub log: LogStores,
+    /// Snapshot payloads and `HEAD.json`.
+    pub snapshots: SnapshotStore,
+    /// The writer lease (its timing is the lease store's config).
+    pub leases: LeaseStore,
+}
+
+/// How a runtime behaves. Every duration and count has a default that suits
+/// a service on object storage; see each field for its trade-off.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// This process's name in the lease. Two live processes must never share
+    /// one: a process that acquires a lease in its own name takes it over at
+    /// once (a restart), without waiting for it to expire.
+    pub holder: HolderId,
+    /// The log's write-path settings.
+    pub log: LogConfig,
+    /// Publish a snapshot once this many records were applied since the last
+    /// one. Lower: faster restarts and shorter logs, more uploads.
+    pub snapshot_every_records: u64,
+    /// Publish a snapshot at least this often while records arrive.
+    pub snapshot_interval: Duration,
+    /// Snapshot payloads retention keeps (HEAD's is always kept).
+    pub keep_payloads: NonZeroUsize,
+    /// Take the lease over even while another holder's lease is live (a
+    /// higher term fences it). For an operator who knows the holder is gone.
+    pub force: bool,
+    /// How often a caught-up standby polls the log for new records.
+    pub standby_poll_interval: Duration,
+    /// How often a standby reads the lease to see whether it expired. With
+    /// the lease ttl, this bounds the takeover time.
+    pub lease_check_interval: Duration,
+    /// How long a graceful shutdown waits for admitted writes to commit.
+    pub drain_timeout: Duration,
+    /// Applied records kept in memory for watchers that resume from an index.
+    pub history_records: usize,
+    /// Pause after a failed boot step before trying again.
+    pub retry_backoff: Duration,
+}
+
+impl RuntimeConfig {
+    /// The defaults for `holder`.
+    pub fn new(holder: HolderId) -> RuntimeConfig {
+        RuntimeConfig {
+            holder,
+            log: LogConfig::default(),
+            snapshot_every_records: 100_000,
+            snapshot_interval: Duration::from_secs(300),
+            keep_payloads: DEFAULT_KEEP_PAYLOADS,
+            force: false,
+            standby_poll_interval: Duration::from_millis(100),
+            lease_check_interval: Duration::from_millis(500),
+            drain_timeout: Duration::from_secs(10),
+            history_records: 10_000,
+            retry_backoff: Duration::from_secs(1),
+        }
+    }
+
+    /// Checks the relations between settings.
+    pub fn validate(&self) -> Result<(), String> {
+        self.log.validate().map_err(|e| e.to_string())?;
+        if self.snapshot_every_records == 0 {
+            return Err("snapshot_every_records must be at least 1".into());
+        }
+        if self.snapshot_interval.is_zero() {
+            return Err("snapshot_interval must be non-zero".into());
+        }
+        for (name, value) in [
+            ("standby_poll_interval", self.standby_poll_interval),
+            ("lease_check_interval", self.lease_check_interval),
+            ("retry_backoff", self.retry_backoff),
+        ] {
+            if value.is_zero() {
+                return Err(format!("{name} must be non-zero"));
+            }
+        }
+        Ok(())
+    }
+}

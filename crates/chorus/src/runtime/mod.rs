@@ -1,0 +1,371 @@
+//! The serverless runtime (docs/design/0003-runtime-and-service.md): runs a
+//! [`StateMachine`] on the replicated log, holding the writer lease as the
+//! primary or tailing the log as a warm standby.
+//!
+//! A primary boots in this order, each phase timed:
+//!
+//! 1. read `HEAD.json`; 2. download, verify and restore the snapshot it names
+//!    (skipped when the state in memory already reflects it);
+//! 3. acquire the lease (a live foreign lease makes this process a standby
+//!    until it expires); 4. stamp HEAD with the lease (if HEAD moved since it
+//!    was read, boot again from the newer snapshot); 5. recover the log from
+//!    the snapshot's index, which claims a new epoch and so fences any old
+//!    writer; 6. apply the log's tail; 7. start the writer and serve.
+//!
+//! Steady state: a write is appended, acknowledged by a quorum, applied in
+//! index order, and only then answered. Snapshots are published every
+//! [`RuntimeConfig::snapshot_every_records`] records or
+//! [`RuntimeConfig::snapshot_interval`], then the log is truncated below them.
+//! The lease is refreshed every third of its ttl; while the holder cannot be
+//! sure of it, the runtime serves neither writes nor current reads, and a
+//! holder that finds its lease taken aborts its writer and becomes a standby.
+
+mod config;
+mod core;
+mod error;
+mod machine;
+mod primary;
+mod standby;
+mod status;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot, watch};
+
+pub use self::core::{Change, HistoryGap};
+pub use config::{RuntimeConfig, RuntimeStores};
+pub use error::{Phase, Role, RuntimeError, Unavailable, WriteError};
+pub use machine::{Checkpoint, RestoreError, StateMachine};
+pub use status::RuntimeStatus;
+
+use self::core::Core;
+use crate::ids::RecordIndex;
+use crate::lease::LeaseHolder;
+use crate::log::{Completion, LogError, StopReason, Writer};
+use status::Info;
+
+/// A write that was acknowledged by a quorum and applied.
+#[derive(Debug, Clone)]
+pub struct Written<O> {
+    /// The record's index.
+    pub index: RecordIndex,
+    /// What applying it answered.
+    pub output: O,
+}
+
+/// An admitted write on its way to being applied.
+struct InFlight<O> {
+    completion: Completion,
+    record: Bytes,
+    reply: oneshot::Sender<Result<Written<O>, LogError>>,
+}
+
+/// What a primary serves writes through; present only while it may.
+struct WritePath<O> {
+    writer: Arc<Writer>,
+    lease: Arc<LeaseHolder>,
+    /// To the apply task, in index order.
+    apply: mpsc::UnboundedSender<InFlight<O>>,
+}
+
+/// State shared by the runtime handle, its supervisor and its tasks.
+struct Shared<M: StateMachine> {
+    stores: RuntimeStores,
+    config: RuntimeConfig,
+    core: Mutex<Core<M>>,
+    write_path: Mutex<Option<WritePath<M::Output>>>,
+    info: Mutex<Info>,
+    /// The applied end, for waiters (watchers, tests).
+    applied: watch::Sender<RecordIndex>,
+    /// Set once a graceful shutdown was asked for.
+    stop: watch::Sender<bool>,
+    /// The supervisor's outcome once it ended.
+    finished: watch::Sender<Option<Result<(), RuntimeError>>>,
+}
+
+impl<M: StateMachine> Shared<M> {
+    fn core(&self) -> MutexGuard<'_, Core<M>> {
+        self.core.lock().expect("runtime state lock poisoned")
+    }
+
+    fn info(&self) -> MutexGuard<'_, Info> {
+        self.info.lock().expect("runtime info lock poisoned")
+    }
+
+    fn write_path(&self) -> MutexGuard<'_, Option<WritePath<M::Output>>> {
+        self.write_path.lock().expect("runtime write path lock poisoned")
+    }
+
+    fn applied_end(&self) -> RecordIndex {
+        self.core().applied_end()
+    }
+
+    fn stop_requested(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// Applies the next record and tells waiters.
+    fn apply(&self, index: RecordIndex, record: Bytes) -> M::Output {
+        let output = self.core().apply(index, record);
+        self.applied.send_replace(RecordIndex(index.0 + 1));
+        metrics::gauge!("chorus_runtime_applied_index").set(index.0 as f64 + 1.0);
+        output
+    }
+
+    /// Replaces the state with a restored snapshot taken at `at`.
+    fn restore(&self, machine: M, at: RecordIndex) {
+        self.core().restore(machine, at);
+        self.applied.send_replace(at);
+        metrics::gauge!("chorus_runtime_applied_index").set(at.0 as f64);
+    }
+
+    fn set_role(&self, role: Role) {
+        let mut info = self.info();
+        if info.role != role {
+            tracing::info!(%role, "runtime role");
+            for other in [Role::Booting, Role::Primary, Role::Standby, Role::Stopped] {
+                let value = if other == role { 1.0 } else { 0.0 };
+                metrics::gauge!("chorus_runtime_role", "role" => other.as_str()).set(value);
+            }
+        }
+        info.role = role;
+    }
+}
+
+/// Runs a [`StateMachine`] on a database's stores; see the module docs.
+/// Cheap to share behind an `Arc`; every method takes `&self`.
+pub struct Runtime<M: StateMachine> {
+    shared: Arc<Shared<M>>,
+}
+
+impl<M: StateMachine> std::fmt::Debug for Runtime<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("holder", &self.shared.config.holder)
+            .field("role", &self.shared.info().role)
+            .finish()
+    }
+}
+
+impl<M: StateMachine> Runtime<M> {
+    /// Starts the runtime in the background: it boots, then serves as primary
+    /// or standby until [`shutdown`](Runtime::shutdown) or a fatal error
+    /// ([`finished`](Runtime::finished) reports which).
+    pub fn start(stores: RuntimeStores, config: RuntimeConfig) -> Result<Runtime<M>, RuntimeError> {
+        config
+            .validate()
+            .map_err(|e| RuntimeError::new(Phase::ObserveHead, format!("invalid config: {e}"), false))?;
+        let shared = Arc::new(Shared {
+            core: Mutex::new(Core::new(config.history_records)),
+            info: Mutex::new(Info::new(config.holder.clone())),
+            write_path: Mutex::new(None),
+            applied: watch::Sender::new(RecordIndex(0)),
+            stop: watch::Sender::new(false),
+            finished: watch::Sender::new(None),
+            stores,
+            config,
+        });
+        tokio::spawn(supervise(Arc::clone(&shared)));
+        Ok(Runtime { shared })
+    }
+
+    /// Appends the record `prepare` makes from the applied state, waits until
+    /// a quorum acknowledged it and it was applied, and returns its index and
+    /// output. `prepare` runs under the state lock: it should only check and
+    /// encode. A refusal by `prepare` appends nothing.
+    pub async fn write<E>(
+        &self,
+        prepare: impl FnOnce(&M) -> Result<Bytes, E>,
+    ) -> Result<Written<M::Output>, WriteError<E>> {
+        let reply = {
+            let path = self.shared.write_path();
+            let Some(path) = path.as_ref() else {
+                return Err(self.not_primary().into());
+            };
+            // Appending only while the lease is sure: a standby may take over
+            // the moment it could have expired.
+            if !path.lease.may_write_now() {
+                return Err(Unavailable::LeaseUncertain.into());
+            }
+            let record = prepare(&self.shared.core().machine).map_err(WriteError::Rejected)?;
+            let completion = path.writer.append(record.clone()).map_err(WriteError::Log)?;
+            let (reply, answer) = oneshot::channel();
+            let in_flight = InFlight {
+                completion,
+                record,
+                reply,
+            };
+            if path.apply.send(in_flight).is_err() {
+                return Err(WriteError::Log(stopped_after_admission()));
+            }
+            answer
+        };
+        match reply.await {
+            Ok(outcome) => outcome.map_err(WriteError::Log),
+            Err(_) => Err(WriteError::Log(stopped_after_admission())),
+        }
+    }
+
+    /// Reads the current state: only on a primary sure of its lease, so the
+    /// answer reflects every acknowledged write. Returns the applied end too.
+    pub fn read<T>(&self, read: impl FnOnce(&M) -> T) -> Result<(T, RecordIndex), Unavailable> {
+        let (value, applied) = self.read_stale(read);
+        // Checked after reading: the lease was sure at least until now.
+        match self.shared.write_path().as_ref() {
+            Some(path) if path.lease.may_write_now() => Ok((value, applied)),
+            Some(_) => Err(Unavailable::LeaseUncertain),
+            None => Err(self.not_primary()),
+        }
+    }
+
+    /// Reads the state as applied here, whatever the role; it reflects every
+    /// record below the returned index and may lag the primary.
+    pub fn read_stale<T>(&self, read: impl FnOnce(&M) -> T) -> (T, RecordIndex) {
+        let core = self.shared.core();
+        (read(&core.machine), core.applied_end())
+    }
+
+    /// Up to `limit` applied records from `from` on, from the in-memory
+    /// history ([`RuntimeConfig::history_records`]).
+    pub fn changes_since(
+        &self,
+        from: RecordIndex,
+        limit: usize,
+    ) -> Result<Vec<Change<M::Output>>, HistoryGap> {
+        self.shared.core().changes_since(from, limit)
+    }
+
+    /// The applied end, updated after every applied record.
+    pub fn applied(&self) -> watch::Receiver<RecordIndex> {
+        self.shared.applied.subscribe()
+    }
+
+    /// Whether writes and current reads are served now: a primary sure of its lease.
+    pub fn is_primary_and_sure(&self) -> bool {
+        self.shared
+            .write_path()
+            .as_ref()
+            .is_some_and(|path| path.lease.may_write_now())
+    }
+
+    /// A point-in-time view for status pages and readiness.
+    pub fn status(&self) -> RuntimeStatus {
+        let (writer, lease_remaining) = match self.shared.write_path().as_ref() {
+            Some(path) => (
+                Some(path.writer.status()),
+                Some(path.lease.remaining(self.shared.stores.leases.clock().now())),
+            ),
+            None => (None, None),
+        };
+        let applied = self.shared.applied_end();
+        self.shared
+            .info()
+            .status(applied, writer, lease_remaining, &self.shared.config)
+    }
+
+    /// The stores this runtime runs on.
+    pub fn stores(&self) -> &RuntimeStores {
+        &self.shared.stores
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.shared.config
+    }
+
+    /// Shuts down gracefully: a primary stops admitting, drains what it
+    /// admitted, publishes a final snapshot and releases the lease; a standby
+    /// just stops. Returns the supervisor's outcome.
+    pub async fn shutdown(&self) -> Result<(), RuntimeError> {
+        self.shared.stop.send_replace(true);
+        self.finished().await
+    }
+
+    /// Waits until the runtime stopped (after a shutdown or a fatal error).
+    pub async fn finished(&self) -> Result<(), RuntimeError> {
+        let mut finished = self.shared.finished.subscribe();
+        let outcome = finished
+            .wait_for(Option::is_some)
+            .await
+            .map(|outcome| outcome.clone());
+        match outcome {
+            Ok(outcome) => outcome.expect("waited for Some"),
+            Err(_) => Ok(()),
+        }
+    }
+
+    fn not_primary(&self) -> Unavailable {
+        let info = self.shared.info();
+        Unavailable::NotPrimary {
+            role: info.role,
+            primary: info.primary(),
+        }
+    }
+}
+
+fn stopped_after_admission() -> LogError {
+    LogError::Stopped {
+        reason: StopReason::Aborted,
+        may_have_committed: true,
+    }
+}
+
+/// Boots and serves until a shutdown or a fatal error, stepping between
+/// primary and standby as the lease dictates.
+async fn supervise<M: StateMachine>(shared: Arc<Shared<M>>) {
+    let outcome = supervise_loop(&shared).await;
+    if let Err(error) = &outcome {
+        tracing::error!(%error, "runtime stopped");
+        shared.info().last_error = Some(error.to_string());
+    }
+    shared.set_role(Role::Stopped);
+    shared.finished.send_replace(Some(outcome));
+}
+
+async fn supervise_loop<M: StateMachine>(shared: &Arc<Shared<M>>) -> Result<(), RuntimeError> {
+    while !shared.stop_requested() {
+        match primary::boot(shared).await {
+            Ok(primary::Boot::Primary(primary)) => match primary::serve(shared, primary).await {
+                primary::Exit::Shutdown => return Ok(()),
+                primary::Exit::LeaseLost => {
+                    tracing::warn!("the lease was taken over; this process becomes a standby");
+                }
+                primary::Exit::WriterFailed(reason) => {
+                    tracing::warn!(%reason, "the log writer stopped; recovering the log again");
+                }
+            },
+            Ok(primary::Boot::Held) => standby::run(shared).await,
+            Err(error) if error.transient => {
+                tracing::warn!(%error, "boot step failed; retrying");
+                shared.info().last_error = Some(error.to_string());
+                pause(shared, shared.config.retry_backoff).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+/// Sleeps `duration`, or less if a shutdown is asked for.
+async fn pause<M: StateMachine>(shared: &Shared<M>, duration: Duration) {
+    let mut stop = shared.stop.subscribe();
+    let _ = tokio::time::timeout(duration, stop.wait_for(|stop| *stop)).await;
+}
+
+/// Runs one boot phase, timing it for the status page, metrics and the log.
+async fn timed<M: StateMachine, T>(
+    shared: &Shared<M>,
+    phase: Phase,
+    step: impl Future<Output = Result<T, RuntimeError>>,
+) -> Result<T, RuntimeError> {
+    let started = Instant::now();
+    let outcome = step.await;
+    let elapsed = started.elapsed();
+    metrics::histogram!("chorus_runtime_phase_seconds", "phase" => phase.as_str())
+        .record(elapsed.as_secs_f64());
+    tracing::info!(%phase, elapsed_ms = elapsed.as_millis() as u64, ok = outcome.is_ok(), "runtime phase");
+    shared.info().record_phase(phase, elapsed);
+    outcome
+}

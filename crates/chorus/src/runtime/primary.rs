@@ -1,0 +1,476 @@
+//! Booting as primary and serving as one: the lease, the writer, the apply
+//! task, snapshots and the way out (shutdown, lost lease, failed writer).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinHandle;
+
+use super::error::{Phase, Role, RuntimeError};
+use super::machine::{Checkpoint, StateMachine};
+use super::{InFlight, Shared, WritePath, Written, timed};
+use crate::ids::RecordIndex;
+use crate::lease::{LeaseError, LeaseHolder, Term};
+use crate::log::{LogError, Recovery, StopReason, Writer};
+use crate::snapshot::{Head, NewSnapshot, PublicationStore, SnapshotError};
+
+/// How often the primary checks whether a snapshot is due.
+const SNAPSHOT_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+
+/// What a boot ended in.
+pub(super) enum Boot {
+    /// This process holds the lease and the log's writer.
+    Primary(Primary),
+    /// Another process holds a live lease: stand by until it expires.
+    Held,
+}
+
+/// A booted primary's handles.
+pub(super) struct Primary {
+    writer: Writer,
+    lease: Arc<LeaseHolder>,
+    keeper: LeaseKeeper,
+    publication: PublicationStore,
+}
+
+/// Why a primary stopped serving.
+pub(super) enum Exit {
+    /// A graceful shutdown finished.
+    Shutdown,
+    /// Another holder took the lease (or it could not be proven in time and
+    /// a publication was fenced): never write again with this incarnation.
+    LeaseLost,
+    /// The log's writer stopped (poisoned, fenced, a failed append).
+    WriterFailed(String),
+}
+
+/// Boots as primary: see the module docs of `runtime` for the order.
+pub(super) async fn boot<M: StateMachine>(shared: &Arc<Shared<M>>) -> Result<Boot, RuntimeError> {
+    shared.set_role(Role::Booting);
+    let mut publication = shared.stores.snapshots.publication();
+    let head = timed(shared, Phase::ObserveHead, async {
+        publication
+            .observe_for_boot()
+            .await
+            .map_err(|e| snapshot_error(Phase::ObserveHead, e))
+    })
+    .await?;
+    shared.info().head = head.clone();
+    if let Some(head) = &head {
+        timed(shared, Phase::Restore, hydrate(shared, head)).await?;
+    }
+    let lease = match timed(shared, Phase::AcquireLease, acquire(shared)).await? {
+        Some(lease) => Arc::new(lease),
+        None => return Ok(Boot::Held),
+    };
+    let keeper = LeaseKeeper::start(Arc::clone(&lease), shared.stores.leases.config().ttl);
+    let booted = boot_with_lease(shared, &lease, &mut publication).await;
+    match booted {
+        Ok(writer) => Ok(Boot::Primary(Primary {
+            writer,
+            lease,
+            keeper,
+            publication,
+        })),
+        Err(error) => {
+            keeper.stop();
+            Err(error)
+        }
+    }
+}
+
+/// Steps 4 to 7 of the boot, under the lease.
+async fn boot_with_lease<M: StateMachine>(
+    shared: &Arc<Shared<M>>,
+    lease: &LeaseHolder,
+    publication: &mut PublicationStore,
+) -> Result<Writer, RuntimeError> {
+    timed(shared, Phase::ClaimHead, claim(shared, lease, publication)).await?;
+    let recovery = timed(shared, Phase::RecoverLog, async {
+        Recovery::run(shared.stores.log.clone(), shared.config.log.clone())
+            .await
+            .map_err(|e| log_error(Phase::RecoverLog, e))
+    })
+    .await?;
+    shared.info().epoch = Some(recovery.epoch());
+    timed(shared, Phase::Replay, replay(shared, &recovery)).await?;
+    timed(shared, Phase::StartWriter, async {
+        if !lease.may_write_now() {
+            let message = "the lease could not be proven during the boot";
+            return Err(RuntimeError::new(Phase::StartWriter, message, true));
+        }
+        recovery
+            .start()
+            .await
+            .map_err(|e| log_error(Phase::StartWriter, e))
+    })
+    .await
+}
+
+/// Restores the snapshot `head` names, unless the state here already
+/// reflects it (a warm standby, or a primary booting again).
+async fn hydrate<M: StateMachine>(shared: &Shared<M>, head: &Head) -> Result<(), RuntimeError> {
+    let warm = shared.info().last_snapshot_index.is_some();
+    if warm && head.wal_index <= shared.applied_end() {
+        return Ok(());
+    }
+    restore_head(shared, head).await
+}
+
+/// Downloads, verifies and restores the payload `head` names.
+pub(super) async fn restore_head<M: StateMachine>(
+    shared: &Shared<M>,
+    head: &Head,
+) -> Result<(), RuntimeError> {
+    let bytes = shared
+        .stores
+        .snapshots
+        .download(head)
+        .await
+        .map_err(|e| snapshot_error(Phase::Restore, e))?;
+    let machine = tokio::task::spawn_blocking(move || M::restore(&mut bytes.as_ref()))
+        .await
+        .map_err(|e| RuntimeError::new(Phase::Restore, e, true))?
+        .map_err(|e| {
+            let message = format!("{e}: key={}", head.snapshot_key());
+            RuntimeError::new(Phase::Restore, message, false)
+        })?;
+    shared.restore(machine, head.wal_index);
+    let mut info = shared.info();
+    info.last_snapshot_index = Some(head.wal_index);
+    info.head = Some(head.clone());
+    tracing::info!(wal_index = %head.wal_index, key = %head.snapshot_key(), "restored snapshot");
+    Ok(())
+}
+
+/// Acquires the lease, or `None` while another holder's lease is live.
+async fn acquire<M: StateMachine>(shared: &Shared<M>) -> Result<Option<LeaseHolder>, RuntimeError> {
+    let leases = &shared.stores.leases;
+    let holder = shared.config.holder.clone();
+    let current = leases
+        .read()
+        .await
+        .map_err(|e| lease_error(Phase::AcquireLease, e))?;
+    let acquired = if shared.config.force {
+        tracing::warn!("taking the lease over (--force)");
+        leases.take_over(holder).await
+    } else {
+        let term = current.as_ref().map_or(Term::FIRST, |lease| lease.term);
+        leases.acquire(holder, term).await
+    };
+    shared.info().lease = current;
+    match acquired {
+        Ok(lease) => {
+            shared.info().lease = Some(lease.record());
+            Ok(Some(lease))
+        }
+        Err(LeaseError::Held {
+            holder, expires_in, ..
+        }) => {
+            tracing::info!(%holder, expires_in_ms = expires_in.as_millis() as u64, "lease held by another process");
+            Ok(None)
+        }
+        Err(LeaseError::LostRace { .. }) => Ok(None),
+        Err(error) => Err(lease_error(Phase::AcquireLease, error)),
+    }
+}
+
+/// Stamps HEAD with the lease; on the very first boot installs the current
+/// (empty) state as the first snapshot.
+async fn claim<M: StateMachine>(
+    shared: &Shared<M>,
+    lease: &LeaseHolder,
+    publication: &mut PublicationStore,
+) -> Result<(), RuntimeError> {
+    let initial = checkpoint(shared)
+        .await
+        .map_err(|e| RuntimeError::new(Phase::ClaimHead, e, false))?;
+    let wal_index = initial.wal_index;
+    let claimed = publication.claim(lease, initial).await.map_err(|e| {
+        if e.is_fenced() {
+            let message = format!("{e}; booting again from the newer snapshot");
+            RuntimeError::new(Phase::ClaimHead, message, true)
+        } else {
+            snapshot_error(Phase::ClaimHead, e)
+        }
+    })?;
+    let mut info = shared.info();
+    info.head = Some(claimed.head().clone());
+    info.last_snapshot_index.get_or_insert(wal_index);
+    Ok(())
+}
+
+/// Applies the recovered log from the applied end to its end.
+async fn replay<M: StateMachine>(
+    shared: &Shared<M>,
+    recovery: &Recovery,
+) -> Result<(), RuntimeError> {
+    let from = shared.applied_end();
+    if from > recovery.end() {
+        let message = format!(
+            "the state reflects records up to {from} but the log ends at {}: \
+             the snapshot does not belong to this log",
+            recovery.end()
+        );
+        return Err(RuntimeError::new(Phase::Replay, message, false));
+    }
+    let mut stream = recovery
+        .replay(from)
+        .map_err(|e| log_error(Phase::Replay, e))?;
+    let mut replayed = 0u64;
+    while let Some((index, record)) = stream
+        .next()
+        .await
+        .map_err(|e| log_error(Phase::Replay, e))?
+    {
+        shared.apply(index, record);
+        replayed += 1;
+    }
+    shared.info().replayed_records = replayed;
+    tracing::info!(from = %from, records = replayed, "replayed the log");
+    Ok(())
+}
+
+/// Serves as primary until a shutdown, a lost lease or a failed writer.
+pub(super) async fn serve<M: StateMachine>(shared: &Arc<Shared<M>>, primary: Primary) -> Exit {
+    let Primary {
+        writer,
+        lease,
+        keeper,
+        mut publication,
+    } = primary;
+    let writer = Arc::new(writer);
+    let (apply, applying) = mpsc::unbounded_channel();
+    let failed = Arc::new(Notify::new());
+    let apply_task = tokio::spawn(apply_in_order(
+        Arc::clone(shared),
+        applying,
+        Arc::clone(&failed),
+    ));
+    *shared.write_path() = Some(WritePath {
+        writer: Arc::clone(&writer),
+        lease: Arc::clone(&lease),
+        apply,
+    });
+    shared.set_role(Role::Primary);
+    shared.info().last_error = None;
+    let mut stop = shared.stop.subscribe();
+    let mut since = tokio::time::Instant::now();
+    let exit = loop {
+        tokio::select! {
+            _ = stop.wait_for(|stop| *stop) => break Exit::Shutdown,
+            _ = keeper.lost.notified() => break Exit::LeaseLost,
+            _ = failed.notified() => {
+                let reason = writer.status().stopped.map_or("a write failed".into(), |r| r.to_string());
+                break Exit::WriterFailed(reason);
+            }
+            _ = tokio::time::sleep(SNAPSHOT_CHECK_INTERVAL) => {}
+        }
+        if !snapshot_due(shared, since) {
+            continue;
+        }
+        since = tokio::time::Instant::now();
+        if let Err(error) = publish(shared, &lease, &mut publication).await {
+            tracing::warn!(%error, "snapshot failed");
+            if publication.fence_reason().is_some() {
+                break Exit::LeaseLost;
+            }
+        }
+    };
+    // Close the write path first, so nothing new is admitted.
+    drop(shared.write_path().take());
+    let writer = Arc::try_unwrap(writer).ok();
+    match &exit {
+        Exit::Shutdown => {
+            shared.set_role(Role::Stopped);
+            if let Some(writer) = writer
+                && let Err(error) = writer.shutdown(shared.config.drain_timeout).await
+            {
+                tracing::warn!(%error, "draining the writer failed");
+            }
+            let _ = apply_task.await;
+            if snapshot_pending(shared)
+                && let Err(error) = publish(shared, &lease, &mut publication).await
+            {
+                tracing::warn!(%error, "final snapshot failed");
+            }
+            keeper.stop();
+            match lease.release().await {
+                Ok(()) => tracing::info!("released the lease"),
+                Err(error) => {
+                    tracing::warn!(%error, "releasing the lease failed; it expires on its own")
+                }
+            }
+        }
+        Exit::LeaseLost | Exit::WriterFailed(_) => {
+            shared.set_role(Role::Booting);
+            if let Some(writer) = writer {
+                writer.abort();
+            }
+            let _ = apply_task.await;
+            keeper.stop();
+        }
+    }
+    exit
+}
+
+/// Whether records were applied since the last snapshot.
+fn snapshot_pending<M: StateMachine>(shared: &Shared<M>) -> bool {
+    let last = shared.info().last_snapshot_index;
+    last.is_none_or(|last| shared.applied_end() > last)
+}
+
+/// Whether a snapshot is due: enough records since the last, or records and
+/// enough time since `since`.
+fn snapshot_due<M: StateMachine>(shared: &Shared<M>, since: tokio::time::Instant) -> bool {
+    let last = shared.info().last_snapshot_index.unwrap_or(RecordIndex(0));
+    let behind = shared.applied_end().0.saturating_sub(last.0);
+    behind >= shared.config.snapshot_every_records
+        || (behind > 0 && since.elapsed() >= shared.config.snapshot_interval)
+}
+
+/// A consistent copy of the state, encoded off the state lock.
+async fn checkpoint<M: StateMachine>(shared: &Shared<M>) -> Result<NewSnapshot, String> {
+    let (checkpoint, wal_index) = {
+        let core = shared.core();
+        (core.machine.checkpoint(), core.applied_end())
+    };
+    let bytes = tokio::task::spawn_blocking(move || {
+        let mut bytes = Vec::new();
+        checkpoint.write_to(&mut bytes).map(|()| bytes)
+    })
+    .await
+    .map_err(|e| format!("encoding the snapshot: {e}"))?
+    .map_err(|e| format!("encoding the snapshot: {e}"))?;
+    Ok(NewSnapshot {
+        bytes: Bytes::from(bytes),
+        wal_index,
+    })
+}
+
+/// Publishes a snapshot of the applied state, then truncates the log below
+/// it and applies retention. Only the publication can fail the call: the
+/// clean-up is retried by the next snapshot.
+async fn publish<M: StateMachine>(
+    shared: &Shared<M>,
+    lease: &LeaseHolder,
+    publication: &mut PublicationStore,
+) -> Result<(), RuntimeError> {
+    timed(shared, Phase::Snapshot, async {
+        let snapshot = checkpoint(shared)
+            .await
+            .map_err(|e| RuntimeError::new(Phase::Snapshot, e, true))?;
+        let wal_index = snapshot.wal_index;
+        let head = publication
+            .publish(lease, snapshot)
+            .await
+            .map_err(|e| snapshot_error(Phase::Snapshot, e))?;
+        tracing::info!(%wal_index, key = %head.snapshot_key(), "published snapshot");
+        metrics::counter!("chorus_runtime_snapshots_total").increment(1);
+        {
+            let mut info = shared.info();
+            info.head = Some(head);
+            info.last_snapshot_index = Some(wal_index);
+        }
+        let maintenance = crate::log::maintenance::Maintenance::new(&shared.stores.log);
+        let progress = crate::log::maintenance::NoProgress;
+        if let Err(error) = maintenance.truncate_before(wal_index, wal_index, &progress).await {
+            tracing::warn!(%error, %wal_index, "truncating the log below the snapshot failed");
+        }
+        if let Err(error) = shared.stores.snapshots.retain(shared.config.keep_payloads).await {
+            tracing::warn!(%error, "snapshot retention failed");
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// Applies acknowledged writes in index order and answers their writers.
+/// After the first failure nothing more is applied: a later record may still
+/// have committed, and the next recovery's replay applies it in order.
+async fn apply_in_order<M: StateMachine>(
+    shared: Arc<Shared<M>>,
+    mut admitted: mpsc::UnboundedReceiver<InFlight<M::Output>>,
+    failed: Arc<Notify>,
+) {
+    let mut broken = false;
+    while let Some(in_flight) = admitted.recv().await {
+        let outcome = match in_flight.completion.await {
+            Ok(receipt) if !broken => {
+                let output = shared.apply(receipt.index, in_flight.record);
+                Ok(Written {
+                    index: receipt.index,
+                    output,
+                })
+            }
+            Ok(_) => Err(LogError::Stopped {
+                reason: StopReason::Aborted,
+                may_have_committed: true,
+            }),
+            Err(error) => {
+                if !broken {
+                    failed.notify_one();
+                }
+                broken = true;
+                Err(error)
+            }
+        };
+        let _ = in_flight.reply.send(outcome);
+    }
+}
+
+/// Refreshes the lease every third of its ttl and tells the primary when it
+/// is lost. A failed refresh is retried sooner; meanwhile the holder's own
+/// deadline stops writes if the lease cannot be proven in time.
+struct LeaseKeeper {
+    task: JoinHandle<()>,
+    lost: Arc<Notify>,
+}
+
+impl LeaseKeeper {
+    fn start(lease: Arc<LeaseHolder>, ttl: Duration) -> LeaseKeeper {
+        let lost = Arc::new(Notify::new());
+        let signal = Arc::clone(&lost);
+        let task = tokio::spawn(async move {
+            let mut wait = ttl / 3;
+            loop {
+                tokio::time::sleep(wait).await;
+                match lease.refresh().await {
+                    Ok(()) => wait = ttl / 3,
+                    Err(error) if error.is_transient() => {
+                        tracing::warn!(%error, "lease refresh failed; retrying");
+                        wait = ttl / 10;
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "lease lost");
+                        signal.notify_one();
+                        return;
+                    }
+                }
+            }
+        });
+        LeaseKeeper { task, lost }
+    }
+
+    fn stop(self) {
+        self.task.abort();
+    }
+}
+
+fn snapshot_error(phase: Phase, error: SnapshotError) -> RuntimeError {
+    let transient = error.is_transient() || error.is_fenced();
+    RuntimeError::new(phase, error, transient)
+}
+
+fn lease_error(phase: Phase, error: LeaseError) -> RuntimeError {
+    let transient = error.is_transient();
+    RuntimeError::new(phase, error, transient)
+}
+
+fn log_error(phase: Phase, error: LogError) -> RuntimeError {
+    use crate::log::ErrorKind;
+    let transient = matches!(error.kind(), ErrorKind::Retry | ErrorKind::Reopen);
+    RuntimeError::new(phase, error, transient)
+}

@@ -1,0 +1,87 @@
+//! The standby: tails the log to keep a warm copy of the state, and returns
+//! to the boot once the primary's lease is free (expired or released).
+
+use std::sync::Arc;
+
+use super::error::{Phase, Role, RuntimeError};
+use super::machine::StateMachine;
+use super::primary::restore_head;
+use super::{Shared, pause};
+use crate::log::{LogError, Reader};
+
+/// Tails the log until the lease is free or a shutdown is asked for.
+pub(super) async fn run<M: StateMachine>(shared: &Arc<Shared<M>>) {
+    shared.set_role(Role::Standby);
+    let config = &shared.config;
+    let mut reader = reader_at_applied_end(shared);
+    let mut next_check = tokio::time::Instant::now() + config.lease_check_interval;
+    let mut stop = shared.stop.subscribe();
+    while !shared.stop_requested() {
+        if tokio::time::Instant::now() >= next_check {
+            if lease_is_free(shared).await {
+                return;
+            }
+            next_check = tokio::time::Instant::now() + config.lease_check_interval;
+        }
+        match reader.try_next().await {
+            Ok(Some((index, record))) => {
+                shared.info().caught_up = false;
+                shared.apply(index, record);
+            }
+            Ok(None) => {
+                shared.info().caught_up = true;
+                let wait = config.standby_poll_interval.min(config.lease_check_interval);
+                let _ = tokio::time::timeout(wait, stop.wait_for(|stop| *stop)).await;
+            }
+            Err(LogError::Truncated { floor, .. }) => {
+                tracing::info!(%floor, applied = %shared.applied_end(), "the log was truncated past this standby; restoring the newest snapshot");
+                if let Err(error) = rehydrate(shared).await {
+                    tracing::warn!(%error, "standby could not restore the newest snapshot");
+                    shared.info().last_error = Some(error.to_string());
+                    pause(shared, config.retry_backoff).await;
+                }
+                reader = reader_at_applied_end(shared);
+            }
+            Err(error) => {
+                tracing::warn!(%error, "standby could not read the log; retrying");
+                pause(shared, config.retry_backoff).await;
+                reader = reader_at_applied_end(shared);
+            }
+        }
+    }
+}
+
+fn reader_at_applied_end<M: StateMachine>(shared: &Shared<M>) -> Reader {
+    Reader::new(&shared.stores.log, shared.applied_end())
+        .with_poll_interval(shared.config.standby_poll_interval)
+}
+
+/// Reads the lease: free when absent, released or expired by this node's
+/// clock. A read that fails counts as not free.
+async fn lease_is_free<M: StateMachine>(shared: &Shared<M>) -> bool {
+    let leases = &shared.stores.leases;
+    match leases.read().await {
+        Ok(None) => true,
+        Ok(Some(record)) => {
+            let free = !record.is_live(leases.clock().wall_ms());
+            shared.info().lease = Some(record);
+            free
+        }
+        Err(error) => {
+            tracing::warn!(%error, "standby could not read the lease");
+            false
+        }
+    }
+}
+
+/// Restores the snapshot HEAD names now.
+async fn rehydrate<M: StateMachine>(shared: &Shared<M>) -> Result<(), RuntimeError> {
+    let head = shared
+        .stores
+        .snapshots
+        .read_head()
+        .await
+        .map_err(|e| RuntimeError::new(Phase::Standby, e, true))?
+        .ok_or_else(|| RuntimeError::new(Phase::Standby, "no HEAD to restore from", true))?;
+    restore_head(shared, &head.head).await
+}

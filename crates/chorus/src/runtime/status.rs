@@ -1,0 +1,121 @@
+//! What a runtime reports about itself.
+
+use std::time::Duration;
+
+use super::config::RuntimeConfig;
+use super::error::{Phase, Role};
+use crate::ids::{Epoch, RecordIndex};
+use crate::lease::{HolderId, LeaseRecord};
+use crate::log::WriterStatus;
+use crate::snapshot::Head;
+
+/// A point-in-time view of a runtime.
+#[derive(Debug, Clone)]
+pub struct RuntimeStatus {
+    /// Primary, standby, booting or stopped.
+    pub role: Role,
+    /// This process's holder id.
+    pub holder: HolderId,
+    /// Every record below this index is applied here.
+    pub applied_index: RecordIndex,
+    /// The primary's writer: epoch, next index and what is in flight.
+    pub writer: Option<WriterStatus>,
+    /// The lease document as last read or written here.
+    pub lease: Option<LeaseRecord>,
+    /// On a primary: how long it may still write without another refresh.
+    pub lease_remaining: Option<Duration>,
+    /// `HEAD.json` as last read or written here.
+    pub head: Option<Head>,
+    /// The index of the newest snapshot this process published or restored.
+    pub last_snapshot_index: Option<RecordIndex>,
+    /// On a standby: whether it had applied everything committed at its
+    /// last poll.
+    pub caught_up: bool,
+    /// The log epoch of the last recovery here.
+    pub epoch: Option<Epoch>,
+    /// Records applied from the log by the last boot's replay.
+    pub replayed_records: u64,
+    /// How long each phase of the last boot took.
+    pub phases: Vec<(Phase, Duration)>,
+    /// The last error that stopped a boot step, if any.
+    pub last_error: Option<String>,
+    /// Snapshot every this many records…
+    pub snapshot_every_records: u64,
+    /// …or this often.
+    pub snapshot_interval: Duration,
+}
+
+/// What the supervisor records as it goes; see [`RuntimeStatus`].
+#[derive(Debug)]
+pub(super) struct Info {
+    pub(super) role: Role,
+    pub(super) holder: HolderId,
+    pub(super) lease: Option<LeaseRecord>,
+    pub(super) head: Option<Head>,
+    pub(super) last_snapshot_index: Option<RecordIndex>,
+    pub(super) caught_up: bool,
+    pub(super) epoch: Option<Epoch>,
+    pub(super) replayed_records: u64,
+    pub(super) phases: Vec<(Phase, Duration)>,
+    pub(super) last_error: Option<String>,
+}
+
+impl Info {
+    pub(super) fn new(holder: HolderId) -> Info {
+        Info {
+            role: Role::Booting,
+            holder,
+            lease: None,
+            head: None,
+            last_snapshot_index: None,
+            caught_up: false,
+            epoch: None,
+            replayed_records: 0,
+            phases: Vec::new(),
+            last_error: None,
+        }
+    }
+
+    /// The lease holder as last seen, unless the lease was released.
+    pub(super) fn primary(&self) -> Option<HolderId> {
+        self.lease
+            .as_ref()
+            .filter(|lease| !lease.released)
+            .map(|lease| lease.holder_id.clone())
+    }
+
+    /// Records a phase of the current boot (a new boot starts at ObserveHead).
+    pub(super) fn record_phase(&mut self, phase: Phase, elapsed: Duration) {
+        if phase == Phase::ObserveHead {
+            self.phases.clear();
+        }
+        self.phases.retain(|(recorded, _)| *recorded != phase);
+        self.phases.push((phase, elapsed));
+    }
+
+    pub(super) fn status(
+        &self,
+        applied_index: RecordIndex,
+        writer: Option<WriterStatus>,
+        lease_remaining: Option<Duration>,
+        config: &RuntimeConfig,
+    ) -> RuntimeStatus {
+        RuntimeStatus {
+            role: self.role,
+            holder: self.holder.clone(),
+            applied_index,
+            writer,
+            lease: self.lease.clone(),
+            lease_remaining,
+            head: self.head.clone(),
+            last_snapshot_index: self.last_snapshot_index,
+            caught_up: self.caught_up,
+            epoch: self.epoch,
+            replayed_records: self.replayed_records,
+            phases: self.phases.clone(),
+            last_error: self.last_error.clone(),
+            snapshot_every_records: config.snapshot_every_records,
+            snapshot_interval: config.snapshot_interval,
+        }
+    }
+}
