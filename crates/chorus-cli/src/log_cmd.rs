@@ -84,14 +84,32 @@ impl LogCommand {
 
 async fn init(args: InitArgs) -> Result<(), CommandError> {
     let location = args.store.resolve()?;
-    if !(1..=MAX_WINDOW).contains(&args.window) {
-        return Err(format!("--window {} is outside 1..={MAX_WINDOW}", args.window).into());
+    let outcome = create_log(&location, args.window).await?;
+    let (verb, committed) = match outcome {
+        Initialized::Created(committed) => ("initialized", committed),
+        Initialized::Existing(committed) => ("already initialized", committed),
+    };
+    let manifest = &committed.manifest;
+    outln!(
+        "{verb} log: {} replicas (quorum {}), window {}, register {}",
+        manifest.replica_count(),
+        manifest.quorum(),
+        manifest.window,
+        location.register
+    )?;
+    Ok(())
+}
+
+/// Creates the log at `location` (register and replica binding), or finds
+/// it already there. Every remote location must answer (replicas probed, a
+/// remote register connected) before anything is created on the local disk,
+/// and every replica must pass the probe before the register is initialized:
+/// a failure leaves nothing behind but, at most, PostgreSQL's (idempotent)
+/// register table.
+pub async fn create_log(location: &Location, window: u32) -> Result<Initialized, CommandError> {
+    if !(1..=MAX_WINDOW).contains(&window) {
+        return Err(format!("--window {window} is outside 1..={MAX_WINDOW}").into());
     }
-    // Every remote location must answer (replicas probed, a remote register
-    // connected) before anything is created on the local disk, and every
-    // replica must pass the probe before the register is initialized: a
-    // failure leaves nothing behind but, at most, PostgreSQL's (idempotent)
-    // register table.
     let (local, remote): (Vec<_>, Vec<_>) = location
         .replicas
         .iter()
@@ -106,26 +124,11 @@ async fn init(args: InitArgs) -> Result<(), CommandError> {
         Some(register) => register,
         None => open_register_for_init(&location.register).await?,
     };
-    let outcome = initialize(
-        register.as_ref(),
-        location.replica_identities(),
-        args.window,
+    Ok(
+        initialize(register.as_ref(), location.replica_identities(), window)
+            .await
+            .map_err(|e| format!("cannot initialize register {}: {e}", location.register))?,
     )
-    .await
-    .map_err(|e| format!("cannot initialize register {}: {e}", location.register))?;
-    let (verb, committed) = match outcome {
-        Initialized::Created(committed) => ("initialized", committed),
-        Initialized::Existing(committed) => ("already initialized", committed),
-    };
-    let manifest = &committed.manifest;
-    outln!(
-        "{verb} log: {} replicas (quorum {}), window {}, register {}",
-        manifest.replica_count(),
-        manifest.quorum(),
-        manifest.window,
-        location.register
-    )?;
-    Ok(())
 }
 
 /// Opens and probes each of `replicas`.

@@ -8,10 +8,11 @@ mod log_cmd;
 mod open;
 mod output;
 mod progress;
+mod serve_cmd;
 mod snapshot_cmd;
 mod store_cmd;
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -20,12 +21,26 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "chorus", version, about, long_about = None)]
 struct Cli {
+    /// Diagnostics on stderr as text (for terminals) or JSON lines (for log
+    /// collectors); the level comes from CHORUS_LOG (e.g. `info`, `chorus=debug`).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+
     #[command(subcommand)]
     command: Command,
 }
 
+/// How diagnostics are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the key-value service (HTTP) on the log: primary or standby.
+    Serve(Box<serve_cmd::ServeArgs>),
     /// Create and inspect logs.
     #[command(subcommand)]
     Log(log_cmd::LogCommand),
@@ -48,13 +63,19 @@ pub type CommandError = Box<dyn std::error::Error + Send + Sync>;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    // A service reports its phases by default; one-shot commands only warn.
+    let default_level = match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    };
+    init_logging(cli.log_format, default_level);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => return fail(&error),
     };
     let outcome = runtime.block_on(async {
         match cli.command {
+            Command::Serve(args) => args.run().await,
             Command::Log(command) => command.run().await,
             Command::Bench(command) => command.run().await,
             Command::Snapshot(command) => command.run().await,
@@ -69,14 +90,18 @@ fn main() -> ExitCode {
 }
 
 /// Diagnostics go to stderr, filtered by `CHORUS_LOG` (for example `info` or
-/// `chorus=debug`); warnings and errors are shown by default.
-fn init_logging() {
+/// `chorus=debug`), at `default_level` without it.
+fn init_logging(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CHORUS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(std::io::stderr().is_terminal());
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
 }
 
 /// Prints `chorus: <error>: <cause>: …` on one line and picks the exit code.

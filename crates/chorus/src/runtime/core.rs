@@ -151,9 +151,15 @@ mod tests {
         let indices = |changes: Vec<Change<u64>>| -> Vec<u64> {
             changes.iter().map(|change| change.index.0).collect()
         };
-        assert_eq!(indices(core.changes_since(RecordIndex(2), 10).unwrap()), [2, 3, 4]);
+        assert_eq!(
+            indices(core.changes_since(RecordIndex(2), 10).unwrap()),
+            [2, 3, 4]
+        );
         assert_eq!(indices(core.changes_since(RecordIndex(3), 1).unwrap()), [3]);
-        assert_eq!(indices(core.changes_since(RecordIndex(5), 10).unwrap()), [] as [u64; 0]);
+        assert_eq!(
+            indices(core.changes_since(RecordIndex(5), 10).unwrap()),
+            [] as [u64; 0]
+        );
         assert_eq!(
             core.changes_since(RecordIndex(1), 10).unwrap_err(),
             HistoryGap {

@@ -95,7 +95,9 @@ impl<M: StateMachine> Shared<M> {
     }
 
     fn write_path(&self) -> MutexGuard<'_, Option<WritePath<M::Output>>> {
-        self.write_path.lock().expect("runtime write path lock poisoned")
+        self.write_path
+            .lock()
+            .expect("runtime write path lock poisoned")
     }
 
     fn applied_end(&self) -> RecordIndex {
@@ -154,9 +156,9 @@ impl<M: StateMachine> Runtime<M> {
     /// or standby until [`shutdown`](Runtime::shutdown) or a fatal error
     /// ([`finished`](Runtime::finished) reports which).
     pub fn start(stores: RuntimeStores, config: RuntimeConfig) -> Result<Runtime<M>, RuntimeError> {
-        config
-            .validate()
-            .map_err(|e| RuntimeError::new(Phase::ObserveHead, format!("invalid config: {e}"), false))?;
+        config.validate().map_err(|e| {
+            RuntimeError::new(Phase::ObserveHead, format!("invalid config: {e}"), false)
+        })?;
         let shared = Arc::new(Shared {
             core: Mutex::new(Core::new(config.history_records)),
             info: Mutex::new(Info::new(config.holder.clone())),
@@ -190,7 +192,10 @@ impl<M: StateMachine> Runtime<M> {
                 return Err(Unavailable::LeaseUncertain.into());
             }
             let record = prepare(&self.shared.core().machine).map_err(WriteError::Rejected)?;
-            let completion = path.writer.append(record.clone()).map_err(WriteError::Log)?;
+            let completion = path
+                .writer
+                .append(record.clone())
+                .map_err(WriteError::Log)?;
             let (reply, answer) = oneshot::channel();
             let in_flight = InFlight {
                 completion,
@@ -255,7 +260,10 @@ impl<M: StateMachine> Runtime<M> {
         let (writer, lease_remaining) = match self.shared.write_path().as_ref() {
             Some(path) => (
                 Some(path.writer.status()),
-                Some(path.lease.remaining(self.shared.stores.leases.clock().now())),
+                Some(
+                    path.lease
+                        .remaining(self.shared.stores.leases.clock().now()),
+                ),
             ),
             None => (None, None),
         };

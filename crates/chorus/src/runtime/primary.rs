@@ -22,7 +22,7 @@ const SNAPSHOT_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 /// What a boot ended in.
 pub(super) enum Boot {
     /// This process holds the lease and the log's writer.
-    Primary(Primary),
+    Primary(Box<Primary>),
     /// Another process holds a live lease: stand by until it expires.
     Held,
 }
@@ -68,12 +68,12 @@ pub(super) async fn boot<M: StateMachine>(shared: &Arc<Shared<M>>) -> Result<Boo
     let keeper = LeaseKeeper::start(Arc::clone(&lease), shared.stores.leases.config().ttl);
     let booted = boot_with_lease(shared, &lease, &mut publication).await;
     match booted {
-        Ok(writer) => Ok(Boot::Primary(Primary {
+        Ok(writer) => Ok(Boot::Primary(Box::new(Primary {
             writer,
             lease,
             keeper,
             publication,
-        })),
+        }))),
         Err(error) => {
             keeper.stop();
             Err(error)
@@ -234,13 +234,13 @@ async fn replay<M: StateMachine>(
 }
 
 /// Serves as primary until a shutdown, a lost lease or a failed writer.
-pub(super) async fn serve<M: StateMachine>(shared: &Arc<Shared<M>>, primary: Primary) -> Exit {
+pub(super) async fn serve<M: StateMachine>(shared: &Arc<Shared<M>>, primary: Box<Primary>) -> Exit {
     let Primary {
         writer,
         lease,
         keeper,
         mut publication,
-    } = primary;
+    } = *primary;
     let writer = Arc::new(writer);
     let (apply, applying) = mpsc::unbounded_channel();
     let failed = Arc::new(Notify::new());
@@ -376,10 +376,18 @@ async fn publish<M: StateMachine>(
         }
         let maintenance = crate::log::maintenance::Maintenance::new(&shared.stores.log);
         let progress = crate::log::maintenance::NoProgress;
-        if let Err(error) = maintenance.truncate_before(wal_index, wal_index, &progress).await {
+        if let Err(error) = maintenance
+            .truncate_before(wal_index, wal_index, &progress)
+            .await
+        {
             tracing::warn!(%error, %wal_index, "truncating the log below the snapshot failed");
         }
-        if let Err(error) = shared.stores.snapshots.retain(shared.config.keep_payloads).await {
+        if let Err(error) = shared
+            .stores
+            .snapshots
+            .retain(shared.config.keep_payloads)
+            .await
+        {
             tracing::warn!(%error, "snapshot retention failed");
         }
         Ok(())

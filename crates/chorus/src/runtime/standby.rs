@@ -30,7 +30,9 @@ pub(super) async fn run<M: StateMachine>(shared: &Arc<Shared<M>>) {
             }
             Ok(None) => {
                 shared.info().caught_up = true;
-                let wait = config.standby_poll_interval.min(config.lease_check_interval);
+                let wait = config
+                    .standby_poll_interval
+                    .min(config.lease_check_interval);
                 let _ = tokio::time::timeout(wait, stop.wait_for(|stop| *stop)).await;
             }
             Err(LogError::Truncated { floor, .. }) => {

@@ -1,0 +1,185 @@
+//! The Chorus key-value service: an HTTP API (axum) over a
+//! [`Runtime`](chorus::runtime::Runtime) running the key-value machine.
+//!
+//! Handlers are thin: parse and validate, call the runtime once, map the
+//! result; every error is one [`ApiError`](error::ApiError) with a JSON body.
+//! Every answer that reflects the state carries `X-Chorus-Index`: the index
+//! below which every record is reflected, so a client can read its own
+//! writes and resume a watch. See docs/api.md for the routes.
+#![warn(missing_docs)]
+
+pub mod auth;
+pub mod encoding;
+pub mod error;
+pub mod kv;
+pub mod status;
+pub mod stream;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
+use axum::http::{HeaderName, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use bytes::Bytes;
+use chorus::kv::KvState;
+use chorus::runtime::Runtime;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::watch;
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+
+use error::ApiError;
+
+/// The header naming the index an answer reflects.
+pub const INDEX_HEADER: HeaderName = HeaderName::from_static("x-chorus-index");
+
+/// How the service treats requests.
+#[derive(Debug, Clone)]
+pub struct ServiceConfig {
+    /// Bearer token every route but `/healthz` requires; `None`: no auth.
+    pub token: Option<String>,
+    /// Largest request body; larger is `413`. Values are further bounded by
+    /// the log's `max_record_bytes`.
+    pub max_body_bytes: usize,
+    /// Bound on a request until its answer starts (`503` after).
+    pub request_timeout: Duration,
+    /// This instance's URL as clients reach it (shown in status).
+    pub advertise_url: Option<String>,
+    /// Whether `/readyz` is 200 on a caught-up standby too.
+    pub ready_as_standby: bool,
+}
+
+/// What every handler shares.
+pub struct AppState {
+    /// The runtime serving the key-value machine.
+    pub runtime: Arc<Runtime<KvState>>,
+    /// Request handling settings.
+    pub config: ServiceConfig,
+    /// Renders `/metrics`; `None` when no recorder was installed here.
+    pub metrics: Option<PrometheusHandle>,
+    /// Turns true at shutdown, which ends the event streams.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// The service's routes and layers.
+pub fn router(app: Arc<AppState>) -> Router {
+    let timeout = app.config.request_timeout;
+    let body_limit = app.config.max_body_bytes;
+    Router::new()
+        .route("/v1/kv", get(kv::list))
+        .route("/v1/kv:batch", post(kv::batch))
+        .route("/v1/kv/watch", get(stream::watch))
+        .route(
+            "/v1/kv/{*key}",
+            put(kv::put).get(kv::get).delete(kv::delete),
+        )
+        .route("/v1/log", post(stream::append_log).get(stream::read_log))
+        .route("/v1/status", get(status::status))
+        .route("/readyz", get(status::ready))
+        .route("/metrics", get(status::metrics))
+        .route_layer(middleware::from_fn_with_state(
+            Arc::clone(&app),
+            auth::require_token,
+        ))
+        .route("/healthz", get(status::health))
+        .layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn(observe))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            timeout,
+        ))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(TraceLayer::new_for_http())
+        .with_state(app)
+}
+
+/// A request body, or the error its rejection deserves (413 over the limit).
+pub fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        let status = rejection.status();
+        let message = rejection.body_text();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(format!("request body too large: {message}"))
+        } else {
+            ApiError::new(status, message)
+        }
+    })
+}
+
+/// Gives every error response a JSON body, including those no handler
+/// wrote: unknown routes, wrong methods, malformed queries, timeouts.
+async fn json_errors(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 4096).await.unwrap_or_default();
+    let mut error = error::reason_body(status);
+    if !text.is_empty() {
+        error["error"] = String::from_utf8_lossy(&text).trim().to_owned().into();
+    }
+    let mut rebuilt = (status, Json(error)).into_response();
+    for (name, value) in parts.headers.iter() {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            rebuilt.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    rebuilt
+}
+
+/// Counts requests and their latency by route, method and status.
+async fn observe(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
+    let method = request.method().as_str().to_owned();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    let labels = [("route", route), ("method", method), ("status", status)];
+    metrics::counter!("chorus_http_requests_total", &labels).increment(1);
+    metrics::histogram!("chorus_http_request_seconds", &labels)
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, then finishes the
+/// requests in flight (event streams end when `AppState::shutdown` turns).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(app))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Installs the Prometheus recorder as the process's `metrics` recorder, so
+/// every `chorus_*` metric of the library and the service is rendered at
+/// `/metrics`, and keeps its histograms trimmed in the background.
+pub fn install_metrics_recorder() -> Result<PrometheusHandle, String> {
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
+}
