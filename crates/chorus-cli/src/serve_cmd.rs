@@ -112,11 +112,42 @@ pub struct ServeArgs {
 struct Resolved {
     location: Location,
     database: crate::config::DatabaseLocation,
-    runtime: RuntimeConfig,
+    /// `None`: the advertised URL, known once the listener is bound.
+    holder: Option<HolderId>,
+    schedule: Schedule,
     lease: LeaseConfig,
     service: ServiceConfig,
     listen: SocketAddr,
     data_dir: Option<PathBuf>,
+}
+
+/// The runtime settings `serve` takes from its flags.
+#[derive(Debug, Clone, Copy)]
+struct Schedule {
+    every_records: u64,
+    interval: Duration,
+    force: bool,
+    lease_check_interval: Duration,
+}
+
+impl Resolved {
+    /// The runtime configuration for `holder`.
+    fn runtime(&self, holder: HolderId) -> RuntimeConfig {
+        let mut runtime = RuntimeConfig::new(holder);
+        runtime.snapshot_every_records = self.schedule.every_records;
+        runtime.snapshot_interval = self.schedule.interval;
+        runtime.force = self.schedule.force;
+        runtime.lease_check_interval = self.schedule.lease_check_interval;
+        runtime
+    }
+
+    /// The advertised URL: the flag, or `http://` and the bound address.
+    fn advertise_url(&self, bound: SocketAddr) -> String {
+        self.service
+            .advertise_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{bound}"))
+    }
 }
 
 impl ServeArgs {
@@ -129,11 +160,11 @@ impl ServeArgs {
             config: self.store.config.clone(),
         }
         .resolve()?;
-        let advertise_url = self
-            .advertise_url
-            .clone()
-            .unwrap_or_else(|| format!("http://{}", self.listen));
-        let holder = HolderId::new(self.holder.as_deref().unwrap_or(&advertise_url))
+        let holder = self
+            .holder
+            .as_deref()
+            .map(HolderId::new)
+            .transpose()
             .map_err(|e| format!("--holder: {e}"))?;
         let ttl = Duration::from_secs(self.lease_ttl_secs);
         let lease = LeaseConfig {
@@ -141,12 +172,13 @@ impl ServeArgs {
             safety_margin: ttl / 5,
             store_call_timeout: ttl / 4,
         };
-        let mut runtime = RuntimeConfig::new(holder);
-        runtime.snapshot_every_records = self.snapshot_every_records;
-        runtime.snapshot_interval = Duration::from_secs(self.snapshot_interval_secs);
-        runtime.force = self.force;
-        runtime.lease_check_interval =
-            (ttl / 20).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        let schedule = Schedule {
+            every_records: self.snapshot_every_records,
+            interval: Duration::from_secs(self.snapshot_interval_secs),
+            force: self.force,
+            lease_check_interval: (ttl / 20)
+                .clamp(Duration::from_millis(100), Duration::from_secs(1)),
+        };
         let token = match (&self.token, &self.token_file) {
             (Some(token), _) => Some(token.clone()),
             (None, Some(path)) => Some(read_token(path)?),
@@ -156,13 +188,14 @@ impl ServeArgs {
             token,
             max_body_bytes: self.max_body_bytes,
             request_timeout: Duration::from_secs(self.request_timeout_secs),
-            advertise_url: Some(advertise_url),
+            advertise_url: self.advertise_url.clone(),
             ready_as_standby: self.ready_as_standby,
         };
         Ok(Resolved {
             location,
             database,
-            runtime,
+            holder,
+            schedule,
             lease,
             service,
             listen: self.listen,
@@ -191,20 +224,25 @@ fn read_token(path: &std::path::Path) -> Result<String, CommandError> {
 }
 
 fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
-    let runtime = &resolved.runtime;
     let service = &resolved.service;
+    let schedule = &resolved.schedule;
+    let advertise_url = resolved.advertise_url(resolved.listen);
+    let holder = resolved
+        .holder
+        .as_ref()
+        .map_or(advertise_url.as_str(), HolderId::as_str);
     let config = json!({
         "listen": resolved.listen.to_string(),
-        "advertise_url": service.advertise_url,
-        "holder": runtime.holder.as_str(),
+        "advertise_url": advertise_url,
+        "holder": holder,
         "replicas": resolved.location.replicas.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "register": resolved.location.register.to_string(),
         "snapshot_store": resolved.database.store.to_string(),
         "db": resolved.database.database.as_str(),
         "lease_ttl_secs": resolved.lease.ttl.as_secs(),
-        "snapshot_every_records": runtime.snapshot_every_records,
-        "snapshot_interval_secs": runtime.snapshot_interval.as_secs(),
-        "force": runtime.force,
+        "snapshot_every_records": schedule.every_records,
+        "snapshot_interval_secs": schedule.interval.as_secs(),
+        "force": schedule.force,
         "token": service.token.as_ref().map(|_| "<redacted>"),
         "ready_as_standby": service.ready_as_standby,
         "max_body_bytes": service.max_body_bytes,
@@ -236,11 +274,17 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
     let listener = tokio::net::TcpListener::bind(resolved.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", resolved.listen))?;
-    let runtime = Arc::new(Runtime::<KvState>::start(stores, resolved.runtime.clone())?);
-    let advertise = resolved.service.advertise_url.clone().unwrap_or_default();
+    let bound = listener.local_addr()?;
+    let advertise = resolved.advertise_url(bound);
+    let holder = match &resolved.holder {
+        Some(holder) => holder.clone(),
+        None => {
+            HolderId::new(&advertise).map_err(|e| format!("--advertise-url as holder id: {e}"))?
+        }
+    };
+    let runtime = Arc::new(Runtime::<KvState>::start(stores, resolved.runtime(holder))?);
     outln!(
-        "chorus serve: listening on {} (advertised as {advertise}); log: {} replicas, register {}; snapshots: {}",
-        listener.local_addr().map_or(resolved.listen, |addr| addr),
+        "chorus serve: listening on {bound} (advertised as {advertise}); log: {} replicas, register {}; snapshots: {}",
         resolved.location.replicas.len(),
         resolved.location.register,
         resolved.database.store,
@@ -250,9 +294,11 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
     }
     tokio::spawn(report_roles(Arc::clone(&runtime)));
     let (stop_streams, shutdown) = watch::channel(false);
+    let mut service = resolved.service;
+    service.advertise_url = Some(advertise);
     let app = Arc::new(AppState {
         runtime: Arc::clone(&runtime),
-        config: resolved.service,
+        config: service,
         metrics: Some(metrics),
         shutdown,
     });
