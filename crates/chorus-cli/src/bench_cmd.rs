@@ -1,7 +1,8 @@
 //! `chorus bench log`: ack latency and peak throughput of the write path over
-//! in-memory replicas behind the latency-injecting store.
+//! in-memory replicas behind the latency-injecting store; `chorus bench kv`
+//! ([`kv`]): the key-value service over HTTP.
 //!
-//! Six scenarios: light load (one append at a time) and peak load (appends
+//! `bench log` has six scenarios: light load (one append at a time) and peak load (appends
 //! pipelined up to the in-flight budget), each with all replicas at the
 //! injected latency, with one replica much slower, and with repair passes
 //! running back to back beside the appends.
@@ -19,11 +20,16 @@ use serde::Serialize;
 use crate::CommandError;
 use crate::output::outln;
 
+mod kv;
+
 /// The `bench` subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum BenchCommand {
     /// Benchmark the replicated log's write path.
     Log(LogBenchArgs),
+    /// Benchmark the key-value service over HTTP: puts and gets per second
+    /// with latency percentiles, on a running service or one started here.
+    Kv(kv::KvBenchArgs),
 }
 
 /// Arguments of `bench log`.
@@ -71,7 +77,10 @@ struct Outcome {
 impl BenchCommand {
     /// Runs the benchmark.
     pub async fn run(self) -> Result<(), CommandError> {
-        let BenchCommand::Log(args) = self;
+        let args = match self {
+            BenchCommand::Log(args) => args,
+            BenchCommand::Kv(args) => return kv::run(args).await,
+        };
         if ![1, 3, 5].contains(&args.replicas) {
             return Err("--replicas must be 1, 3 or 5".into());
         }
@@ -164,24 +173,7 @@ async fn open_writer(
     args: &LogBenchArgs,
     slow_ms: Option<u64>,
 ) -> Result<(Writer, LogStores), LogError> {
-    let replicas = (0..args.replicas)
-        .map(|position| {
-            let latency = match (position, slow_ms) {
-                (0, Some(slow)) => slow,
-                _ => args.latency_ms,
-            };
-            let memory = Arc::new(object_store::memory::InMemory::new());
-            let store: DynBlobStore = Arc::new(ObjectStoreBlobs::new(
-                memory,
-                "",
-                format!("memory://bench-{position}"),
-            ));
-            let profile = LatencyProfile::uniform(Latency::Fixed(Duration::from_millis(latency)));
-            let delayed: DynBlobStore =
-                Arc::new(LatencyStore::new(store, profile, position as u64));
-            (format!("memory://bench-{position}"), delayed)
-        })
-        .collect::<Vec<_>>();
+    let replicas = latency_replicas(args.replicas, args.latency_ms, slow_ms);
     let register = Arc::new(MemoryRegister::new());
     let identities = replicas
         .iter()
@@ -195,6 +187,46 @@ async fn open_writer(
     let mut replay = recovery.replay(recovery.end())?;
     while replay.next().await?.is_some() {}
     Ok((recovery.start().await?, stores))
+}
+
+/// `count` in-memory replicas behind the latency store, each request taking
+/// `latency_ms` (replica 0 `slow_ms` when set), with their identities.
+fn latency_replicas(
+    count: usize,
+    latency_ms: u64,
+    slow_ms: Option<u64>,
+) -> Vec<(String, DynBlobStore)> {
+    (0..count)
+        .map(|position| {
+            let latency = match (position, slow_ms) {
+                (0, Some(slow)) => slow,
+                _ => latency_ms,
+            };
+            let identity = format!("memory://bench-{position}");
+            let profile = LatencyProfile::uniform(Latency::Fixed(Duration::from_millis(latency)));
+            let delayed: DynBlobStore = Arc::new(LatencyStore::new(
+                memory_store(&identity),
+                profile,
+                position as u64,
+            ));
+            (identity, delayed)
+        })
+        .collect()
+}
+
+/// A fresh, private in-memory store.
+fn memory_store(identity: &str) -> DynBlobStore {
+    let memory = Arc::new(object_store::memory::InMemory::new());
+    Arc::new(ObjectStoreBlobs::new(memory, "", identity.to_owned()))
+}
+
+/// The `p`-th percentile of sorted `latencies`, in milliseconds.
+fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1].as_secs_f64() * 1000.0
 }
 
 /// Appends `prefill_mib` of records so repair has sealed segments to read.
@@ -287,10 +319,7 @@ async fn peak(writer: &Writer, args: &LogBenchArgs) -> Result<Outcome, LogError>
 
 fn summarize(mut latencies: Vec<Duration>, elapsed: Duration, record_bytes: usize) -> Outcome {
     latencies.sort_unstable();
-    let percentile = |p: f64| {
-        let rank = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len());
-        latencies[rank - 1].as_secs_f64() * 1000.0
-    };
+    let percentile = |p: f64| percentile_ms(&latencies, p);
     let appends = latencies.len() as u64;
     Outcome {
         scenario: String::new(),

@@ -23,7 +23,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use crate::CommandError;
-use crate::config::{DatabaseArgs, Location, StoreArgs};
+use crate::config::{DatabaseArgs, DatabaseLocation, Location, StoreArgs};
 use crate::lease_cmd::open_for_write;
 use crate::log_cmd::{DEFAULT_WINDOW, create_log};
 use crate::open::{Access, open_log};
@@ -111,7 +111,7 @@ pub struct ServeArgs {
 /// and defaults; reads only the config file and the token file.
 struct Resolved {
     location: Location,
-    database: crate::config::DatabaseLocation,
+    database: DatabaseLocation,
     /// `None`: the advertised URL, known once the listener is bound.
     holder: Option<HolderId>,
     schedule: Schedule,
@@ -254,23 +254,7 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
 
 async fn serve(resolved: Resolved) -> Result<(), CommandError> {
     let metrics = chorus_server::install_metrics_recorder()?;
-    create_log(&resolved.location, DEFAULT_WINDOW).await?;
-    let log = open_log(&resolved.location, Access::Write).await?.stores;
-    let store = open_for_write(&resolved.database).await?;
-    let database = resolved.database.database.clone();
-    let clock = SystemClock::shared();
-    let leases = LeaseStore::new(
-        store.clone(),
-        database.clone(),
-        resolved.lease,
-        clock.clone(),
-    )?;
-    let snapshots = SnapshotStore::new(store, database, SnapshotConfig::default(), clock);
-    let stores = RuntimeStores {
-        log,
-        snapshots,
-        leases,
-    };
+    let stores = open_stores(&resolved.location, &resolved.database, resolved.lease).await?;
     let listener = tokio::net::TcpListener::bind(resolved.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", resolved.listen))?;
@@ -318,6 +302,27 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
     runtime.shutdown().await?;
     outln!("chorus serve: stopped")?;
     Ok(())
+}
+
+/// Creates the log if needed and opens a database's stores: the log (every
+/// replica probed), and the snapshot store holding its snapshots and lease.
+pub async fn open_stores(
+    location: &Location,
+    database: &DatabaseLocation,
+    lease: LeaseConfig,
+) -> Result<RuntimeStores, CommandError> {
+    create_log(location, DEFAULT_WINDOW).await?;
+    let log = open_log(location, Access::Write).await?.stores;
+    let store = open_for_write(database).await?;
+    let key = database.database.clone();
+    let clock = SystemClock::shared();
+    let leases = LeaseStore::new(store.clone(), key.clone(), lease, clock.clone())?;
+    let snapshots = SnapshotStore::new(store, key, SnapshotConfig::default(), clock);
+    Ok(RuntimeStores {
+        log,
+        snapshots,
+        leases,
+    })
 }
 
 /// Prints each role the runtime takes, so an operator sees it become primary

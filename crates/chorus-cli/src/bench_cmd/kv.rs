@@ -1,0 +1,455 @@
+//! `chorus bench kv`: puts and gets per second, with latency percentiles, of
+//! the key-value service over real HTTP on loopback.
+//!
+//! Without `--url` it starts the service in this process, twice: on three
+//! in-memory replicas behind the latency store (`--latency-ms` on every
+//! request), and on the embedded default (local directories, fsync'd) in a
+//! temporary directory. Each target gets three rows: light puts (one client,
+//! one put at a time), peak puts (`--clients` concurrent clients) and gets
+//! (`--clients` concurrent clients over `--keys` preloaded keys). The load
+//! generator shares the machine (and this process's runtime) with the service.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use chorus::clock::SystemClock;
+use chorus::kv::KvState;
+use chorus::lease::{DatabaseKey, HolderId, LeaseConfig, LeaseStore};
+use chorus::log::LogStores;
+use chorus::register::{MemoryRegister, initialize};
+use chorus::runtime::{Runtime, RuntimeConfig, RuntimeStores};
+use chorus::snapshot::{SnapshotConfig, SnapshotStore};
+use chorus_server::{AppState, ServiceConfig};
+use serde::Serialize;
+use tokio::sync::watch;
+
+use super::{latency_replicas, memory_store, percentile_ms};
+use crate::CommandError;
+use crate::config::{DatabaseArgs, StoreArgs};
+use crate::output::outln;
+
+/// Arguments of `bench kv`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KvBenchArgs {
+    /// Drive the service at this URL instead of starting one here.
+    #[arg(long)]
+    url: Option<String>,
+    /// Bearer token for `--url`.
+    #[arg(long, env = "CHORUS_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Replicas of the in-memory target (1, 3 or 5).
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
+    /// Latency injected into every replica request of the in-memory target.
+    #[arg(long, default_value_t = 10)]
+    latency_ms: u64,
+    /// Size of each value in bytes.
+    #[arg(long, default_value_t = 1024)]
+    value_bytes: usize,
+    /// Concurrent clients of the peak rows.
+    #[arg(long, default_value_t = 256)]
+    clients: usize,
+    /// How long each peak row runs, in seconds.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    /// Puts of the light row.
+    #[arg(long, default_value_t = 300)]
+    light_puts: usize,
+    /// Keys preloaded for the get row.
+    #[arg(long, default_value_t = 10_000)]
+    keys: usize,
+    /// Which targets to start here (without `--url`).
+    #[arg(long, value_enum, default_values_t = [Target::Memory, Target::Embedded])]
+    target: Vec<Target>,
+    /// Print one JSON object per row instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A service started for the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Target {
+    /// In-memory replicas behind the latency store.
+    Memory,
+    /// The embedded default in a temporary directory.
+    Embedded,
+}
+
+/// One row of results.
+#[derive(Debug, Serialize)]
+struct Row {
+    target: String,
+    scenario: String,
+    clients: usize,
+    requests: u64,
+    errors: u64,
+    seconds: f64,
+    per_second: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+}
+
+/// Runs the benchmark.
+pub async fn run(args: KvBenchArgs) -> Result<(), CommandError> {
+    if !args.json {
+        outln!(
+            "{:<28} {:<12} {:>7} {:>9} {:>6} {:>9} {:>8} {:>8} {:>8}",
+            "target",
+            "scenario",
+            "clients",
+            "requests",
+            "errors",
+            "per s",
+            "p50 ms",
+            "p99 ms",
+            "max ms"
+        )?;
+    }
+    if let Some(url) = &args.url {
+        return measure(url, &format!("service {url}"), &args).await;
+    }
+    for target in &args.target {
+        let (name, service) = match target {
+            Target::Memory => (
+                format!("memory x{} @{} ms", args.replicas, args.latency_ms),
+                Service::start(memory_stores(&args).await?).await?,
+            ),
+            Target::Embedded => {
+                let dir = std::env::temp_dir().join(format!("chorus-bench-{}", std::process::id()));
+                let stores = embedded_stores(&dir).await?;
+                let service = Service::start(stores).await?;
+                ("embedded default (local)".to_owned(), service.cleaning(dir))
+            }
+        };
+        let outcome = measure(&service.url, &name, &args).await;
+        service.stop().await?;
+        outcome?;
+    }
+    Ok(())
+}
+
+/// The three rows against one service.
+async fn measure(url: &str, target: &str, args: &KvBenchArgs) -> Result<(), CommandError> {
+    let client = Client::new(url, args)?;
+    eprintln!("{target}: light puts …");
+    let light = client.light(args).await?;
+    print(target, "put, light", light, args)?;
+    eprintln!("{target}: peak puts …");
+    let peak = client.peak(args, Operation::Put).await?;
+    print(target, "put, peak", peak, args)?;
+    eprintln!("{target}: preloading {} keys …", args.keys);
+    client.preload(args).await?;
+    eprintln!("{target}: gets …");
+    let gets = client.peak(args, Operation::Get).await?;
+    print(target, "get, peak", gets, args)
+}
+
+fn print(
+    target: &str,
+    scenario: &str,
+    row: Measured,
+    args: &KvBenchArgs,
+) -> Result<(), CommandError> {
+    let mut latencies = row.latencies;
+    latencies.sort_unstable();
+    let requests = latencies.len() as u64;
+    let row = Row {
+        target: target.to_owned(),
+        scenario: scenario.to_owned(),
+        clients: row.clients,
+        requests,
+        errors: row.errors,
+        seconds: row.elapsed.as_secs_f64(),
+        per_second: requests as f64 / row.elapsed.as_secs_f64(),
+        p50_ms: percentile_ms(&latencies, 0.50),
+        p99_ms: percentile_ms(&latencies, 0.99),
+        max_ms: percentile_ms(&latencies, 1.0),
+    };
+    if args.json {
+        return outln!("{}", serde_json::to_string(&row).expect("rows encode"));
+    }
+    outln!(
+        "{:<28} {:<12} {:>7} {:>9} {:>6} {:>9.0} {:>8.2} {:>8.2} {:>8.2}",
+        row.target,
+        row.scenario,
+        row.clients,
+        row.requests,
+        row.errors,
+        row.per_second,
+        row.p50_ms,
+        row.p99_ms,
+        row.max_ms
+    )
+}
+
+/// What one row measured: the latency of every successful request.
+struct Measured {
+    clients: usize,
+    latencies: Vec<Duration>,
+    errors: u64,
+    elapsed: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Operation {
+    Put,
+    Get,
+}
+
+/// HTTP client of the service under test.
+#[derive(Clone)]
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+    value: Bytes,
+}
+
+impl Client {
+    fn new(url: &str, args: &KvBenchArgs) -> Result<Client, CommandError> {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(args.clients)
+            .timeout(Duration::from_secs(30))
+            .build()?;
+        Ok(Client {
+            http,
+            base: url.trim_end_matches('/').to_owned(),
+            token: args.token.clone(),
+            value: Bytes::from(vec![b'v'; args.value_bytes]),
+        })
+    }
+
+    /// One request; `Ok(true)` on a 2xx answer.
+    async fn send(&self, operation: Operation, key: &str) -> Result<bool, CommandError> {
+        let url = format!("{}/v1/kv/{key}", self.base);
+        let request = match operation {
+            Operation::Put => self.http.put(url).body(self.value.clone()),
+            Operation::Get => self.http.get(url),
+        };
+        let request = match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        };
+        let response = request.send().await?;
+        let ok = response.status().is_success();
+        response.bytes().await?;
+        Ok(ok)
+    }
+
+    /// One client, one put at a time.
+    async fn light(&self, args: &KvBenchArgs) -> Result<Measured, CommandError> {
+        let started = Instant::now();
+        let mut latencies = Vec::with_capacity(args.light_puts);
+        let mut errors = 0;
+        for n in 0..args.light_puts {
+            let sent = Instant::now();
+            if self
+                .send(Operation::Put, &format!("bench/light/{}", n % 100))
+                .await?
+            {
+                latencies.push(sent.elapsed());
+            } else {
+                errors += 1;
+            }
+        }
+        Ok(Measured {
+            clients: 1,
+            latencies,
+            errors,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    /// `clients` concurrent clients, each one request at a time, for `seconds`.
+    async fn peak(
+        &self,
+        args: &KvBenchArgs,
+        operation: Operation,
+    ) -> Result<Measured, CommandError> {
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(args.seconds);
+        let tasks: Vec<_> = (0..args.clients)
+            .map(|client| {
+                let this = self.clone();
+                let keys = args.keys.max(1);
+                tokio::spawn(async move {
+                    let mut latencies = Vec::new();
+                    let mut errors = 0u64;
+                    let mut n = client;
+                    while Instant::now() < deadline {
+                        let key = match operation {
+                            Operation::Put => format!("bench/peak/{client}/{}", n % 100),
+                            Operation::Get => format!("bench/load/{}", n % keys),
+                        };
+                        let sent = Instant::now();
+                        match this.send(operation, &key).await {
+                            Ok(true) => latencies.push(sent.elapsed()),
+                            Ok(false) | Err(_) => errors += 1,
+                        }
+                        n += 7919;
+                    }
+                    (latencies, errors)
+                })
+            })
+            .collect();
+        let mut latencies = Vec::new();
+        let mut errors = 0;
+        for task in tasks {
+            let (mine, failed) = task.await?;
+            latencies.extend(mine);
+            errors += failed;
+        }
+        Ok(Measured {
+            clients: args.clients,
+            latencies,
+            errors,
+            elapsed: started.elapsed(),
+        })
+    }
+
+    /// Writes the keys the get row reads, with `clients` concurrent clients.
+    async fn preload(&self, args: &KvBenchArgs) -> Result<(), CommandError> {
+        let clients = args.clients.clamp(1, args.keys.max(1));
+        let tasks: Vec<_> = (0..clients)
+            .map(|client| {
+                let this = self.clone();
+                let keys = args.keys;
+                tokio::spawn(async move {
+                    for n in (client..keys).step_by(clients) {
+                        if !this
+                            .send(Operation::Put, &format!("bench/load/{n}"))
+                            .await?
+                        {
+                            return Err(format!("preloading key bench/load/{n} failed").into());
+                        }
+                    }
+                    Ok::<_, CommandError>(())
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await??;
+        }
+        Ok(())
+    }
+}
+
+/// A service started in this process.
+struct Service {
+    url: String,
+    runtime: Arc<Runtime<KvState>>,
+    stop: watch::Sender<bool>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// A directory to remove after the stop.
+    scratch: Option<std::path::PathBuf>,
+}
+
+impl Service {
+    /// Starts the runtime and the HTTP service on a free loopback port and
+    /// waits until it is the primary.
+    async fn start(stores: RuntimeStores) -> Result<Service, CommandError> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let holder = HolderId::new(&url)?;
+        let runtime = Arc::new(Runtime::<KvState>::start(
+            stores,
+            RuntimeConfig::new(holder),
+        )?);
+        let (stop, shutdown) = watch::channel(false);
+        let app = Arc::new(AppState {
+            runtime: Arc::clone(&runtime),
+            config: ServiceConfig {
+                token: None,
+                max_body_bytes: 4 << 20,
+                request_timeout: Duration::from_secs(30),
+                advertise_url: Some(url.clone()),
+                ready_as_standby: false,
+            },
+            metrics: None,
+            shutdown: shutdown.clone(),
+        });
+        let mut until = shutdown;
+        let server = tokio::spawn(chorus_server::serve(listener, app, async move {
+            let _ = until.wait_for(|stop| *stop).await;
+        }));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !runtime.is_primary_and_sure() {
+            if Instant::now() > deadline {
+                return Err("the benchmark's service did not become primary within 60 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Service {
+            url,
+            runtime,
+            stop,
+            server,
+            scratch: None,
+        })
+    }
+
+    fn cleaning(mut self, dir: std::path::PathBuf) -> Service {
+        self.scratch = Some(dir);
+        self
+    }
+
+    async fn stop(self) -> Result<(), CommandError> {
+        let _ = self.stop.send(true);
+        self.server.await??;
+        self.runtime.shutdown().await?;
+        if let Some(dir) = self.scratch {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        Ok(())
+    }
+}
+
+/// The in-memory target: replicas behind the latency store, a memory
+/// register, and a memory store (no injected latency) for snapshots and the
+/// lease, which are off the write path.
+async fn memory_stores(args: &KvBenchArgs) -> Result<RuntimeStores, CommandError> {
+    if ![1, 3, 5].contains(&args.replicas) {
+        return Err("--replicas must be 1, 3 or 5".into());
+    }
+    let replicas = latency_replicas(args.replicas, args.latency_ms, None);
+    let register = Arc::new(MemoryRegister::new());
+    let identities = replicas
+        .iter()
+        .map(|(identity, _)| identity.clone())
+        .collect();
+    initialize(register.as_ref(), identities, 4).await?;
+    let store = memory_store("memory://bench-snapshots");
+    let database = DatabaseKey::new("bench")?;
+    let clock = SystemClock::shared();
+    Ok(RuntimeStores {
+        log: LogStores { replicas, register },
+        leases: LeaseStore::new(
+            store.clone(),
+            database.clone(),
+            LeaseConfig::default(),
+            clock.clone(),
+        )?,
+        snapshots: SnapshotStore::new(store, database, SnapshotConfig::default(), clock),
+    })
+}
+
+/// The embedded default under `dir`, as `chorus serve --data-dir dir` opens it.
+async fn embedded_stores(dir: &std::path::Path) -> Result<RuntimeStores, CommandError> {
+    let store = StoreArgs {
+        replicas: Vec::new(),
+        register: None,
+        data_dir: Some(dir.to_owned()),
+        config: None,
+    };
+    let database = DatabaseArgs {
+        store: None,
+        db: None,
+        data_dir: Some(dir.to_owned()),
+        config: None,
+    };
+    let location = store.resolve()?;
+    let database = database.resolve()?;
+    crate::serve_cmd::open_stores(&location, &database, LeaseConfig::default()).await
+}
