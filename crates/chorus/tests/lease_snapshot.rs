@@ -292,6 +292,82 @@ mod lease_cases {
         assert_eq!(stored, b.record());
     }
 
+    /// `take_over` does not wait for a live lease: it writes the next term and
+    /// generation, so the previous holder's refresh finds the lease changed,
+    /// it stops believing it may write, it can no longer publish, and its term
+    /// can never acquire again.
+    pub async fn take_over_fences_a_live_holder(store: DynBlobStore) {
+        let clock = clock();
+        let leases = leases(&store, &clock);
+        let a = leases.acquire(holder("a"), Term(1)).await.unwrap();
+        let snapshots = snapshots(&store, &clock);
+        let mut a_publication = boot(&snapshots, &a, "a-initial").await;
+        let refused = leases.acquire(holder("b"), Term(1)).await;
+        assert!(
+            matches!(refused, Err(LeaseError::Held { .. })),
+            "{refused:?}"
+        );
+
+        let b = leases.take_over(holder("b")).await.unwrap();
+        assert_eq!(b.term(), Term(2), "a take-over bumps the term");
+        assert_eq!(b.generation(), a.generation().next().unwrap());
+        assert!(b.may_write_now());
+        let stored = leases.read().await.unwrap().unwrap();
+        assert_eq!(stored, b.record());
+        assert_eq!(
+            (stored.holder_id.as_str(), stored.term, stored.generation),
+            ("b", Term(2), Generation(2))
+        );
+        assert!(!stored.released);
+
+        let refresh = a.refresh().await;
+        assert!(
+            matches!(refresh, Err(LeaseError::Stale { .. })),
+            "{refresh:?}"
+        );
+        assert!(
+            !a.may_write_now(),
+            "a stale holder still believes it may write"
+        );
+        assert!(matches!(a.release().await, Err(LeaseError::Stale { .. })));
+        assert_fenced(
+            a_publication.publish(&a, payload("a-late", 5)).await,
+            FenceReason::LeaseExpired,
+        );
+        // The new holder claims HEAD over the old holder's stamp and publishes.
+        let mut b_publication = boot(&snapshots, &b, "unused").await;
+        b_publication.publish(&b, payload("b", 7)).await.unwrap();
+        b.refresh().await.unwrap();
+
+        // Even once the take-over's lease expired, the old term stays fenced.
+        clock.advance(TTL * 2);
+        let old_term = leases.acquire(holder("a"), Term(1)).await;
+        assert!(
+            matches!(
+                old_term,
+                Err(LeaseError::Fenced {
+                    term: Term(1),
+                    stored_term: Term(2),
+                    ..
+                })
+            ),
+            "{old_term:?}"
+        );
+        let next = leases.acquire(holder("a"), Term(2)).await.unwrap();
+        assert_eq!(next.generation(), Generation(3));
+
+        // On a database without a lease, a take-over is a first acquisition.
+        let fresh = LeaseStore::new(
+            store.clone(),
+            DatabaseKey::new("fresh").unwrap(),
+            *leases.config(),
+            clock.clone(),
+        )
+        .unwrap();
+        let first = fresh.take_over(holder("c")).await.unwrap();
+        assert_eq!((first.term(), first.generation()), (Term(1), Generation(1)));
+    }
+
     /// The contender's wall clock runs ahead of the holder's by up to the
     /// safety margin; both clocks advance in lockstep. At no instant may both
     /// believe they may write, and the contender does take over eventually.
@@ -765,6 +841,7 @@ macro_rules! backend {
             case!(lease_cases, release_keeps_generations_increasing);
             case!(lease_cases, lower_term_is_fenced_even_after_expiry);
             case!(lease_cases, refresh_after_takeover_is_stale);
+            case!(lease_cases, take_over_fences_a_live_holder);
             case!(
                 lease_cases,
                 clock_skew_within_margin_never_gives_two_writers

@@ -36,6 +36,11 @@ pub(super) struct Core<M: StateMachine> {
     pub(super) machine: M,
     /// The next index to apply: every record below it is reflected.
     applied_end: RecordIndex,
+    /// Whether the state is known to be the log's prefix below `applied_end`:
+    /// restored from a snapshot, or started empty on a database that had no
+    /// snapshot yet (the first snapshot is that empty state). Until then a
+    /// boot must restore HEAD's payload.
+    known: bool,
     history: VecDeque<Change<M::Output>>,
     capacity: usize,
 }
@@ -45,6 +50,7 @@ impl<M: StateMachine> Core<M> {
         Core {
             machine: M::default(),
             applied_end: RecordIndex(0),
+            known: false,
             history: VecDeque::new(),
             capacity,
         }
@@ -54,10 +60,22 @@ impl<M: StateMachine> Core<M> {
         self.applied_end
     }
 
+    /// Whether the state is a known prefix of the log (see `known`).
+    pub(super) fn is_known(&self) -> bool {
+        self.known
+    }
+
+    /// Marks the (still empty) state as the prefix below index 0 of a
+    /// database that has no snapshot yet.
+    pub(super) fn mark_known(&mut self) {
+        self.known = true;
+    }
+
     /// Replaces the state with one restored from a snapshot taken at `at`.
     pub(super) fn restore(&mut self, machine: M, at: RecordIndex) {
         self.machine = machine;
         self.applied_end = at;
+        self.known = true;
         self.history.clear();
     }
 

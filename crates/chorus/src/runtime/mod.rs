@@ -140,6 +140,7 @@ impl<M: StateMachine> Shared<M> {
 /// Cheap to share behind an `Arc`; every method takes `&self`.
 pub struct Runtime<M: StateMachine> {
     shared: Arc<Shared<M>>,
+    supervisor: tokio::task::AbortHandle,
 }
 
 impl<M: StateMachine> std::fmt::Debug for Runtime<M> {
@@ -169,8 +170,8 @@ impl<M: StateMachine> Runtime<M> {
             stores,
             config,
         });
-        tokio::spawn(supervise(Arc::clone(&shared)));
-        Ok(Runtime { shared })
+        let supervisor = tokio::spawn(supervise(Arc::clone(&shared))).abort_handle();
+        Ok(Runtime { shared, supervisor })
     }
 
     /// Appends the record `prepare` makes from the applied state, waits until
@@ -289,6 +290,23 @@ impl<M: StateMachine> Runtime<M> {
     pub async fn shutdown(&self) -> Result<(), RuntimeError> {
         self.shared.stop.send_replace(true);
         self.finished().await
+    }
+
+    /// Stops at once, as a crash would: nothing is drained, published or
+    /// released, so another process takes over only when the lease expires.
+    /// Writes in flight fail (those already admitted with
+    /// `may_have_committed`). For tests, simulations and a last resort.
+    pub fn abort(&self) {
+        self.supervisor.abort();
+        drop(self.shared.write_path().take());
+        self.shared.set_role(Role::Stopped);
+        self.shared.finished.send_if_modified(|finished| {
+            let first = finished.is_none();
+            if first {
+                *finished = Some(Ok(()));
+            }
+            first
+        });
     }
 
     /// Waits until the runtime stopped (after a shutdown or a fatal error).

@@ -58,8 +58,9 @@ pub(super) async fn boot<M: StateMachine>(shared: &Arc<Shared<M>>) -> Result<Boo
     })
     .await?;
     shared.info().head = head.clone();
-    if let Some(head) = &head {
-        timed(shared, Phase::Restore, hydrate(shared, head)).await?;
+    match &head {
+        Some(head) => timed(shared, Phase::Restore, hydrate(shared, head)).await?,
+        None => shared.core().mark_known(),
     }
     let lease = match timed(shared, Phase::AcquireLease, acquire(shared)).await? {
         Some(lease) => Arc::new(lease),
@@ -112,8 +113,13 @@ async fn boot_with_lease<M: StateMachine>(
 /// Restores the snapshot `head` names, unless the state here already
 /// reflects it (a warm standby, or a primary booting again).
 async fn hydrate<M: StateMachine>(shared: &Shared<M>, head: &Head) -> Result<(), RuntimeError> {
-    let warm = shared.info().last_snapshot_index.is_some();
-    if warm && head.wal_index <= shared.applied_end() {
+    let warm = {
+        let core = shared.core();
+        core.is_known() && head.wal_index <= core.applied_end()
+    };
+    if warm {
+        let mut info = shared.info();
+        info.last_snapshot_index = info.last_snapshot_index.max(Some(head.wal_index));
         return Ok(());
     }
     restore_head(shared, head).await
@@ -187,7 +193,6 @@ async fn claim<M: StateMachine>(
     let initial = checkpoint(shared)
         .await
         .map_err(|e| RuntimeError::new(Phase::ClaimHead, e, false))?;
-    let wal_index = initial.wal_index;
     let claimed = publication.claim(lease, initial).await.map_err(|e| {
         if e.is_fenced() {
             let message = format!("{e}; booting again from the newer snapshot");
@@ -197,8 +202,10 @@ async fn claim<M: StateMachine>(
         }
     })?;
     let mut info = shared.info();
+    // HEAD's payload is the newest snapshot, whichever process wrote it.
+    let snapshotted = Some(claimed.head().wal_index);
+    info.last_snapshot_index = info.last_snapshot_index.max(snapshotted);
     info.head = Some(claimed.head().clone());
-    info.last_snapshot_index.get_or_insert(wal_index);
     Ok(())
 }
 
@@ -268,7 +275,9 @@ pub(super) async fn serve<M: StateMachine>(shared: &Arc<Shared<M>>, primary: Box
             }
             _ = tokio::time::sleep(SNAPSHOT_CHECK_INTERVAL) => {}
         }
-        if !snapshot_due(shared, since) {
+        // A publication needs the lease to vouch for it; while a refresh is
+        // overdue, wait rather than have the publication store fence itself.
+        if !snapshot_due(shared, since) || !lease.may_write_now() {
             continue;
         }
         since = tokio::time::Instant::now();
@@ -463,6 +472,14 @@ impl LeaseKeeper {
     }
 
     fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for LeaseKeeper {
+    /// The refresh task ends with its primary, however that ends (an
+    /// aborted supervisor drops it mid-await).
+    fn drop(&mut self) {
         self.task.abort();
     }
 }

@@ -1,0 +1,794 @@
+//! The runtime (docs/design/0003-runtime-and-service.md) running the key-value
+//! state machine over in-memory stores, in real time with a short lease:
+//! booting as primary, serving writes and reads, graceful shutdown and
+//! restart, takeover after a crashed primary's lease expires, a warm standby
+//! and its takeover, and a standby that lagged past a truncation.
+//!
+//! Every process ("node") opens its own view of the shared stores, behind two
+//! fault controllers of its own: one for its log (replicas and register), one
+//! for its lease and snapshot store. An outage on both is a crashed or
+//! partitioned process: it can no longer change anything the others see.
+
+#[path = "support/log.rs"]
+mod log_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chorus::blob::{DynBlobStore, FaultController, FaultyStore, ObjectStoreBlobs};
+use chorus::clock::SystemClock;
+use chorus::ids::RecordIndex;
+use chorus::kv::{Applied, Command, Condition, KvState, Operation};
+use chorus::lease::{DatabaseKey, HolderId, LeaseConfig, LeaseRecord, LeaseStore};
+use chorus::log::{LogConfig, LogError, LogStores, Reader};
+use chorus::register::{FaultyRegister, ManifestStore};
+use chorus::runtime::{
+    Role, Runtime, RuntimeConfig, RuntimeStores, Unavailable, WriteError, Written,
+};
+use chorus::snapshot::{Head, SnapshotConfig, SnapshotStore};
+use log_support::{Cluster, test_config, wait_until};
+use tokio::time::Instant;
+
+/// The lease timing: short, so takeovers happen within a test.
+const TTL: Duration = Duration::from_millis(600);
+const MARGIN: Duration = Duration::from_millis(150);
+const STORE_CALL_TIMEOUT: Duration = Duration::from_millis(100);
+/// Standby polls, lease checks and retry pauses.
+const POLL: Duration = Duration::from_millis(50);
+/// The most any awaited condition may take (boot, takeover, catching up);
+/// normally a fraction of it.
+const PATIENCE: Duration = Duration::from_secs(5);
+
+type Kv = Runtime<KvState>;
+
+fn holder(id: &str) -> HolderId {
+    HolderId::new(id).unwrap()
+}
+
+fn database() -> DatabaseKey {
+    DatabaseKey::new("runtime-test").unwrap()
+}
+
+fn memory_store(name: &str) -> DynBlobStore {
+    Arc::new(ObjectStoreBlobs::new(
+        Arc::new(object_store::memory::InMemory::new()),
+        "",
+        format!("memory://{name}"),
+    ))
+}
+
+fn lease_config() -> LeaseConfig {
+    LeaseConfig {
+        ttl: TTL,
+        safety_margin: MARGIN,
+        store_call_timeout: STORE_CALL_TIMEOUT,
+    }
+}
+
+fn snapshot_config() -> SnapshotConfig {
+    SnapshotConfig {
+        head_call_timeout: Duration::from_secs(1),
+        payload_call_timeout: Duration::from_secs(2),
+    }
+}
+
+/// A runtime configuration for `holder` that snapshots every
+/// `snapshot_every_records` records (and not by time within a test).
+fn config(holder_id: &str, snapshot_every_records: u64) -> RuntimeConfig {
+    RuntimeConfig {
+        log: test_config(),
+        snapshot_every_records,
+        snapshot_interval: Duration::from_secs(60),
+        standby_poll_interval: POLL,
+        lease_check_interval: POLL,
+        drain_timeout: Duration::from_secs(2),
+        retry_backoff: POLL,
+        ..RuntimeConfig::new(holder(holder_id))
+    }
+}
+
+/// One database: a log of three in-memory replicas and a memory register,
+/// and one in-memory store for its lease and snapshots.
+struct Db {
+    cluster: Cluster,
+    meta: DynBlobStore,
+}
+
+/// One process's view of a [`Db`], with its own fault controllers.
+struct Node {
+    stores: RuntimeStores,
+    /// Its log replicas and register.
+    log_faults: FaultController,
+    /// Its lease and snapshot store.
+    meta_faults: FaultController,
+}
+
+impl Node {
+    /// A crash, as far as anyone else can tell: no call of this process
+    /// reaches any store any more.
+    fn isolate(&self) {
+        self.log_faults.set_outage(true);
+        self.meta_faults.set_outage(true);
+    }
+
+    fn heal(&self) {
+        self.log_faults.clear();
+        self.meta_faults.clear();
+    }
+
+    fn start(&self, config: RuntimeConfig) -> Kv {
+        Runtime::start(self.stores.clone(), config).expect("valid runtime config")
+    }
+}
+
+impl Db {
+    async fn new() -> Db {
+        Db {
+            cluster: Cluster::new(3, 4).await,
+            meta: memory_store("meta"),
+        }
+    }
+
+    /// A process's view: every store behind fault controllers seeded from `seed`.
+    fn node(&self, seed: u64) -> Node {
+        let log_faults = FaultController::new(seed);
+        let meta_faults = FaultController::new(seed + 1000);
+        let replicas = self
+            .cluster
+            .stores
+            .replicas
+            .iter()
+            .zip(&self.cluster.raw)
+            .map(|((identity, _), raw)| {
+                let store: DynBlobStore =
+                    Arc::new(FaultyStore::new(raw.clone(), log_faults.clone()));
+                (identity.clone(), store)
+            })
+            .collect();
+        let register: Arc<dyn ManifestStore> = Arc::new(FaultyRegister::new(
+            Arc::clone(&self.cluster.stores.register),
+            log_faults.clone(),
+        ));
+        let meta: DynBlobStore = Arc::new(FaultyStore::new(self.meta.clone(), meta_faults.clone()));
+        let stores = RuntimeStores {
+            log: LogStores { replicas, register },
+            snapshots: SnapshotStore::new(
+                meta.clone(),
+                database(),
+                snapshot_config(),
+                SystemClock::shared(),
+            ),
+            leases: LeaseStore::new(meta, database(), lease_config(), SystemClock::shared())
+                .expect("valid lease config"),
+        };
+        Node {
+            stores,
+            log_faults,
+            meta_faults,
+        }
+    }
+
+    /// The lease as stored.
+    async fn lease(&self) -> LeaseRecord {
+        let leases = LeaseStore::new(
+            self.meta.clone(),
+            database(),
+            lease_config(),
+            SystemClock::shared(),
+        )
+        .unwrap();
+        leases.read().await.unwrap().expect("a lease was taken")
+    }
+
+    fn snapshots(&self) -> SnapshotStore {
+        SnapshotStore::new(
+            self.meta.clone(),
+            database(),
+            snapshot_config(),
+            SystemClock::shared(),
+        )
+    }
+
+    /// `HEAD.json` as stored.
+    async fn head(&self) -> Option<Head> {
+        self.snapshots()
+            .read_head()
+            .await
+            .unwrap()
+            .map(|versioned| versioned.head)
+    }
+
+    /// The state the snapshot HEAD names encodes.
+    async fn head_state(&self) -> KvState {
+        let head = self.head().await.expect("HEAD installed");
+        let bytes = self.snapshots().download(&head).await.unwrap();
+        KvState::decode_snapshot(&bytes).unwrap()
+    }
+
+    /// The log's committed end, read from the stores.
+    async fn log_end(&self) -> RecordIndex {
+        Reader::committed_end(&self.cluster.stores).await.unwrap()
+    }
+}
+
+fn put_command(key: &str, value: &str, condition: Condition) -> Command {
+    Command::Single(Operation::Put {
+        key: Bytes::copy_from_slice(key.as_bytes()),
+        value: Bytes::copy_from_slice(value.as_bytes()),
+        condition,
+    })
+}
+
+fn delete_command(key: &str) -> Command {
+    Command::Single(Operation::Delete {
+        key: Bytes::copy_from_slice(key.as_bytes()),
+        condition: Condition::None,
+    })
+}
+
+/// Writes `command` as a client of the runtime does: its conditions checked
+/// against the applied state, so a failed condition appends nothing. A
+/// moment of lease uncertainty (a refresh late on a loaded machine) is
+/// waited out; every other answer is returned.
+async fn write(runtime: &Kv, command: &Command) -> Result<Written<Applied>, WriteError<Applied>> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let outcome = runtime
+            .write(|state: &KvState| -> Result<Bytes, Applied> {
+                state.check(command)?;
+                Ok(command.encode().expect("a valid command"))
+            })
+            .await;
+        match outcome {
+            Err(WriteError::Unavailable(Unavailable::LeaseUncertain))
+                if Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Puts `key` = `value` unconditionally; returns the record's index.
+async fn put(runtime: &Kv, key: &str, value: &str) -> RecordIndex {
+    let written = write(runtime, &put_command(key, value, Condition::None))
+        .await
+        .unwrap_or_else(|error| panic!("put {key}: {error:?}"));
+    assert_eq!(written.output, Applied::Done, "put {key}");
+    written.index
+}
+
+/// A current read (on a primary sure of its lease), waiting out a moment of
+/// lease uncertainty.
+async fn read<T>(runtime: &Kv, read: impl Fn(&KvState) -> T) -> (T, RecordIndex) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        match runtime.read(&read) {
+            Ok(answer) => return answer,
+            Err(Unavailable::LeaseUncertain) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(other) => panic!("current read refused: {other}"),
+        }
+    }
+}
+
+/// The value of `key` in `state`, as text.
+fn value(state: &KvState, key: &str) -> Option<String> {
+    state
+        .get(key.as_bytes())
+        .map(|entry| String::from_utf8(entry.value.to_vec()).unwrap())
+}
+
+/// The whole applied state and its end, whatever the role.
+fn state_of(runtime: &Kv) -> (KvState, RecordIndex) {
+    runtime.read_stale(KvState::clone)
+}
+
+async fn wait_primary(runtime: &Kv) {
+    let what = format!("{} is a primary sure of its lease", runtime.config().holder);
+    wait_until(&what, PATIENCE, || async { runtime.is_primary_and_sure() }).await;
+}
+
+async fn wait_role(runtime: &Kv, role: Role) {
+    let what = format!("{} is {role}", runtime.config().holder);
+    wait_until(&what, PATIENCE, || async { runtime.status().role == role }).await;
+}
+
+/// Waits until `follower` holds exactly `leader`'s applied state.
+async fn wait_same_state(follower: &Kv, leader: &Kv) {
+    let what = format!(
+        "{} holds {}'s state",
+        follower.config().holder,
+        leader.config().holder
+    );
+    wait_until(&what, PATIENCE, || async {
+        state_of(follower) == state_of(leader)
+    })
+    .await;
+}
+
+fn assert_not_primary(
+    outcome: Result<Written<Applied>, WriteError<Applied>>,
+    role: Role,
+    primary: &str,
+) {
+    match outcome {
+        Err(WriteError::Unavailable(Unavailable::NotPrimary {
+            role: found,
+            primary: Some(named),
+        })) => {
+            assert_eq!(found, role);
+            assert_eq!(named.as_str(), primary, "the refusal names the primary");
+        }
+        other => panic!("expected NotPrimary naming {primary}, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn primary_boots_on_empty_stores_installs_head_and_serves_writes_and_reads() {
+    let db = Db::new().await;
+    let node = db.node(1);
+    let runtime = node.start(config("a", 1000));
+    wait_primary(&runtime).await;
+
+    let status = runtime.status();
+    assert_eq!(status.role, Role::Primary);
+    assert_eq!(status.applied_index, RecordIndex(0));
+    assert_eq!(status.replayed_records, 0);
+    assert_eq!(status.writer.as_ref().unwrap().next_index, RecordIndex(0));
+
+    // The first boot installed HEAD: the empty state at index 0, stamped with
+    // the lease this primary holds.
+    let lease = db.lease().await;
+    assert_eq!(lease.holder_id.as_str(), "a");
+    assert!(!lease.released);
+    let head = db.head().await.expect("the first boot installs HEAD");
+    assert_eq!(head.wal_index, RecordIndex(0));
+    assert_eq!(head.holder_id.as_str(), "a");
+    assert_eq!(
+        (head.term, head.lease_generation),
+        (lease.term, lease.generation)
+    );
+    assert_eq!(db.head_state().await, KvState::default());
+
+    // Writes are applied in index order and answered with their index.
+    assert_eq!(put(&runtime, "a", "1").await, RecordIndex(0));
+    assert_eq!(put(&runtime, "b", "2").await, RecordIndex(1));
+    let cas = put_command("a", "3", Condition::Version(RecordIndex(0)));
+    let written = write(&runtime, &cas).await.unwrap();
+    assert_eq!(
+        (written.index, written.output),
+        (RecordIndex(2), Applied::Done)
+    );
+
+    let ((a, b, missing), applied) = read(&runtime, |state| {
+        (value(state, "a"), value(state, "b"), value(state, "zz"))
+    })
+    .await;
+    assert_eq!(a.as_deref(), Some("3"));
+    assert_eq!(b.as_deref(), Some("2"));
+    assert_eq!(missing, None);
+    assert_eq!(applied, RecordIndex(3));
+    let (version, _) = read(&runtime, |state| state.get(b"a").unwrap().version).await;
+    assert_eq!(
+        version,
+        RecordIndex(2),
+        "a key's version is the index that set it"
+    );
+
+    // Writes whose prepare refuses append nothing.
+    let end_before = db.log_end().await;
+    assert_eq!(end_before, RecordIndex(3));
+    let next_before = runtime.status().writer.unwrap().next_index;
+    let refused = [
+        put_command("a", "create", Condition::Absent),
+        put_command("a", "stale", Condition::Version(RecordIndex(0))),
+    ];
+    for command in &refused {
+        match write(&runtime, command).await {
+            Err(WriteError::Rejected(Applied::ConditionFailed { key, current })) => {
+                assert_eq!(key, Bytes::from_static(b"a"));
+                assert_eq!(current, Some(RecordIndex(2)));
+            }
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+    }
+    assert_eq!(db.log_end().await, end_before, "a refused write appended");
+    let status = runtime.status();
+    assert_eq!(status.writer.unwrap().next_index, next_before);
+    assert_eq!(status.applied_index, RecordIndex(3));
+    // The next write takes the very next index: nothing was skipped either.
+    assert_eq!(put(&runtime, "c", "4").await, RecordIndex(3));
+    assert_eq!(db.log_end().await, RecordIndex(4));
+    let (current, _) = read(&runtime, KvState::clone).await;
+    assert_eq!(state_of(&runtime), (current, RecordIndex(4)));
+
+    runtime.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_publishes_a_final_snapshot_releases_the_lease_and_restart_replays_nothing()
+ {
+    let db = Db::new().await;
+    let keys: Vec<String> = (0..10).map(|key| format!("key-{key:02}")).collect();
+    // Snapshots only at shutdown: the final one is the only one that covers the writes.
+    let runtime = db.node(1).start(config("a", 1000));
+    wait_primary(&runtime).await;
+    for key in &keys {
+        put(&runtime, key, &format!("value of {key}")).await;
+    }
+    let (state, applied) = state_of(&runtime);
+    assert_eq!(applied, RecordIndex(10));
+    assert_eq!(db.head().await.unwrap().wal_index, RecordIndex(0));
+    let generation = db.lease().await.generation;
+
+    runtime.shutdown().await.unwrap();
+    assert_eq!(runtime.status().role, Role::Stopped);
+    assert_eq!(state_of(&runtime), (state.clone(), applied));
+
+    let head = db.head().await.unwrap();
+    assert_eq!(
+        head.wal_index, applied,
+        "the final snapshot is at the applied end"
+    );
+    assert_eq!(head.holder_id.as_str(), "a");
+    assert_eq!(db.head_state().await, state);
+    let lease = db.lease().await;
+    assert!(lease.released, "shutdown releases the lease: {lease:?}");
+    assert_eq!(lease.holder_id.as_str(), "a");
+    assert_eq!(
+        db.cluster.manifest().await.trunc,
+        applied,
+        "the log is truncated below the final snapshot"
+    );
+
+    // A restart (same holder, fresh process) restores the final snapshot and
+    // has nothing left to replay.
+    let restarted = db.node(2).start(config("a", 1000));
+    wait_primary(&restarted).await;
+    let status = restarted.status();
+    assert_eq!(status.replayed_records, 0, "{status:?}");
+    assert_eq!(status.applied_index, applied);
+    assert_eq!(status.last_snapshot_index, Some(applied));
+    assert!(db.lease().await.generation > generation);
+    let (restored, at) = read(&restarted, KvState::clone).await;
+    assert_eq!((restored, at), (state, applied));
+    let (values, _) = read(&restarted, |state| {
+        keys.iter().map(|key| value(state, key)).collect::<Vec<_>>()
+    })
+    .await;
+    for (key, found) in keys.iter().zip(values) {
+        assert_eq!(found, Some(format!("value of {key}")), "{key}");
+    }
+    assert_eq!(put(&restarted, "after", "restart").await, applied);
+    restarted.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashed_primary_is_replaced_once_its_lease_expires_and_every_acked_write_survives() {
+    let db = Db::new().await;
+    let first_node = db.node(1);
+    let first = first_node.start(config("a", 1000));
+    wait_primary(&first).await;
+    let mut acked = Vec::new();
+    for sequence in 0..6 {
+        let key = format!("first-{sequence}");
+        put(&first, &key, "acked by a").await;
+        acked.push((key, "acked by a"));
+    }
+
+    // The crash: from now on nothing of "a" reaches any store.
+    first_node.isolate();
+    let last_seen = db.lease().await;
+    assert_eq!(last_seen.holder_id.as_str(), "a");
+
+    let second = db.node(2).start(config("b", 1000));
+    // The second process stands by while the lease is live, then takes over.
+    // At no moment do both believe they may write.
+    let deadline = Instant::now() + PATIENCE;
+    while !second.is_primary_and_sure() {
+        assert!(
+            !first.is_primary_and_sure() || !second.is_primary_and_sure(),
+            "two primaries sure of the lease at once"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "b did not take over: {:?}",
+            second.status()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        !first.is_primary_and_sure(),
+        "the crashed primary still serves"
+    );
+    let taken = db.lease().await;
+    assert_eq!(taken.holder_id.as_str(), "b");
+    assert!(
+        taken.acquired_at_ms >= last_seen.expires_at_ms,
+        "taken over at {} before the lease expired at {}",
+        taken.acquired_at_ms,
+        last_seen.expires_at_ms
+    );
+    assert!(taken.generation > last_seen.generation);
+
+    // Every write acked by the crashed primary is served by its successor.
+    let (values, applied) = read(&second, |state| {
+        acked
+            .iter()
+            .map(|(key, _)| value(state, key))
+            .collect::<Vec<_>>()
+    })
+    .await;
+    assert_eq!(applied, RecordIndex(6));
+    for ((key, expected), found) in acked.iter().zip(values) {
+        assert_eq!(found.as_deref(), Some(*expected), "{key}");
+    }
+    for sequence in 0..4 {
+        let key = format!("second-{sequence}");
+        put(&second, &key, "acked by b").await;
+        acked.push((key, "acked by b"));
+    }
+
+    // The old primary comes back: it finds its lease taken, steps down to a
+    // standby and converges on the successor's state.
+    first_node.heal();
+    wait_role(&first, Role::Standby).await;
+    wait_same_state(&first, &second).await;
+    let (state, applied) = state_of(&first);
+    assert_eq!(applied, RecordIndex(10));
+    for (key, expected) in &acked {
+        assert_eq!(value(&state, key).as_deref(), Some(*expected), "{key}");
+    }
+    assert_not_primary(
+        write(&first, &put_command("late", "a", Condition::None)).await,
+        Role::Standby,
+        "b",
+    );
+
+    first.shutdown().await.unwrap();
+    second.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_tails_the_primary_refuses_writes_and_takes_over_warm_after_shutdown() {
+    let db = Db::new().await;
+    // No snapshot before the primary's shutdown: HEAD stays at 0, so the
+    // standby builds its state from the log alone.
+    let primary = db.node(1).start(config("a", 1000));
+    wait_primary(&primary).await;
+    for sequence in 0..3 {
+        put(&primary, &format!("early-{sequence}"), "v").await;
+    }
+
+    let standby = db.node(2).start(config("b", 1000));
+    wait_role(&standby, Role::Standby).await;
+    assert_not_primary(
+        write(&standby, &put_command("x", "y", Condition::None)).await,
+        Role::Standby,
+        "a",
+    );
+    match standby.read(|state| state.len()) {
+        Err(Unavailable::NotPrimary { role, primary }) => {
+            assert_eq!(role, Role::Standby);
+            assert_eq!(primary.as_ref().map(HolderId::as_str), Some("a"));
+        }
+        other => panic!("a standby served a current read: {other:?}"),
+    }
+    assert!(!standby.is_primary_and_sure());
+    assert!(standby.status().writer.is_none());
+
+    // Its stale reads catch up with the primary's writes.
+    wait_same_state(&standby, &primary).await;
+    for sequence in 0..5 {
+        put(&primary, &format!("late-{sequence}"), "w").await;
+    }
+    wait_same_state(&standby, &primary).await;
+    let (state, applied) = state_of(&primary);
+    assert_eq!(applied, RecordIndex(8));
+    wait_until("the standby reports caught up", PATIENCE, || async {
+        standby.status().caught_up
+    })
+    .await;
+    assert_eq!(db.head().await.unwrap().wal_index, RecordIndex(0));
+
+    // The primary shuts down and releases the lease; the standby takes over
+    // from the state it holds.
+    primary.shutdown().await.unwrap();
+    assert!(db.lease().await.released);
+    assert_eq!(db.head().await.unwrap().wal_index, applied);
+    wait_primary(&standby).await;
+    let status = standby.status();
+    assert_eq!(status.replayed_records, 0, "{status:?}");
+    assert_eq!(status.applied_index, applied);
+    assert_eq!(
+        status.lease.as_ref().map(|lease| lease.holder_id.as_str()),
+        Some("b")
+    );
+    // Warm: the records it applied while standing by are still its history,
+    // which a restore from the snapshot would have dropped.
+    let history = standby
+        .changes_since(RecordIndex(0), usize::MAX)
+        .expect("the standby kept the history it tailed");
+    assert_eq!(history.len() as u64, applied.0);
+    let (current, _) = read(&standby, KvState::clone).await;
+    assert_eq!(current, state);
+
+    assert_eq!(put(&standby, "after", "takeover").await, applied);
+    assert_eq!(db.lease().await.holder_id.as_str(), "b");
+    standby.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lagging_standby_restores_the_newest_snapshot_after_the_log_was_truncated_under_it() {
+    let db = Db::new().await;
+    // Small segments, so the truncation deletes sealed segments, and a
+    // snapshot every few records.
+    let small_segments = |holder_id| RuntimeConfig {
+        log: LogConfig {
+            max_segment_bytes: 256,
+            ..test_config()
+        },
+        ..config(holder_id, 4)
+    };
+    let primary = db.node(1).start(small_segments("a"));
+    wait_primary(&primary).await;
+    for sequence in 0..3 {
+        put(&primary, &format!("key-{sequence}"), "first").await;
+    }
+    let standby_node = db.node(2);
+    let standby = standby_node.start(small_segments("b"));
+    wait_role(&standby, Role::Standby).await;
+    wait_same_state(&standby, &primary).await;
+    let lagging_at = state_of(&standby).1;
+    assert_eq!(lagging_at, RecordIndex(3));
+
+    // The standby loses its log; the primary goes on, snapshots and truncates.
+    standby_node.log_faults.set_outage(true);
+    for sequence in 0..24u64 {
+        let key = format!("key-{}", sequence % 7);
+        put(&primary, &key, &format!("second-{sequence}")).await;
+        if sequence % 5 == 4 {
+            let written = write(&primary, &delete_command(&format!("key-{}", sequence % 3)))
+                .await
+                .unwrap();
+            assert_eq!(written.output, Applied::Done);
+        }
+    }
+    wait_until(
+        "the log is truncated past the standby",
+        PATIENCE,
+        || async { db.cluster.manifest().await.trunc > lagging_at },
+    )
+    .await;
+    let mut reader = Reader::new(&db.cluster.stores, lagging_at);
+    match reader.try_next().await {
+        Err(LogError::Truncated { requested, floor }) => {
+            assert_eq!(requested, lagging_at);
+            assert!(floor > lagging_at);
+        }
+        other => panic!("the standby's next record should be truncated: {other:?}"),
+    }
+    assert_eq!(state_of(&standby).1, lagging_at, "the standby was cut off");
+    assert_eq!(standby.status().role, Role::Standby);
+
+    // Healed, it cannot tail from where it was: it restores the newest
+    // snapshot, tails from there, and ends with the primary's state.
+    standby_node.heal();
+    wait_same_state(&standby, &primary).await;
+    let status = standby.status();
+    assert_eq!(status.role, Role::Standby);
+    let restored_at = status
+        .last_snapshot_index
+        .expect("the standby restored a snapshot");
+    assert!(restored_at > lagging_at, "{status:?}");
+    assert!(
+        standby.changes_since(lagging_at, usize::MAX).is_err(),
+        "the records below the snapshot were never applied here"
+    );
+
+    // And it keeps tailing after the restore.
+    for sequence in 0..3 {
+        put(&primary, &format!("third-{sequence}"), "after heal").await;
+    }
+    wait_same_state(&standby, &primary).await;
+    let (state, applied) = state_of(&standby);
+    assert_eq!(value(&state, "third-2").as_deref(), Some("after heal"));
+    assert_eq!(applied, state_of(&primary).1);
+
+    standby.shutdown().await.unwrap();
+    primary.shutdown().await.unwrap();
+}
+
+/// How long the primary takes to notice a snapshot is due, at most (its
+/// check interval is 500 ms), with room to spare.
+const SNAPSHOT_CHECKS: Duration = Duration::from_millis(1300);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_takeover_does_not_republish_the_snapshot_head_already_names() {
+    let db = Db::new().await;
+    let primary = db.node(1).start(config("a", 4));
+    wait_primary(&primary).await;
+    let standby = db.node(2).start(config("b", 4));
+    wait_role(&standby, Role::Standby).await;
+    for sequence in 0..6 {
+        put(&primary, &format!("key-{sequence}"), "v").await;
+    }
+    wait_same_state(&standby, &primary).await;
+    let applied = state_of(&primary).1;
+    primary.shutdown().await.unwrap();
+    assert_eq!(db.head().await.unwrap().wal_index, applied);
+
+    wait_primary(&standby).await;
+    assert_eq!(standby.status().applied_index, applied);
+    let adopted = db.head().await.unwrap();
+    assert_eq!(adopted.holder_id.as_str(), "b");
+    assert_eq!(adopted.wal_index, applied);
+    let payloads = db.snapshots().list().await.unwrap().len();
+    // No record was applied since the snapshot HEAD names, so no snapshot is
+    // due. (An absence, so this waits out a fixed window of snapshot checks.)
+    tokio::time::sleep(SNAPSHOT_CHECKS).await;
+    let head = db.head().await.unwrap();
+    assert_eq!(
+        (head.snapshot, head.wal_index),
+        (adopted.snapshot, adopted.wal_index),
+        "the new primary uploaded another snapshot of the state HEAD already holds; \
+         status: {:?}",
+        standby.status()
+    );
+    assert_eq!(db.snapshots().list().await.unwrap().len(), payloads);
+    assert_eq!(standby.status().last_snapshot_index, Some(applied));
+    standby.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_that_booted_before_the_first_head_takes_over_warm() {
+    let db = Db::new().await;
+    let primary_node = db.node(1);
+    // "a" holds the lease and its first boot has not installed HEAD yet.
+    let booting = primary_node
+        .stores
+        .leases
+        .acquire(holder("a"), chorus::lease::Term::FIRST)
+        .await
+        .unwrap();
+    let standby = db.node(2).start(config("b", 1000));
+    wait_role(&standby, Role::Standby).await;
+    assert!(db.head().await.is_none());
+
+    // "a" boots (over its own lease: a restart) and serves; the standby
+    // tails its log from the empty state.
+    let primary = primary_node.start(config("a", 1000));
+    wait_primary(&primary).await;
+    drop(booting);
+    for sequence in 0..6 {
+        put(&primary, &format!("key-{sequence}"), "v").await;
+    }
+    wait_same_state(&standby, &primary).await;
+    let (state, applied) = state_of(&primary);
+    assert_eq!(applied, RecordIndex(6));
+    assert_eq!(
+        standby
+            .changes_since(RecordIndex(0), usize::MAX)
+            .unwrap()
+            .len(),
+        6
+    );
+
+    primary.shutdown().await.unwrap();
+    wait_primary(&standby).await;
+    assert_eq!(state_of(&standby), (state, applied));
+    // Its state reflected every record HEAD's snapshot does: a warm standby
+    // keeps it, as one that booted after HEAD does.
+    let history = standby.changes_since(RecordIndex(0), usize::MAX);
+    assert!(
+        history.as_ref().is_ok_and(|changes| changes.len() == 6),
+        "the standby threw its tailed state away and restored the snapshot: {:?}; status: {:?}",
+        history.map(|changes| changes.len()),
+        standby.status()
+    );
+    standby.shutdown().await.unwrap();
+}
