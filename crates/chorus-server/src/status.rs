@@ -7,6 +7,9 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use chorus::ids::SegmentId;
+use chorus::log::LogStores;
+use chorus::log::layout::segment_prefix;
 use chorus::log::maintenance::Maintenance;
 use chorus::runtime::{Role, RuntimeStatus};
 use serde_json::{Map, Value, json};
@@ -85,21 +88,66 @@ fn runtime_json(status: &RuntimeStatus, wall_ms: u64) -> Map<String, Value> {
     }
 }
 
-/// The register's view: epoch, floor, end of the sealed directory, replicas.
+/// The register's view (epoch, floor, end of the sealed directory) and each
+/// replica's health and lag behind the others in the active segment.
 async fn register_json(app: &AppState) -> Value {
-    let maintenance = Maintenance::new(&app.runtime.stores().log);
+    let stores = &app.runtime.stores().log;
+    let maintenance = Maintenance::new(stores);
     match maintenance.manifest().await {
         Ok(manifest) => json!({
-            "name": app.runtime.stores().log.register.name(),
+            "name": stores.register.name(),
             "epoch": manifest.epoch.0,
             "floor": manifest.trunc.0,
             "tail_base": manifest.tail_base.0,
             "directory_entries": manifest.segments.len(),
-            "replicas": manifest.replicas,
             "quorum": manifest.quorum(),
+            "replicas": replicas_json(stores, manifest.tail).await,
         }),
         Err(error) => json!({ "error": error.to_string() }),
     }
+}
+
+/// How long the status page waits for one replica's listing.
+const REPLICA_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Per replica: whether it answers a listing of the active segment, how many
+/// fragments it holds there, and how many fewer than the fullest replica.
+async fn replicas_json(stores: &LogStores, tail: SegmentId) -> Vec<Value> {
+    let prefix = segment_prefix(tail);
+    let listings = futures::future::join_all(stores.replicas.iter().map(|(_, store)| {
+        let prefix = prefix.clone();
+        async move { tokio::time::timeout(REPLICA_CHECK_TIMEOUT, store.list(&prefix)).await }
+    }))
+    .await;
+    let counts: Vec<Option<usize>> = listings
+        .iter()
+        .map(|listed| match listed {
+            Ok(Ok(objects)) => Some(objects.len()),
+            _ => None,
+        })
+        .collect();
+    let fullest = counts.iter().flatten().max().copied().unwrap_or(0);
+    stores
+        .replicas
+        .iter()
+        .zip(listings.iter().zip(&counts))
+        .map(|((identity, _), (listed, count))| match (listed, count) {
+            (_, Some(count)) => json!({
+                "replica": identity,
+                "healthy": true,
+                "tail_fragments": count,
+                "lag_fragments": fullest - count,
+            }),
+            (Ok(Err(error)), None) => {
+                json!({ "replica": identity, "healthy": false, "error": error.to_string() })
+            }
+            (_, None) => json!({
+                "replica": identity,
+                "healthy": false,
+                "error": format!("no answer within {REPLICA_CHECK_TIMEOUT:?}"),
+            }),
+        })
+        .collect()
 }
 
 /// `GET /healthz`: the process answers (no auth).
