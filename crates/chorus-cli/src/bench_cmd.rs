@@ -1,6 +1,7 @@
 //! `chorus bench log`: ack latency and peak throughput of the write path over
 //! in-memory replicas behind the latency-injecting store; `chorus bench kv`
-//! ([`kv`]): the key-value service over HTTP.
+//! ([`kv`]): the key-value service over HTTP; `chorus bench failover`
+//! ([`failover`]): the takeover time of `chorus serve` on real processes.
 //!
 //! `bench log` has six scenarios: light load (one append at a time) and peak load (appends
 //! pipelined up to the in-flight budget), each with all replicas at the
@@ -20,6 +21,7 @@ use serde::Serialize;
 use crate::CommandError;
 use crate::output::outln;
 
+mod failover;
 mod kv;
 
 /// The `bench` subcommands.
@@ -30,6 +32,9 @@ pub enum BenchCommand {
     /// Benchmark the key-value service over HTTP: puts and gets per second
     /// with latency percentiles, on a running service or one started here.
     Kv(kv::KvBenchArgs),
+    /// Measure the takeover time of `chorus serve`: SIGKILL of the primary →
+    /// first write acknowledged by the standby, over several runs.
+    Failover(failover::FailoverBenchArgs),
 }
 
 /// Arguments of `bench log`.
@@ -80,6 +85,7 @@ impl BenchCommand {
         let args = match self {
             BenchCommand::Log(args) => args,
             BenchCommand::Kv(args) => return kv::run(args).await,
+            BenchCommand::Failover(args) => return failover::run(args).await,
         };
         if ![1, 3, 5].contains(&args.replicas) {
             return Err("--replicas must be 1, 3 or 5".into());
