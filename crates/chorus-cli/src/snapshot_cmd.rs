@@ -73,6 +73,11 @@ pub struct PublishArgs {
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     lease_ttl_secs: u64,
 
+    /// Allow a --wal-index below the current HEAD's. Replay then resumes
+    /// below what HEAD's state reflects; only for replacing the state on purpose.
+    #[arg(long)]
+    allow_rewind: bool,
+
     /// Newest payloads retention keeps (HEAD's payload is kept even when older).
     #[arg(long, default_value_t = DEFAULT_KEEP_PAYLOADS)]
     keep: NonZeroUsize,
@@ -259,9 +264,8 @@ async fn publish(args: PublishArgs) -> Result<(), CommandError> {
     // write, nothing more can be published, so a stalled store call is not
     // worth waiting for (its own timeout and retries take minutes).
     let budget = lease.remaining(std::time::Instant::now());
-    let Ok(published) =
-        tokio::time::timeout(budget, publish_under(&lease, &snapshots, snapshot)).await
-    else {
+    let publishing = publish_under(&lease, &snapshots, snapshot, args.allow_rewind);
+    let Ok(published) = tokio::time::timeout(budget, publishing).await else {
         // A cancelled store call may still land: the lease is left to expire
         // rather than released, so no next writer starts before it could.
         return Err(format!(
@@ -299,15 +303,31 @@ async fn publish(args: PublishArgs) -> Result<(), CommandError> {
 
 /// Boots a publication store under `lease` and publishes `snapshot`: on the
 /// first boot the claim itself installs it; otherwise claim, then publish.
+/// A rewind is refused before the claim, so a refused publish changes nothing.
 async fn publish_under(
     lease: &LeaseHolder,
     snapshots: &SnapshotStore,
     snapshot: NewSnapshot,
+    allow_rewind: bool,
 ) -> Result<Head, CommandError> {
     let mut publication = snapshots.publication();
-    publication.observe_for_boot().await?;
+    let observed = publication.observe_for_boot().await?;
+    if let Some(head) = observed
+        && !allow_rewind
+        && snapshot.wal_index < head.wal_index
+    {
+        return Err(format!(
+            "refusing to move HEAD's wal_index back from {} to {}: replay would resume below \
+             what the current snapshot reflects (--allow-rewind to do it anyway)",
+            head.wal_index, snapshot.wal_index
+        )
+        .into());
+    }
     Ok(match publication.claim(lease, snapshot.clone()).await? {
         ClaimOutcome::Installed(head) => head,
+        ClaimOutcome::Adopted(_) if allow_rewind => {
+            publication.publish_rewinding(lease, snapshot).await?
+        }
         ClaimOutcome::Adopted(_) => publication.publish(lease, snapshot).await?,
     })
 }

@@ -136,6 +136,43 @@ fn publish_list_restore_round_trip_on_the_embedded_default() {
     assert_eq!(status["lease"]["generation"], 2);
 }
 
+/// Defends issue 16's second finding: `publish --wal-index 3` after HEAD had
+/// 5 used to succeed, so replay would resume below what the state reflects.
+#[test]
+fn publish_refuses_to_move_heads_wal_index_backwards() {
+    let dir = TempDir::new().unwrap();
+    let file = write_file(dir.path(), "payload", b"state");
+    let file = file.to_str().unwrap();
+    let publish = |wal_index: &str, extra: &[&str]| {
+        let mut args = vec![
+            "snapshot",
+            "publish",
+            "--file",
+            file,
+            "--wal-index",
+            wal_index,
+        ];
+        args.extend_from_slice(extra);
+        chorus(dir.path(), &args)
+    };
+    assert_succeeds(&publish("5", &[]));
+    let head = || {
+        let listed = assert_succeeds(&chorus(dir.path(), &["snapshot", "list", "--json"]));
+        serde_json::from_str::<Value>(&listed).unwrap()["head"].clone()
+    };
+    let before = head();
+    assert_fails_with(
+        &publish("3", &[]),
+        &[
+            "refusing to move HEAD's wal_index back from 5 to 3",
+            "--allow-rewind",
+        ],
+    );
+    assert_eq!(head(), before, "a refused publish changes nothing");
+    assert_succeeds(&publish("3", &["--allow-rewind"]));
+    assert_eq!(head()["wal_index"], 3);
+}
+
 #[test]
 fn publish_list_restore_round_trip_with_explicit_store_and_db() {
     let dir = TempDir::new().unwrap();

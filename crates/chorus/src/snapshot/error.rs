@@ -4,6 +4,7 @@ use std::fmt;
 
 use super::{PublicationState, Sha256Digest};
 use crate::blob::BlobError;
+use crate::ids::RecordIndex;
 use crate::lease::{DatabaseKey, DocumentError};
 
 /// Why a publication store fenced itself; once fenced it stays fenced.
@@ -98,6 +99,20 @@ pub enum SnapshotError {
         /// Rounds tried.
         rounds: u32,
     },
+    /// The snapshot would move HEAD's `wal_index` backwards: replay would
+    /// resume below what the current state already reflects. Nothing was
+    /// written.
+    #[error(
+        "snapshot would rewind HEAD: key={key} head_wal_index={head_wal_index} requested_wal_index={requested}"
+    )]
+    Rewind {
+        /// The HEAD key.
+        key: String,
+        /// HEAD's current `wal_index`.
+        head_wal_index: RecordIndex,
+        /// The publication's `wal_index`.
+        requested: RecordIndex,
+    },
     /// HEAD is malformed; nothing was written.
     #[error(transparent)]
     Document(#[from] DocumentError),
@@ -122,6 +137,7 @@ impl SnapshotError {
             | SnapshotError::Checksum { .. }
             | SnapshotError::Size { .. }
             | SnapshotError::PayloadMissing { .. }
+            | SnapshotError::Rewind { .. }
             | SnapshotError::Document(_) => false,
         }
     }
@@ -137,6 +153,7 @@ impl SnapshotError {
             SnapshotError::Size { .. } => "size",
             SnapshotError::PayloadMissing { .. } => "payload_missing",
             SnapshotError::Unstable { .. } => "unstable",
+            SnapshotError::Rewind { .. } => "rewind",
             SnapshotError::Document(_) => "invalid_document",
             SnapshotError::Store(_) => "store",
         }

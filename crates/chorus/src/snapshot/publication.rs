@@ -252,13 +252,36 @@ impl PublicationStore {
     /// the upload and again before every HEAD write attempt). Any CAS failure
     /// fences the store.
     /// A transient failure leaves it Claimed; the next publication settles it.
+    ///
+    /// A `wal_index` below the current HEAD's is [`SnapshotError::Rewind`]
+    /// (nothing written): see [`publish_rewinding`](Self::publish_rewinding).
     pub async fn publish(
         &mut self,
         lease: &LeaseHolder,
         snapshot: NewSnapshot,
     ) -> Result<Head, SnapshotError> {
+        self.publish_checked(lease, snapshot, false).await
+    }
+
+    /// [`publish`](Self::publish) that may move HEAD's `wal_index` backwards:
+    /// for an operator who replaces the state on purpose and knows the log
+    /// from that index on still holds what the payload lacks.
+    pub async fn publish_rewinding(
+        &mut self,
+        lease: &LeaseHolder,
+        snapshot: NewSnapshot,
+    ) -> Result<Head, SnapshotError> {
+        self.publish_checked(lease, snapshot, true).await
+    }
+
+    async fn publish_checked(
+        &mut self,
+        lease: &LeaseHolder,
+        snapshot: NewSnapshot,
+        allow_rewind: bool,
+    ) -> Result<Head, SnapshotError> {
         let bytes = snapshot.bytes.len() as u64;
-        let result = self.try_publish(lease, snapshot).await;
+        let result = self.try_publish(lease, snapshot, allow_rewind).await;
         error::record("publish", &result);
         if result.is_ok() {
             metrics::counter!("chorus_snapshot_published_bytes_total").increment(bytes);
@@ -270,10 +293,18 @@ impl PublicationStore {
         &mut self,
         lease: &LeaseHolder,
         snapshot: NewSnapshot,
+        allow_rewind: bool,
     ) -> Result<Head, SnapshotError> {
         let State::Claimed { current, reserved } = &mut self.state else {
             return Err(self.refuse("publish"));
         };
+        if !allow_rewind && snapshot.wal_index < current.head.wal_index {
+            return Err(SnapshotError::Rewind {
+                key: self.snapshots.head_key().to_owned(),
+                head_wal_index: current.head.wal_index,
+                requested: snapshot.wal_index,
+            });
+        }
         let base = current.clone();
         let sequence = base.head.publication_sequence.max(*reserved).next();
         *reserved = sequence;

@@ -242,6 +242,47 @@ async fn publish_with_another_incarnation_is_a_lease_mismatch() {
     );
 }
 
+#[tokio::test]
+async fn a_publication_below_heads_wal_index_is_refused_unless_rewinding() {
+    let clock = ManualClock::shared(START_MS);
+    let store = memory().await;
+    let snapshots = snapshots(&store, &clock);
+    let lease = acquire(&store, &clock, "a").await;
+    let mut publication = boot(&snapshots, &lease, "zero").await;
+    publication
+        .publish(&lease, snapshot("five", 5))
+        .await
+        .unwrap();
+    let before = snapshots.read_head().await.unwrap().unwrap();
+    let error = publication
+        .publish(&lease, snapshot("three", 3))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            SnapshotError::Rewind {
+                head_wal_index: RecordIndex(5),
+                requested: RecordIndex(3),
+                ..
+            }
+        ),
+        "{error}"
+    );
+    // Nothing was written, and the store may still publish.
+    assert_eq!(snapshots.read_head().await.unwrap().unwrap(), before);
+    assert_eq!(snapshots.list().await.unwrap().len(), 2);
+    publication
+        .publish(&lease, snapshot("five again", 5))
+        .await
+        .unwrap();
+    let rewound = publication
+        .publish_rewinding(&lease, snapshot("three", 3))
+        .await
+        .unwrap();
+    assert_eq!(rewound.wal_index, RecordIndex(3));
+}
+
 /// Adds faults under which the next write of `key` lands but its response is
 /// lost, and reading it back fails until the rules are cleared: the outcome
 /// stays unknown.
