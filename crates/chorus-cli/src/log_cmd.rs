@@ -6,7 +6,8 @@ mod read;
 
 use std::sync::Arc;
 
-use chorus::blob::{StoreUrl, open_store};
+use chorus::blob::{DynBlobStore, StoreUrl, open_store};
+use chorus::log::maintenance::first_log_object;
 use chorus::register::{
     Initialized, MAX_WINDOW, Manifest, ManifestStore, OpenMode, RegisterUrl, initialize,
     open_register,
@@ -114,16 +115,24 @@ pub async fn create_log(location: &Location, window: u32) -> Result<Initialized,
         .replicas
         .iter()
         .partition(|replica| replica.local_dir().is_some());
-    open_replicas(&remote).await?;
+    let mut stores = open_replicas(&remote).await?;
     let remote_register = match location.register.is_local() {
         true => None,
         false => Some(open_register_for_init(&location.register).await?),
     };
-    open_replicas(&local).await?;
+    stores.extend(open_replicas(&local).await?);
     let register = match remote_register {
         Some(register) => register,
         None => open_register_for_init(&location.register).await?,
     };
+    let has_log = register
+        .read()
+        .await
+        .map_err(|e| format!("cannot read register {}: {e}", location.register))?
+        .is_some();
+    if !has_log {
+        refuse_replicas_with_data(&stores, location).await?;
+    }
     Ok(
         initialize(register.as_ref(), location.replica_identities(), window)
             .await
@@ -131,14 +140,42 @@ pub async fn create_log(location: &Location, window: u32) -> Result<Initialized,
     )
 }
 
-/// Opens and probes each of `replicas`.
-async fn open_replicas(replicas: &[&StoreUrl]) -> Result<(), CommandError> {
-    for replica in replicas {
-        open_store(replica)
+/// Refuses to bind a new register to replicas that already hold a log: their
+/// register was lost, or points elsewhere, and a fresh one would start the
+/// log over on top of their data.
+async fn refuse_replicas_with_data(
+    stores: &[(&StoreUrl, DynBlobStore)],
+    location: &Location,
+) -> Result<(), CommandError> {
+    for (url, store) in stores {
+        let found = first_log_object(store)
             .await
-            .map_err(|e| format!("cannot open replica {replica}: {e}"))?;
+            .map_err(|e| format!("cannot list replica {url}: {e}"))?;
+        if let Some(key) = found {
+            return Err(format!(
+                "replica {url} already holds log data ({key}) but register {} holds no log; \
+                 nothing was created: a new register would start the log over on top of it. \
+                 Restore the register from a backup (docs/operations.md, \"Lost or corrupt register\")",
+                location.register
+            )
+            .into());
+        }
     }
     Ok(())
+}
+
+/// Opens and probes each of `replicas`.
+async fn open_replicas<'a>(
+    replicas: &[&'a StoreUrl],
+) -> Result<Vec<(&'a StoreUrl, DynBlobStore)>, CommandError> {
+    let mut opened = Vec::new();
+    for replica in replicas {
+        let store = open_store(replica)
+            .await
+            .map_err(|e| format!("cannot open replica {replica}: {e}"))?;
+        opened.push((*replica, store));
+    }
+    Ok(opened)
 }
 
 async fn open_register_for_init(url: &RegisterUrl) -> Result<Arc<dyn ManifestStore>, CommandError> {

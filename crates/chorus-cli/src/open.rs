@@ -7,6 +7,7 @@ use std::time::Duration;
 use chorus::blob::{DynBlobStore, StoreUrl, open_store_unprobed, probe};
 use chorus::log::LogStores;
 use chorus::log::gather::gather;
+use chorus::log::maintenance::first_log_object;
 use chorus::log::quorum::quorum;
 use chorus::register::{Manifest, ManifestStore, OpenMode, check_binding, open_register};
 
@@ -38,18 +39,17 @@ pub struct OpenedLog {
 pub async fn open_existing_register(
     location: &Location,
 ) -> Result<Arc<dyn ManifestStore>, CommandError> {
-    let register = open_register(&location.register, OpenMode::MustExist)
-        .await
-        .map_err(|e| {
-            // A busy or unreachable register exists: `init` would not help.
-            let hint = if e.is_transient() {
-                ""
-            } else {
-                "; run `chorus log init` first"
-            };
-            format!("cannot open register {}: {e}{hint}", location.register)
-        })?;
-    Ok(register)
+    match open_register(&location.register, OpenMode::MustExist).await {
+        Ok(register) => Ok(register),
+        // A busy or unreachable register exists: `init` would not help.
+        Err(e) if e.is_transient() => {
+            Err(format!("cannot open register {}: {e}", location.register).into())
+        }
+        Err(e) => {
+            let hint = missing_log_hint(location).await;
+            Err(format!("cannot open register {}: {e}; {hint}", location.register).into())
+        }
+    }
 }
 
 /// Reads and decodes the register; returns the manifest and its version.
@@ -57,19 +57,61 @@ pub async fn read_manifest(
     register: &dyn ManifestStore,
     location: &Location,
 ) -> Result<(Manifest, String), CommandError> {
-    let current = register
-        .read()
-        .await
-        .map_err(|e| format!("cannot read register {}: {e}", location.register))?
-        .ok_or_else(|| {
-            format!(
-                "no log at register {}; run `chorus log init` first",
-                location.register
-            )
-        })?;
+    let current = match register.read().await {
+        Ok(current) => current,
+        Err(e) if e.is_transient() => {
+            return Err(format!("cannot read register {}: {e}", location.register).into());
+        }
+        Err(e) => {
+            let hint = lost_register_hint(location)
+                .await
+                .map(|hint| format!("; {hint}"))
+                .unwrap_or_default();
+            return Err(format!("cannot read register {}: {e}{hint}", location.register).into());
+        }
+    };
+    let Some(current) = current else {
+        let hint = missing_log_hint(location).await;
+        return Err(format!("no log at register {}; {hint}", location.register).into());
+    };
     let manifest = Manifest::from_fields(&current.fields)
         .map_err(|e| format!("malformed register {}: {e}", location.register))?;
     Ok((manifest, current.version.to_string()))
+}
+
+/// What to do about a register that holds no log: create one, unless the
+/// replicas already hold a log, whose register must then be restored (a new
+/// one would start the log over; `log init` refuses).
+async fn missing_log_hint(location: &Location) -> String {
+    lost_register_hint(location)
+        .await
+        .unwrap_or_else(|| "run `chorus log init` first".to_owned())
+}
+
+/// If a replica holds log data, says that the register was lost or damaged
+/// and must be restored.
+async fn lost_register_hint(location: &Location) -> Option<String> {
+    for url in &location.replicas {
+        // A local replica that does not exist holds nothing; opening it would create it.
+        if url
+            .local_dir()
+            .is_some_and(|dir| !std::path::Path::new(dir).is_dir())
+        {
+            continue;
+        }
+        let found = match open_store_unprobed(url) {
+            Ok(store) => first_log_object(&store).await.ok().flatten(),
+            Err(_) => None,
+        };
+        if let Some(key) = found {
+            return Some(format!(
+                "replica {url} holds log data ({key}), so the register was lost or damaged: \
+                 restore it from a backup (docs/operations.md, \"Lost or corrupt register\"); \
+                 `chorus log init` refuses replicas that hold a log"
+            ));
+        }
+    }
+    None
 }
 
 /// Opens the log at `location`: the register, a check that it binds exactly

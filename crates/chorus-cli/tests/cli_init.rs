@@ -427,3 +427,116 @@ fn a_replica_of_the_locking_layout_is_refused_until_chorus_store_upgrade() {
         object
     );
 }
+
+/// Runs `chorus ARGS` in `dir` with `input` on stdin.
+fn chorus_with_input(dir: &Path, args: &[&str], input: &str) -> Output {
+    use std::io::Write;
+    let mut child = support::chorus_command(dir)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("chorus runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn read_count(dir: &Path) -> usize {
+    let read = chorus(dir, &["log", "read", "--from", "0"]);
+    assert!(read.status.success(), "{}", stderr(&read));
+    stdout(&read).lines().count()
+}
+
+/// Copies a directory tree (the register's local store) for a backup.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// Defends issue 16's first finding: with the register lost, the hint said
+/// "run `chorus log init` first", and following it started the log over on
+/// top of 4,000 records (every later open failed `corrupt data`). Now the
+/// hint says to restore the register, init (and serve, which creates a log
+/// on first start) refuse the replicas and create nothing, and the restored
+/// register finds every record.
+#[test]
+fn init_over_replicas_whose_register_was_lost_refuses_and_loses_nothing() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let dir = dir.path();
+    assert!(chorus(dir, &["log", "init"]).status.success());
+    for round in 0..4 {
+        let input: String = (0..1000).map(|i| format!("r{round}-{i}\n")).collect();
+        let append = chorus_with_input(dir, &["log", "append"], &input);
+        assert!(append.status.success(), "{}", stderr(&append));
+    }
+    assert_eq!(read_count(dir), 4000);
+    let register = dir.join("chorus-data/register");
+    let backup = dir.join("register-backup");
+    copy_tree(&register, &backup);
+    std::fs::remove_dir_all(&register).unwrap();
+
+    let read = chorus(dir, &["log", "read", "--from", "0"]);
+    assert_fails_with(&read, "restore it from a backup");
+    assert!(!stderr(&read).contains("run `chorus log init`"));
+    assert_fails_with(&chorus(dir, &["log", "init"]), "already holds log data");
+    let serve = chorus(dir, &["serve", "--listen", "127.0.0.1:0"]);
+    assert!(!serve.status.success());
+    assert!(
+        stderr(&serve).contains("already holds log data"),
+        "{}",
+        stderr(&serve)
+    );
+    assert!(
+        !register.join(".k.manifest.json").exists() && !register.join("manifest.json").exists(),
+        "no register was created"
+    );
+
+    std::fs::remove_dir_all(&register).ok();
+    copy_tree(&backup, &register);
+    assert_eq!(read_count(dir), 4000);
+}
+
+/// The same for a damaged SQLite register (`register.db` emptied): the hint
+/// points to restoring it, and init creates nothing over the replicas.
+#[test]
+fn a_damaged_sqlite_register_points_to_restoring_it() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let dir = dir.path();
+    let database = dir.join("chorus-data/register.db");
+    let register = format!("sqlite://{}", database.display());
+    let location = ["--register", register.as_str()];
+    let init = chorus(dir, &[&["log", "init"][..], &location].concat());
+    assert!(init.status.success(), "{}", stderr(&init));
+    let append = chorus_with_input(dir, &[&["log", "append"][..], &location].concat(), "a\nb\n");
+    assert!(append.status.success(), "{}", stderr(&append));
+    std::fs::write(&database, b"").unwrap();
+    let read = chorus(
+        dir,
+        &[&["log", "read", "--from", "0"][..], &location].concat(),
+    );
+    assert_fails_with(&read, "restore it from a backup");
+    let init = chorus(dir, &[&["log", "init"][..], &location].concat());
+    assert_fails_with(&init, "already holds log data");
+}
+
+/// Without any log data, the hint still says to create the log.
+#[test]
+fn a_missing_log_with_empty_replicas_says_to_run_init() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let read = chorus(dir.path(), &["log", "read", "--from", "0"]);
+    assert_fails_with(&read, "run `chorus log init` first");
+}

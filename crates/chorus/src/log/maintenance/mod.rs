@@ -22,7 +22,7 @@ pub use verify::{ObjectState, ReplicaReport, VerifyReport};
 
 use super::LogStores;
 use super::error::LogError;
-use super::layout::segment_prefix;
+use super::layout::{SEALED_PREFIX, SEGMENTS_PREFIX, segment_prefix};
 use super::replica::Replica;
 use futures::StreamExt;
 
@@ -70,6 +70,18 @@ impl Maintenance {
             .ok_or_else(|| LogError::Transition("register not initialized".into()))?;
         Ok(Manifest::from_fields(&current.fields)?)
     }
+}
+
+/// The first object of the log's own layout (a fragment, fence or sealed
+/// segment) in `store`, if any: whether a replica already holds a log, before
+/// a new register is bound to it.
+pub async fn first_log_object(store: &DynBlobStore) -> Result<Option<String>, BlobError> {
+    for prefix in [SEGMENTS_PREFIX, SEALED_PREFIX] {
+        if let Some(object) = store.list(prefix).await?.into_iter().next() {
+            return Ok(Some(object.key));
+        }
+    }
+    Ok(None)
 }
 
 /// Deletes every fragment of `segments` on every replica, in a background task.
