@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::CommandError;
 use crate::config::{Location, StoreArgs};
-use crate::open::{open_existing_register, read_manifest};
+use crate::open::{Access, open_existing_register, read_manifest};
 use crate::output::{out, outln};
 
 /// Default per-replica fragment window of new logs.
@@ -186,7 +186,7 @@ async fn open_register_for_init(url: &RegisterUrl) -> Result<Arc<dyn ManifestSto
 
 async fn inspect(args: InspectArgs) -> Result<(), CommandError> {
     let location = args.store.resolve()?;
-    let register = open_existing_register(&location).await?;
+    let register = open_existing_register(&location, Access::Read).await?;
     let (manifest, version) = read_manifest(register.as_ref(), &location).await?;
     let text = if args.json {
         format!("{}\n", inspect_json(&manifest, &version, &location))

@@ -35,11 +35,17 @@ pub struct OpenedLog {
     pub manifest: Manifest,
 }
 
-/// Opens the register at `location`, which must already hold a log.
+/// Opens the register at `location`, which must already hold a log; for
+/// [`Access::Read`] without writing anything.
 pub async fn open_existing_register(
     location: &Location,
+    access: Access,
 ) -> Result<Arc<dyn ManifestStore>, CommandError> {
-    match open_register(&location.register, OpenMode::MustExist).await {
+    let mode = match access {
+        Access::Write => OpenMode::MustExist,
+        Access::Read => OpenMode::ReadOnly,
+    };
+    match open_register(&location.register, mode).await {
         Ok(register) => Ok(register),
         // A busy or unreachable register exists: `init` would not help.
         Err(e) if e.is_transient() => {
@@ -122,7 +128,7 @@ async fn lost_register_hint(location: &Location) -> Option<String> {
 /// protocol runs on Q replicas; a replica that answers but does not enforce
 /// conditional writes is always refused.
 pub async fn open_log(location: &Location, access: Access) -> Result<OpenedLog, CommandError> {
-    let register = open_existing_register(location).await?;
+    let register = open_existing_register(location, access).await?;
     let (manifest, _) = read_manifest(register.as_ref(), location).await?;
     let identities = location.replica_identities();
     check_binding(&manifest.replicas, &identities)

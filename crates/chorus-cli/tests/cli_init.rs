@@ -540,3 +540,30 @@ fn a_missing_log_with_empty_replicas_says_to_run_init() {
     let read = chorus(dir.path(), &["log", "read", "--from", "0"]);
     assert_fails_with(&read, "run `chorus log init` first");
 }
+
+/// Defends issue 16's fourth finding: `log inspect` and `log read` on an
+/// emptied `register.db` turned it into a 4,096-byte database (journal mode
+/// set on open). Readers open the register read-only and write nothing.
+#[test]
+fn readers_never_write_the_register() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let data = dir.path().join("chorus-data");
+    std::fs::create_dir_all(&data).unwrap();
+    let database = data.join("register.db");
+    std::fs::write(&database, b"").unwrap();
+    for command in [&["log", "inspect"][..], &["log", "read", "--from", "0"]] {
+        let output = chorus(dir.path(), command);
+        assert!(!output.status.success(), "{command:?}");
+        assert_eq!(
+            std::fs::metadata(&database).unwrap().len(),
+            0,
+            "{command:?} wrote the register: {}",
+            stderr(&output)
+        );
+    }
+    let names: Vec<_> = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["register.db"], "nothing else was created");
+}

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use url::Url;
 
 use super::{ManifestStore, ObjectRegister, PostgresRegister, RegisterError, SqliteRegister};
-use crate::blob::{S3Settings, StoreUrl, StoreUrlError, open_store};
+use crate::blob::{S3Settings, StoreUrl, StoreUrlError, open_store, open_store_unprobed};
 
 /// The register name used when the URL names none.
 pub const DEFAULT_REGISTER_NAME: &str = "chorus";
@@ -199,8 +199,11 @@ impl fmt::Debug for RegisterUrl {
 pub enum OpenMode {
     /// Create the database file or table if missing (for `log init`).
     CreateIfMissing,
-    /// Create nothing; a missing database is an error (for everything else).
+    /// Create nothing; a missing database is an error (for writers).
     MustExist,
+    /// Create nothing and write nothing, not even to probe or to set up the
+    /// database (for commands that only read).
+    ReadOnly,
 }
 
 /// Opens the register `url` names. Object registers are probed like any store.
@@ -230,7 +233,7 @@ pub async fn open_register(
         RegisterUrl::Object(store_url) => {
             // Opening a local store creates its directory: a register that
             // must exist is not conjured up by looking for it.
-            if mode == OpenMode::MustExist
+            if mode != OpenMode::CreateIfMissing
                 && let Some(dir) = store_url.local_dir()
                 && !Path::new(dir).exists()
             {
@@ -239,9 +242,12 @@ pub async fn open_register(
                     format!("no register directory at {dir}"),
                 ));
             }
-            let store = open_store(store_url)
-                .await
-                .map_err(|e| RegisterError::backend(&url.to_string(), e))?;
+            // The probe writes; a reader relies on the writers' probes.
+            let store = match mode {
+                OpenMode::ReadOnly => open_store_unprobed(store_url),
+                OpenMode::CreateIfMissing | OpenMode::MustExist => open_store(store_url).await,
+            }
+            .map_err(|e| RegisterError::backend(&url.to_string(), e))?;
             Ok(Arc::new(ObjectRegister::new(store)))
         }
     }

@@ -63,7 +63,7 @@ impl PostgresRegister {
         match mode {
             OpenMode::CreateIfMissing => store.ensure_table().await?,
             // Connect now so an unreachable server is reported at open.
-            OpenMode::MustExist => drop(store.client().await?),
+            OpenMode::MustExist | OpenMode::ReadOnly => drop(store.client().await?),
         }
         Ok(store)
     }

@@ -38,7 +38,7 @@ impl SqliteRegister {
         mode: OpenMode,
     ) -> Result<SqliteRegister, RegisterError> {
         let name = format!("sqlite://{}?name={register}", path.display());
-        if mode == OpenMode::MustExist && !path.exists() {
+        if mode != OpenMode::CreateIfMissing && !path.exists() {
             return Err(RegisterError::backend(
                 &name,
                 format!("no register database at {}", path.display()),
@@ -52,6 +52,14 @@ impl SqliteRegister {
             })?;
         }
         let open = || -> rusqlite::Result<Connection> {
+            if mode == OpenMode::ReadOnly {
+                // No journal-mode change, no table: a reader writes nothing.
+                let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+                    | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+                let connection = Connection::open_with_flags(path, flags)?;
+                connection.busy_timeout(BUSY_TIMEOUT)?;
+                return Ok(connection);
+            }
             let connection = Connection::open(path)?;
             connection.busy_timeout(BUSY_TIMEOUT)?;
             connection.pragma_update(None, "journal_mode", "WAL")?;
