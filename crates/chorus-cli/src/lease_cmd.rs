@@ -224,14 +224,23 @@ async fn release(args: ReleaseArgs) -> Result<(), CommandError> {
             record.generation
         )?,
         ReleaseOutcome::NotHeld(None) => outln!("no lease to release: database={database}")?,
-        ReleaseOutcome::NotHeld(Some(record)) if record.released => outln!(
+        ReleaseOutcome::NotHeld(Some(record)) if record.holder_id != holder => {
+            let state = if record.released {
+                "released"
+            } else {
+                "expired"
+            };
+            return Err(format!(
+                "lease not held by {holder}, nothing released: database={database} holder={} \
+                 state={state} generation={}",
+                record.holder_id, record.generation
+            )
+            .into());
+        }
+        ReleaseOutcome::NotHeld(Some(record)) => outln!(
             "lease already released: database={database} holder={} generation={}",
             record.holder_id,
             record.generation
-        )?,
-        ReleaseOutcome::NotHeld(Some(record)) => outln!(
-            "lease not held by {holder}, nothing released: database={database} holder={} state=expired",
-            record.holder_id
         )?,
     }
     Ok(())

@@ -326,6 +326,24 @@ fn writers_are_refused_while_held(dir: &Path, location: &[&str]) {
         released.starts_with("released lease: database=default holder=other-node"),
         "{released}"
     );
+    // Releasing again is a no-op for its holder, and refused for anyone else
+    // (issue 16, finding 9: that used to answer "already released", exit 0).
+    let again = assert_succeeds(&chorus(
+        dir,
+        &with(location, &["lease", "release", "--holder", "other-node"]),
+    ));
+    assert!(again.starts_with("lease already released"), "{again}");
+    assert_fails_with(
+        &chorus(
+            dir,
+            &with(location, &["lease", "release", "--holder", "me"]),
+        ),
+        &[
+            "lease not held by me, nothing released",
+            "holder=other-node",
+            "state=released",
+        ],
+    );
     assert_succeeds(&chorus(dir, &publish));
 }
 
