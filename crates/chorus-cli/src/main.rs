@@ -61,6 +61,12 @@ enum Command {
 /// The error a command fails with; printed as one line with its causes.
 pub type CommandError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Arguments that contradict each other where clap cannot see it: exits 2,
+/// like clap's own usage errors.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // A service reports its phases by default; one-shot commands only warn.
@@ -126,5 +132,8 @@ fn fail(error: &(dyn std::error::Error + 'static)) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let _ = writeln!(std::io::stderr(), "chorus: {}", chain.join(": "));
+    if error.downcast_ref::<UsageError>().is_some() {
+        return ExitCode::from(2);
+    }
     ExitCode::FAILURE
 }

@@ -293,9 +293,17 @@ fn to_is_exclusive_and_stops_even_with_follow() {
     );
     assert_eq!(indices(log.read(&["--from", "8"])), [8, 9]);
     assert!(log.read(&["--from", "10"]).is_empty());
-    assert_fails_with(
-        &log.run(&["log", "read", "--from", "5", "--to", "4"], b""),
-        "--to 4 is below --from 5",
+    // Issue 16, finding 8: a usage error exits 2 (it exited 1), and a read
+    // past the end says where the log ends (it said nothing).
+    let reversed = log.run(&["log", "read", "--from", "5", "--to", "4"], b"");
+    assert_fails_with(&reversed, "--to 4 is below --from 5");
+    assert_eq!(reversed.status.code(), Some(2));
+    let past = log.run(&["log", "read", "--from", "12"], b"");
+    assert!(past.status.success());
+    assert!(past.stdout.is_empty());
+    assert_eq!(
+        stderr(&past).trim(),
+        "chorus: nothing to read: the log ends at index 10 (--from 12)"
     );
 }
 

@@ -14,10 +14,10 @@ use chorus::ids::RecordIndex;
 use chorus::log::Reader;
 use serde::Serialize;
 
-use crate::CommandError;
 use crate::config::StoreArgs;
 use crate::open::{Access, open_log};
 use crate::output::{json_line, output_error};
+use crate::{CommandError, UsageError};
 
 /// Arguments of `log read`.
 #[derive(Debug, clap::Args)]
@@ -84,10 +84,10 @@ async fn run(args: ReadArgs, start: Start) -> Result<(), CommandError> {
     if let (Some(from), Some(to)) = (args.from, args.to)
         && to < from
     {
-        return Err(format!("--to {to} is below --from {from}").into());
+        return Err(UsageError(format!("--to {to} is below --from {from}")).into());
     }
     if args.poll_interval_ms == 0 {
-        return Err("--poll-interval-ms must be positive".into());
+        return Err(UsageError("--poll-interval-ms must be positive".into()).into());
     }
     let log = open_log(&location, Access::Read).await?;
     let from = match (args.from, start) {
@@ -97,6 +97,7 @@ async fn run(args: ReadArgs, start: Start) -> Result<(), CommandError> {
     };
     let mut reader = Reader::new(&log.stores, RecordIndex(from))
         .with_poll_interval(Duration::from_millis(args.poll_interval_ms));
+    let mut printed = false;
     while args.to.is_none_or(|to| reader.position().0 < to) {
         let next = if args.follow {
             Some(reader.next().await)
@@ -110,6 +111,14 @@ async fn run(args: ReadArgs, start: Start) -> Result<(), CommandError> {
             next.map_err(|e| format!("cannot read index {}: {e}", reader.position()))?;
         let line = encode(index, &record, args.base64)?;
         json_line(&line).map_err(output_error)?;
+        printed = true;
+    }
+    if !printed && !args.follow {
+        // An empty answer is not an error, but say why there is nothing.
+        let end = Reader::committed_end(&log.stores).await?;
+        if RecordIndex(from) >= end {
+            eprintln!("chorus: nothing to read: the log ends at index {end} (--from {from})");
+        }
     }
     Ok(())
 }
