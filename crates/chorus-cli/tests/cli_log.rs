@@ -440,9 +440,25 @@ fn a_replica_that_cannot_be_opened_fails_with_one_line_naming_it() {
     std::fs::remove_dir_all(&replica).unwrap();
     std::fs::write(&replica, b"not a directory").unwrap();
     let name = format!("cannot open replica file://{}", replica.display());
-    assert_fails_with(&log.run(&["log", "append"], b"a\n"), &name);
-    assert_fails_with(&log.run(&["log", "read"], b""), &name);
+    // Issue 16, finding 6: the message said `key=:` and nothing about why.
+    let why = format!("{} is not a directory", replica.display());
+    for args in [&["log", "append"][..], &["log", "read"]] {
+        let output = log.run(args, b"a\n");
+        assert_fails_with(&output, &name);
+        assert_fails_with(&output, &why);
+        assert!(!stderr(&output).contains("key=:"), "{}", stderr(&output));
+    }
     assert_eq!(log.epoch(), 0);
+    // A directory of the store's own replaced by a file is named too.
+    std::fs::remove_file(&replica).unwrap();
+    std::fs::create_dir(&replica).unwrap();
+    let staging = replica.join(".chorus-tmp");
+    std::fs::write(&staging, b"in the way").unwrap();
+    let output = log.run(&["log", "append"], b"a\n");
+    assert_fails_with(
+        &output,
+        &format!("cannot create directory {}", staging.display()),
+    );
 }
 
 #[test]

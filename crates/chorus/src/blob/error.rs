@@ -57,7 +57,7 @@ pub enum BlobError {
     },
     /// A terminal failure: misconfiguration, permissions, unsupported operation,
     /// or an object that is not in the backend's format.
-    #[error("store error: store={store} op={op} key={key}: {source}")]
+    #[error("store error: store={store} op={op}{}: {source}", key_label(.key))]
     Backend {
         /// Store name.
         store: String,
@@ -68,6 +68,15 @@ pub enum BlobError {
         /// What went wrong.
         source: Source,
     },
+}
+
+/// ` key=<key>`, or nothing for an error of the whole store (opening it).
+fn key_label(key: &str) -> String {
+    if key.is_empty() {
+        String::new()
+    } else {
+        format!(" key={key}")
+    }
 }
 
 impl BlobError {

@@ -149,6 +149,10 @@ impl LocalDirStore {
                 "local store path must be absolute",
             ));
         }
+        if root.exists() && !root.is_dir() {
+            let message = format!("{} is not a directory", root.display());
+            return Err(BlobError::backend(&name, Op::Create, "", message));
+        }
         let inner = Inner {
             root,
             name,
@@ -841,7 +845,10 @@ impl Inner {
         match fs::create_dir(dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {}
-            Err(e) => return Err(e),
+            Err(e) => {
+                let message = format!("cannot create directory {}: {e}", dir.display());
+                return Err(io::Error::new(e.kind(), message));
+            }
         }
         self.sync_dir(parent)?;
         let mut durable = self.durable_dirs();
