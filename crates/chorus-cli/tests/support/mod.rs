@@ -6,6 +6,7 @@
 #[path = "../../../chorus/tests/support/mod.rs"]
 mod shared;
 
+pub mod server;
 pub mod test_s3;
 
 use std::path::Path;
