@@ -13,10 +13,10 @@
 //! Every wait is a bounded poll (see `support/server.rs`); the lease ttl of
 //! the failover scenarios is 3 s, so a takeover takes about 4 s.
 //!
-//! `a_standby_restored_from_a_snapshot_reads_only_the_log_after_it` is
-//! ignored while the bug it found stands: a standby that restored a snapshot
-//! re-reads every fragment of the active segment below it (counted on
-//! `/metrics`) before it can apply the next record.
+//! `a_standby_restored_from_a_snapshot_reads_only_the_log_after_it` counts
+//! store reads on `/metrics`: a standby that restored a snapshot used to
+//! re-read every fragment of the active segment below it before it could
+//! apply the next record.
 
 mod support;
 
@@ -772,8 +772,6 @@ fn fragment_reads(server: &Endpoint) -> u64 {
 /// standby, catching up must read a bounded number of fragments, not every
 /// fragment the active segment still holds below the snapshot.
 #[test]
-#[ignore = "bug: a Reader starting inside the active segment scans it from fragment 0 \
-            (crates/chorus/src/log/reader.rs, Reader::fill_active); see the report"]
 fn a_standby_restored_from_a_snapshot_reads_only_the_log_after_it() {
     const RECORDS: usize = 400;
     let deployment = Deployment::embedded();

@@ -260,10 +260,11 @@ async fn write(app: &AppState, command: Command) -> Result<u64, ApiError> {
             current.map(|version| version.0),
             Some(written.index.0),
         )),
-        Applied::Malformed(error) => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("the service wrote a record it cannot apply: {error}"),
-        )),
+        Applied::Malformed(error) => {
+            let message = format!("the service wrote a record it cannot apply: {error}");
+            tracing::error!(index = written.index.0, %message);
+            Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message))
+        }
     }
 }
 

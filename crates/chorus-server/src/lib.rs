@@ -31,7 +31,8 @@ use chorus::runtime::Runtime;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
 use tower_http::timeout::TimeoutLayer;
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnFailure, TraceLayer};
+use tracing::Level;
 
 use error::ApiError;
 
@@ -94,7 +95,9 @@ pub fn router(app: Arc<AppState>) -> Router {
             timeout,
         ))
         .layer(DefaultBodyLimit::max(body_limit))
-        .layer(TraceLayer::new_for_http())
+        // 503 is an answer, not a fault (a standby, an uncertain lease,
+        // backpressure): counted in metrics, logged only at debug level.
+        .layer(TraceLayer::new_for_http().on_failure(DefaultOnFailure::new().level(Level::DEBUG)))
         .with_state(app)
 }
 

@@ -721,3 +721,45 @@ async fn a_rotted_copy_does_not_discard_a_fragment_acked_by_exactly_a_quorum() {
     let recovered = cluster.verify_acked(&acked).await;
     assert_eq!(recovered.len(), 5);
 }
+
+/// A resuming reader (the caller knows everything below its start is
+/// committed) finds its place in the active segment by binary search; it
+/// must return exactly what a reader scanning from the segment's start
+/// returns, from every index, while the writer is still writing and after
+/// it stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resuming_reader_reads_what_a_scanning_reader_reads_from_every_index() {
+    let cluster = Cluster::new(3, 4).await;
+    let (writer, _) = cluster.open(test_config()).await.unwrap();
+    let mut acked = BTreeMap::new();
+    append_acked(&writer, "r", 40, &mut acked).await;
+    let end = acked.len() as u64;
+    let read_all = |mut reader: Reader| async move {
+        let mut records = Vec::new();
+        while let Some(record) = reader.try_next().await.unwrap() {
+            records.push(record);
+        }
+        records
+    };
+    for from in 0..=end {
+        let scanned = read_all(Reader::new(&cluster.stores, RecordIndex(from))).await;
+        let resumed = read_all(Reader::resuming(&cluster.stores, RecordIndex(from))).await;
+        let expected: Vec<_> = acked
+            .range(RecordIndex(from)..)
+            .map(|(index, record)| (*index, record.clone()))
+            .collect();
+        assert_eq!(scanned, expected, "from {from}");
+        assert_eq!(resumed, expected, "from {from}");
+    }
+    // A resuming reader at the end picks up what is appended later.
+    let mut reader = Reader::resuming(&cluster.stores, RecordIndex(end));
+    append_acked(&writer, "later", 3, &mut acked).await;
+    for index in end..end + 3 {
+        let (read, record) = reader.next().await.unwrap();
+        assert_eq!(
+            (read, &record),
+            (RecordIndex(index), &acked[&RecordIndex(index)])
+        );
+    }
+    writer.shutdown(Duration::from_secs(5)).await.unwrap();
+}

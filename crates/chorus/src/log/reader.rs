@@ -49,6 +49,8 @@ pub struct Reader {
     buffered: VecDeque<(RecordIndex, Bytes)>,
     cursor: Option<Cursor>,
     poll_interval: Duration,
+    /// The caller knows every record below its starting index is committed.
+    resuming: bool,
 }
 
 impl Reader {
@@ -61,6 +63,21 @@ impl Reader {
             buffered: VecDeque::new(),
             cursor: None,
             poll_interval: DEFAULT_POLL_INTERVAL,
+            resuming: false,
+        }
+    }
+
+    /// A reader whose first record will be `from`, for a caller that knows
+    /// every record below `from` is committed (it applied them, or restored
+    /// a snapshot of them). It finds `from` in an active segment in
+    /// O(log fragments) quorum reads instead of scanning the segment from
+    /// its start: within a committed prefix, fragment starts increase, so
+    /// "committed and starting at or before `from`" holds up to the fragment
+    /// holding `from` and fails after it.
+    pub fn resuming(stores: &LogStores, from: RecordIndex) -> Reader {
+        Reader {
+            resuming: true,
+            ..Reader::new(stores, from)
         }
     }
 
@@ -181,6 +198,9 @@ impl Reader {
             {
                 cursor
             }
+            _ if self.resuming && self.next > manifest.tail_base => {
+                self.seek(manifest.tail, manifest.tail_base).await?
+            }
             _ => Cursor {
                 segment: manifest.tail,
                 fragment: 0,
@@ -206,6 +226,39 @@ impl Reader {
         }
         self.cursor = Some(cursor);
         Ok(())
+    }
+
+    /// The cursor at the last committed fragment of `segment` (based at
+    /// `base`) that starts at or before `self.next`, found by binary search;
+    /// see [`Reader::resuming`] for why the search is sound there.
+    async fn seek(&self, segment: SegmentId, base: RecordIndex) -> Result<Cursor, LogError> {
+        let mut found = Cursor {
+            segment,
+            fragment: 0,
+            first: base,
+        };
+        // Every fragment holds at least one record, so the one holding
+        // `next` is at most `next - base`.
+        let (mut low, mut high) = (0u64, self.next.0 - base.0);
+        while low <= high {
+            let middle = low + (high - low) / 2;
+            match self
+                .committed_fragment(segment, FragmentIndex(middle))
+                .await?
+            {
+                Some(fragment) if first_record(&fragment) <= self.next => {
+                    found = Cursor {
+                        segment,
+                        fragment: middle,
+                        first: first_record(&fragment),
+                    };
+                    low = middle + 1;
+                }
+                _ if middle == 0 => break,
+                _ => high = middle - 1,
+            }
+        }
+        Ok(found)
     }
 
     /// Buffers records from committed fragments at the cursor, advancing it.

@@ -53,8 +53,10 @@ pub(super) async fn run<M: StateMachine>(shared: &Arc<Shared<M>>) {
     }
 }
 
+/// A reader from the applied end, which is committed: every applied record
+/// was acknowledged or read as committed.
 fn reader_at_applied_end<M: StateMachine>(shared: &Shared<M>) -> Reader {
-    Reader::new(&shared.stores.log, shared.applied_end())
+    Reader::resuming(&shared.stores.log, shared.applied_end())
         .with_poll_interval(shared.config.standby_poll_interval)
 }
 
