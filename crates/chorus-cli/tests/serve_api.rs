@@ -1,0 +1,223 @@
+//! `chorus serve`'s streams, metrics and configuration through the real
+//! binary: the key watch and the log, as server-sent events resumable by
+//! index (410 below what is retained); `/metrics` carrying the log's, the
+//! runtime's and the HTTP layer's series; `--print-config` redacting secrets.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::Value;
+use support::server::{Endpoint, Launch, Server};
+use tempfile::TempDir;
+
+/// One server-sent event.
+#[derive(Debug, Clone, PartialEq)]
+struct Event {
+    id: Option<u64>,
+    kind: String,
+    data: Value,
+}
+
+/// Reads server-sent events from a streaming response, one at a time.
+struct Events {
+    lines: std::io::Lines<BufReader<reqwest::blocking::Response>>,
+}
+
+impl Events {
+    /// Opens `path` as an event stream; panics unless it answers 200.
+    fn open(endpoint: &Endpoint, path: &str, last_event_id: Option<u64>) -> Events {
+        let mut request = endpoint.request(Method::GET, path);
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id.to_string());
+        }
+        let response = request.send().expect("the stream opens");
+        assert_eq!(response.status().as_u16(), 200, "{path}");
+        Events {
+            lines: BufReader::new(response).lines(),
+        }
+    }
+
+    /// The next event (keep-alive comments skipped).
+    fn next(&mut self) -> Event {
+        let (mut id, mut kind, mut data) = (None, "message".to_owned(), String::new());
+        loop {
+            let line = self.lines.next().expect("the stream goes on").unwrap();
+            if line.is_empty() && !data.is_empty() {
+                let data = serde_json::from_str(&data).expect("event data is JSON");
+                return Event { id, kind, data };
+            }
+            if let Some(value) = line.strip_prefix("id:") {
+                id = Some(value.trim().parse().unwrap());
+            } else if let Some(value) = line.strip_prefix("event:") {
+                kind = value.trim().to_owned();
+            } else if let Some(value) = line.strip_prefix("data:") {
+                data.push_str(value.trim_start());
+            }
+        }
+    }
+}
+
+fn started(dir: &TempDir) -> (Launch, Server) {
+    let launch = Launch::new(dir.path()).args(["--data-dir", "data"]);
+    let server = launch.start("server");
+    server.wait_for_role("primary");
+    (launch, server)
+}
+
+#[test]
+fn watch_streams_changes_resumable_by_index_and_is_gone_below_its_history() {
+    let dir = TempDir::new().unwrap();
+    let (launch, mut server) = started(&dir);
+    let endpoint = server.endpoint();
+    assert_eq!(endpoint.put_ok("a/1", "one"), 0);
+    assert_eq!(endpoint.put_ok("a/2", "two"), 1);
+    assert_eq!(endpoint.put_ok("b/1", "elsewhere"), 2);
+    let deleted = endpoint.send(endpoint.request(Method::DELETE, "/v1/kv/a/1"));
+    assert_eq!(deleted.expect_index("delete"), 3);
+
+    let mut events = Events::open(&endpoint, "/v1/kv/watch?prefix=a/&from=0", None);
+    let first = events.next();
+    assert_eq!(first.id, Some(0));
+    assert_eq!(first.kind, "put");
+    assert_eq!(first.data["key"], "a/1");
+    assert_eq!(first.data["value"], "one");
+    assert_eq!(events.next().id, Some(1));
+    let delete = events.next();
+    assert_eq!((delete.id, delete.kind.as_str()), (Some(3), "delete"));
+    assert_eq!(delete.data["key"], "a/1");
+    // Changes applied after the stream opened arrive too.
+    endpoint.put_ok("a/3", "three");
+    let live = events.next();
+    assert_eq!(
+        (live.id, &live.data["value"]),
+        (Some(4), &Value::from("three"))
+    );
+
+    // Resuming after event 1 with Last-Event-ID skips what was seen.
+    let mut resumed = Events::open(&endpoint, "/v1/kv/watch?prefix=a/", Some(1));
+    assert_eq!(resumed.next().id, Some(3));
+    drop((events, resumed));
+
+    // After a restart the history begins at the final snapshot's index:
+    // older indices are gone, and the answer says where to resume.
+    server.terminate(Duration::from_secs(60));
+    let server = launch.start("restarted");
+    server.wait_for_role("primary");
+    let endpoint = server.endpoint();
+    let gone = endpoint.send(endpoint.request(Method::GET, "/v1/kv/watch?from=0"));
+    assert_eq!(gone.status, 410, "{}", gone.text());
+    assert_eq!(gone.json()["oldest"], 5);
+    let mut events = Events::open(&endpoint, "/v1/kv/watch?from=5", None);
+    endpoint.put_ok("a/4", "four");
+    assert_eq!(events.next().id, Some(5));
+}
+
+#[test]
+fn the_log_is_read_in_pages_and_followed_as_events() {
+    let dir = TempDir::new().unwrap();
+    let (_launch, server) = started(&dir);
+    let endpoint = server.endpoint();
+    for (index, record) in ["first", "second", "third"].into_iter().enumerate() {
+        let appended = endpoint.send(endpoint.request(Method::POST, "/v1/log").body(record));
+        assert_eq!(appended.expect_index("append"), index as u64);
+    }
+    let page = endpoint.send(endpoint.request(Method::GET, "/v1/log?from=1&limit=1"));
+    assert_eq!(page.status, 200, "{}", page.text());
+    let page = page.json();
+    assert_eq!(page["records"][0]["index"], 1);
+    assert_eq!(page["records"][0]["data"], "second");
+    assert_eq!(page["next"], 2);
+    let binary = endpoint.send(
+        endpoint
+            .request(Method::POST, "/v1/log")
+            .body(vec![0xff, 0]),
+    );
+    assert_eq!(binary.expect_index("binary append"), 3);
+    let all = endpoint
+        .send(endpoint.request(Method::GET, "/v1/log"))
+        .json();
+    assert_eq!(all["records"].as_array().unwrap().len(), 4);
+    assert_eq!(all["records"][3]["data_b64"], "/wA=");
+
+    let mut events = Events::open(&endpoint, "/v1/log?from=2&follow=true", None);
+    assert_eq!(events.next().data["data"], "third");
+    assert_eq!(events.next().id, Some(3));
+    endpoint.put_ok("key", "value");
+    let put = events.next();
+    assert_eq!(put.id, Some(4));
+    assert!(
+        put.data.get("data_b64").is_some() || put.data.get("data").is_some(),
+        "{put:?}"
+    );
+
+    let bad = endpoint.send(endpoint.request(Method::GET, "/v1/log?limit=0"));
+    assert_eq!(bad.status, 400, "{}", bad.text());
+}
+
+#[test]
+fn metrics_carry_the_log_runtime_lease_and_http_series() {
+    let dir = TempDir::new().unwrap();
+    let (_launch, server) = started(&dir);
+    let endpoint = server.endpoint();
+    endpoint.put_ok("k", "v");
+    assert_eq!(endpoint.get("k").status, 200);
+    let metrics = endpoint.send(endpoint.request(Method::GET, "/metrics"));
+    assert_eq!(metrics.status, 200);
+    let text = metrics.text();
+    for series in [
+        "chorus_append_records_total",
+        "chorus_commit_latency_seconds",
+        "chorus_recovery_runs_total",
+        "chorus_lease_operations_total",
+        "chorus_runtime_phase_seconds",
+        "chorus_runtime_applied_index",
+        "chorus_runtime_role{role=\"primary\"} 1",
+        "chorus_http_requests_total{route=\"/v1/kv/{*key}\",method=\"PUT\",status=\"200\"}",
+        "chorus_http_request_seconds",
+    ] {
+        assert!(text.contains(series), "no {series} in:\n{text}");
+    }
+}
+
+#[test]
+fn print_config_shows_the_merged_configuration_with_secrets_redacted() {
+    let dir = TempDir::new().unwrap();
+    let output = support::chorus_command(dir.path())
+        .args([
+            "serve",
+            "--print-config",
+            "--token",
+            "t0ps3cret",
+            "--register",
+            "postgres://chorus:pa55word@db.internal/chorus?register=orders",
+            "--listen",
+            "127.0.0.1:7171",
+            "--lease-ttl-secs",
+            "20",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        !text.contains("t0ps3cret") && !text.contains("pa55word"),
+        "{text}"
+    );
+    let config: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(config["token"], "<redacted>");
+    assert_eq!(config["advertise_url"], "http://127.0.0.1:7171");
+    assert_eq!(config["holder"], "http://127.0.0.1:7171");
+    assert_eq!(config["lease_ttl_secs"], 20);
+    assert_eq!(config["replicas"].as_array().unwrap().len(), 3);
+    assert!(
+        !dir.path().join("chorus-data").exists(),
+        "printing creates nothing"
+    );
+}
