@@ -118,11 +118,15 @@ impl TestLog {
             .unwrap_or_else(|e| panic!("verify --json is not JSON ({e}): {}", stdout(&output)));
         assert_eq!(
             output.status.success(),
-            json["replicas"].as_array().unwrap().iter().all(|replica| [
-                "missing", "corrupt", "errors"
-            ]
-            .iter()
-            .all(|field| replica[field].as_array().unwrap().is_empty())),
+            json["below_quorum"].as_array().unwrap().is_empty()
+                && json["replicas"].as_array().unwrap().iter().all(|replica| [
+                    "missing",
+                    "corrupt",
+                    "errors",
+                    "missing_fragments"
+                ]
+                .iter()
+                .all(|field| replica[field].as_array().unwrap().is_empty())),
             "the exit code disagrees with the report: {json}"
         );
         json
@@ -447,4 +451,71 @@ fn truncate_raises_the_floor_and_reads_below_it_fail() {
     let read = log.read(&[]);
     assert_eq!(read.len() as u64, RECORDS - floor + 1);
     assert_eq!(read.last().unwrap(), &(RECORDS, "after".to_owned()));
+}
+
+/// The directories of the active tail's fragments on `replica`, in order.
+fn tail_fragments(log: &TestLog, replica: usize) -> Vec<PathBuf> {
+    let inspect = log.run(&["log", "inspect", "--json"], b"");
+    succeeds(&inspect);
+    let manifest: Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    let tail = manifest["tail"]["id"].as_str().unwrap();
+    let dir = log.replica_dir(replica).join("segments").join(tail);
+    let mut fragments: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| file_name(path).starts_with(LOCAL_KEY_DIR_PREFIX))
+        .collect();
+    fragments.sort();
+    fragments
+}
+
+/// Defends issue 16's third finding: with a tail fragment deleted on one
+/// replica, verify said `healthy … missing=0` and exited 0; with it deleted
+/// on two of three (beyond the failure budget), every replica was reported
+/// healthy while the next recovery was bound to drop those records. Now the
+/// first is reported as missing on that replica (with its record range and
+/// copy count), the second as records below quorum, and both exit non-zero.
+#[test]
+fn verify_reports_missing_tail_fragments_and_records_below_quorum() {
+    let log = TestLog::with_sealed_segments();
+    let last = tail_fragments(&log, 0)
+        .pop()
+        .expect("the tail holds fragments");
+    let name = object_name(&last);
+    std::fs::remove_dir_all(&last).unwrap();
+    let json = log.verify_json();
+    let missing = json["replicas"][0]["missing_fragments"].as_array().unwrap();
+    assert_eq!(missing.len(), 1, "{json}");
+    let missing = missing[0].as_str().unwrap();
+    assert!(
+        missing.contains(&name) && missing.contains("on 2 of 3 replicas"),
+        "{missing}"
+    );
+    assert!(
+        json["below_quorum"].as_array().unwrap().is_empty(),
+        "{json}"
+    );
+
+    let on_one = log
+        .replica_dir(1)
+        .join(last.strip_prefix(log.replica_dir(0)).unwrap());
+    std::fs::remove_dir_all(&on_one).unwrap();
+    let output = log.verify();
+    assert!(!output.status.success());
+    let text = stdout(&output);
+    let run = text
+        .lines()
+        .find(|line| line.starts_with("below quorum: records "))
+        .unwrap_or_else(|| panic!("no below-quorum line in:\n{text}"));
+    assert!(
+        run.ends_with(
+            "on 1 of 3 replicas: fewer than a quorum, the next recovery will not keep them"
+        ),
+        "{run}"
+    );
+    assert!(
+        stderr(&output).contains("repair cannot restore them"),
+        "{}",
+        stderr(&output)
+    );
 }

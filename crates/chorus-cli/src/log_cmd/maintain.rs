@@ -106,6 +106,12 @@ pub async fn verify(args: VerifyArgs) -> Result<(), CommandError> {
     }
     if report.is_healthy() {
         Ok(())
+    } else if !report.below_quorum.is_empty() {
+        Err(
+            "verify found records held by fewer than a quorum of replicas; \
+             repair cannot restore them (docs/protocol.md, \"What repair does not do\")"
+                .into(),
+        )
     } else {
         Err("verify found missing, corrupt or unreadable objects; run `chorus log repair`".into())
     }
@@ -124,7 +130,7 @@ fn verify_text(report: &VerifyReport) -> String {
             replica.position,
             replica.store,
             replica.healthy,
-            replica.missing.len(),
+            replica.missing.len() + replica.missing_fragments.len(),
             replica.corrupt.len(),
             replica.orphans.len(),
             replica.fences,
@@ -132,11 +138,15 @@ fn verify_text(report: &VerifyReport) -> String {
             replica.errors.len()
         ));
         let details = replica.missing.iter().map(|k| ("missing", k));
+        let details = details.chain(replica.missing_fragments.iter().map(|k| ("missing", k)));
         let details = details.chain(replica.corrupt.iter().map(|k| ("corrupt", k)));
         let details = details.chain(replica.errors.iter().map(|k| ("error", k)));
         for (kind, detail) in details {
             out.push_str(&format!("  {kind}: {detail}\n"));
         }
+    }
+    for run in &report.below_quorum {
+        out.push_str(&format!("below quorum: {run}\n"));
     }
     out
 }

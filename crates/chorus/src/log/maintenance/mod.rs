@@ -18,7 +18,7 @@ pub use progress::{NoProgress, Progress};
 pub use repair::RepairReport;
 pub use sweep::SweepReport;
 pub use truncate::TruncateReport;
-pub use verify::{ObjectState, ReplicaReport, VerifyReport};
+pub use verify::{BelowQuorum, ObjectState, ReplicaReport, VerifyReport};
 
 use super::LogStores;
 use super::error::LogError;
