@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::CommandError;
 use crate::config::{Location, StoreArgs};
-use crate::open::{Access, open_existing_register, read_manifest};
+use crate::open::{Access, open_existing_register, open_log, read_manifest};
 use crate::output::{out, outln};
 
 /// Default per-replica fragment window of new logs.
@@ -188,6 +188,11 @@ async fn inspect(args: InspectArgs) -> Result<(), CommandError> {
     let location = args.store.resolve()?;
     let register = open_existing_register(&location, Access::Read).await?;
     let (manifest, version) = read_manifest(register.as_ref(), &location).await?;
+    if manifest.trunc > manifest.tail_base {
+        // A floor in the active segment must not pass its committed end;
+        // checking that reads the replicas (which opening the log does).
+        open_log(&location, Access::Read).await?;
+    }
     let text = if args.json {
         format!("{}\n", inspect_json(&manifest, &version, &location))
     } else {

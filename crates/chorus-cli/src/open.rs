@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chorus::blob::{DynBlobStore, StoreUrl, open_store_unprobed, probe};
-use chorus::log::LogStores;
 use chorus::log::gather::gather;
 use chorus::log::maintenance::first_log_object;
 use chorus::log::quorum::quorum;
+use chorus::log::{LogStores, Reader};
 use chorus::register::{Manifest, ManifestStore, OpenMode, check_binding, open_register};
 
 use crate::CommandError;
@@ -142,10 +142,33 @@ pub async fn open_log(location: &Location, access: Access) -> Result<OpenedLog, 
         probe_quorum(&location.replicas, &stores).await?;
     }
     let replicas = identities.into_iter().zip(stores).collect();
-    Ok(OpenedLog {
-        stores: LogStores { replicas, register },
-        manifest,
-    })
+    let stores = LogStores { replicas, register };
+    check_floor(&stores, &manifest, location).await?;
+    Ok(OpenedLog { stores, manifest })
+}
+
+/// The floor may be above the sealed directory's end (truncation below a
+/// snapshot in the active segment), but never above the committed end: a
+/// register whose floor is, does not describe these replicas (or was
+/// edited), and every reader would see an empty log while appends fail.
+async fn check_floor(
+    stores: &LogStores,
+    manifest: &Manifest,
+    location: &Location,
+) -> Result<(), CommandError> {
+    let beyond = Reader::floor_beyond_end(stores)
+        .await
+        .map_err(|e| format!("cannot read the active segment: {e}"))?;
+    if let Some(end) = beyond {
+        return Err(format!(
+            "inconsistent register {}: field=chorus.trunc: the floor {} is beyond the log's \
+             committed end {end}; the register does not describe these replicas (restore it \
+             from a backup, docs/operations.md, \"Lost or corrupt register\")",
+            location.register, manifest.trunc
+        )
+        .into());
+    }
+    Ok(())
 }
 
 /// Probes every replica; fails if one refuses conditional writes or if more

@@ -567,3 +567,36 @@ fn readers_never_write_the_register() {
         .collect();
     assert_eq!(names, ["register.db"], "nothing else was created");
 }
+
+/// Defends issue 16's fifth finding: a register whose floor (`chorus.trunc`)
+/// is beyond the log's committed end made `inspect` and `read` exit 0 with
+/// nothing; only `append` noticed. Every open now checks it.
+#[test]
+fn a_floor_beyond_the_committed_end_is_refused_by_readers_too() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let db = dir.path().join("register.db");
+    let config = format!("register = \"sqlite://{}\"\n", db.display());
+    std::fs::write(dir.path().join("chorus.toml"), config).unwrap();
+    assert!(chorus(dir.path(), &["log", "init"]).status.success());
+    let append = chorus_with_input(dir.path(), &["log", "append"], "a\nb\nc\n");
+    assert!(append.status.success(), "{}", stderr(&append));
+    let connection = rusqlite::Connection::open(&db).unwrap();
+    let fields: String = connection
+        .query_row("SELECT fields FROM chorus_register", [], |row| row.get(0))
+        .unwrap();
+    let broken = fields.replace("\"chorus.trunc\":\"0\"", "\"chorus.trunc\":\"7\"");
+    assert_ne!(broken, fields);
+    connection
+        .execute("UPDATE chorus_register SET fields = ?1", [&broken])
+        .unwrap();
+    for command in [
+        &["log", "inspect"][..],
+        &["log", "read"],
+        &["log", "verify"],
+    ] {
+        assert_fails_with(
+            &chorus(dir.path(), command),
+            "field=chorus.trunc: the floor 7 is beyond the log's committed end 3",
+        );
+    }
+}

@@ -95,6 +95,42 @@ impl Reader {
         Ok(end)
     }
 
+    /// Where the committed records end, if the register's floor lies beyond
+    /// that end; `None` for a consistent register. The floor may rise into
+    /// the active segment (truncation below a snapshot), but only up to the
+    /// committed end, so a floor beyond it means the register does not
+    /// describe these replicas. Checks the record just below the floor with
+    /// the binary search of [`Reader::resuming`], in O(log fragments) reads.
+    pub async fn floor_beyond_end(stores: &LogStores) -> Result<Option<RecordIndex>, LogError> {
+        let probe = Reader::new(stores, RecordIndex(0));
+        let mut manifest = probe.read_manifest().await?;
+        for _ in 0..MAX_FILL_ROUNDS {
+            if manifest.trunc <= manifest.tail_base {
+                return Ok(None);
+            }
+            let below_floor = RecordIndex(manifest.trunc.0 - 1);
+            let mut reader = Reader::resuming(stores, below_floor);
+            // Straight to the active segments: the floor check of `fill_from`
+            // would refuse an index below the floor.
+            reader.fill_active(&manifest).await?;
+            if reader
+                .buffered
+                .front()
+                .is_some_and(|(index, _)| *index == below_floor)
+            {
+                return Ok(None);
+            }
+            // A writer may have folded the tail (and deleted its fragments)
+            // under the scan: judge only against an unchanged register.
+            let newer = probe.read_manifest().await?;
+            if newer.tail == manifest.tail {
+                return Ok(Some(reader.cursor.map_or(manifest.tail_base, |c| c.first)));
+            }
+            manifest = newer;
+        }
+        Ok(None)
+    }
+
     /// Sets the pause between polls of [`Reader::next`].
     pub fn with_poll_interval(mut self, interval: Duration) -> Reader {
         self.poll_interval = interval;
