@@ -587,3 +587,55 @@ fn publish_gives_up_when_its_lease_runs_out_on_a_stalled_store() {
     let status = assert_succeeds(&status);
     assert!(!status.contains("released"), "{status}");
 }
+
+/// Defends issue 16's seventh finding: one stale payload with a damaged
+/// header (local store) made `snapshot list` fail, and every later publish
+/// exit 1 ("published, but retention failed") although it had published.
+/// Now the listing goes on (the damage shows when the payload is read), and
+/// retention deletes it like any stale payload.
+#[test]
+fn a_damaged_stale_payload_neither_breaks_list_nor_fails_publish() {
+    let dir = TempDir::new().unwrap();
+    let store = dir.path().join("chorus-data/snapshots-store");
+    let publish = |round: u8| {
+        let file = write_file(dir.path(), "f.bin", &binary_payload(round));
+        let wal_index = (u64::from(round) * 10).to_string();
+        let args = [
+            "snapshot",
+            "publish",
+            "--file",
+            file.to_str().unwrap(),
+            "--wal-index",
+            &wal_index,
+        ];
+        assert_succeeds(&chorus(dir.path(), &args))
+    };
+    let first = publish(1);
+    let key = first
+        .strip_prefix("published snapshot ")
+        .and_then(|rest| rest.split(':').next())
+        .unwrap()
+        .to_owned();
+    publish(2);
+    let version = support::current_version(&support::local_key_dir(&store, &key));
+    let mut bytes = std::fs::read(&version).unwrap();
+    bytes[..4].copy_from_slice(b"JUNK");
+    std::fs::write(&version, bytes).unwrap();
+
+    let listed = assert_succeeds(&chorus(dir.path(), &["snapshot", "list", "--json"]));
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    let keys: Vec<&str> = listed["payloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|payload| payload["key"].as_str().unwrap())
+        .collect();
+    assert!(keys.contains(&key.as_str()), "{listed}");
+    for round in 3..=4 {
+        publish(round);
+    }
+    assert!(
+        !support::local_object_exists(&store, &key),
+        "retention deleted the damaged stale payload"
+    );
+}

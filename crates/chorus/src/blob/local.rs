@@ -653,6 +653,21 @@ impl Inner {
         })
     }
 
+    /// A listing's entry for a key whose current version has no valid
+    /// header: listed (so a listing never fails on one damaged object, and
+    /// a delete can still remove it) under a version no update can match;
+    /// reading it reports the damage.
+    fn damaged_meta(key: &str, file: &File) -> io::Result<ObjectMeta> {
+        Ok(ObjectMeta {
+            key: key.to_owned(),
+            size: file.metadata()?.len().saturating_sub(HEADER_BYTES),
+            version: Version {
+                e_tag: None,
+                generation: Some(DAMAGED_VERSION.to_owned()),
+            },
+        })
+    }
+
     fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, BlobError> {
         let mut listed = Vec::new();
         let start = if prefix.is_empty() {
@@ -700,9 +715,17 @@ impl Inner {
                 // its first version already durable, and the walk fsyncs the
                 // directory holding it. Only a later version, linked by an
                 // update, can be listed before its updater's fsync.
-                match self.meta_of(&key, file) {
-                    Ok(meta) => listed.push(meta),
-                    Err(error) => return Err(io::Error::other(error.to_string())),
+                let mut file = file;
+                match read_header(&mut file) {
+                    Ok(version) => {
+                        let size = file.metadata()?.len() - HEADER_BYTES;
+                        listed.push(ObjectMeta { key, size, version });
+                    }
+                    Err(HeaderError::NotAnObject) => {
+                        tracing::warn!(store = %self.name, %key, "listing an object with a damaged header");
+                        listed.push(Self::damaged_meta(&key, &file)?);
+                    }
+                    Err(HeaderError::Io(error)) => return Err(error),
                 }
             } else if !name.starts_with('.') {
                 self.collect(&child_key(&name), &entry.path(), listed)?;
@@ -925,6 +948,9 @@ fn read_header(file: &mut File) -> Result<Version, HeaderError> {
     }
     Ok(nonce_version(&header[MAGIC.len()..]))
 }
+
+/// The version a listing gives an object whose header is damaged.
+const DAMAGED_VERSION: &str = "damaged";
 
 fn nonce_version(nonce: &[u8]) -> Version {
     Version {
