@@ -106,6 +106,9 @@ pub struct Location {
     pub replicas: Vec<StoreUrl>,
     /// The register.
     pub register: RegisterUrl,
+    /// The embedded default's directory, when a replica or the register
+    /// lives in it: writers create it (only it, inside an existing parent).
+    pub data_dir: Option<PathBuf>,
 }
 
 impl Location {
@@ -126,12 +129,16 @@ impl StoreArgs {
     pub fn resolve(&self) -> Result<Location, ConfigError> {
         let file = FileConfig::load(self.config.as_deref())?;
         let data_dir = data_dir(self.data_dir.as_deref(), file.data_dir.as_deref())?;
+        let mut uses_data_dir = false;
         let replicas = match (self.replicas.is_empty(), file.replicas) {
             (false, _) => parse_replicas(&self.replicas, &file.s3)?,
             (true, Some(replicas)) => parse_replicas(&replicas, &file.s3)?,
-            (true, None) => (0..DEFAULT_REPLICA_COUNT)
-                .map(|i| StoreUrl::local(&data_dir.join(format!("replica-{i}"))))
-                .collect(),
+            (true, None) => {
+                uses_data_dir = true;
+                (0..DEFAULT_REPLICA_COUNT)
+                    .map(|i| StoreUrl::local(&data_dir.join(format!("replica-{i}"))))
+                    .collect()
+            }
         };
         check_replica_list(&replicas)?;
         let register = match self.register.clone().or(file.register) {
@@ -140,9 +147,16 @@ impl StoreArgs {
                 .map_err(|e| e.to_string())
                 .and_then(|url| url.with_s3_settings(&file.s3).map_err(|e| e.to_string()))
                 .map_err(|e| ConfigError(format!("register: {e}")))?,
-            None => default_register(&data_dir),
+            None => {
+                uses_data_dir = true;
+                default_register(&data_dir)
+            }
         };
-        Ok(Location { replicas, register })
+        Ok(Location {
+            replicas,
+            register,
+            data_dir: uses_data_dir.then_some(data_dir),
+        })
     }
 }
 
@@ -227,6 +241,8 @@ pub struct DatabaseLocation {
     pub store: StoreUrl,
     /// The database inside it.
     pub database: chorus::lease::DatabaseKey,
+    /// The embedded default's directory, when the store lives in it.
+    pub data_dir: Option<PathBuf>,
 }
 
 impl DatabaseArgs {
@@ -242,15 +258,39 @@ impl DatabaseArgs {
             .unwrap_or("default");
         let database =
             chorus::lease::DatabaseKey::new(db).map_err(|e| ConfigError(format!("db: {e}")))?;
-        let store = match self.store.as_ref().or(file.snapshot_store.as_ref()) {
-            Some(url) => {
-                parse_store(url, &file.s3).map_err(|e| ConfigError(format!("store: {e}")))?
-            }
+        let (store, data_dir) = match self.store.as_ref().or(file.snapshot_store.as_ref()) {
+            Some(url) => (
+                parse_store(url, &file.s3).map_err(|e| ConfigError(format!("store: {e}")))?,
+                None,
+            ),
             None => {
                 let data_dir = data_dir(self.data_dir.as_deref(), file.data_dir.as_deref())?;
-                StoreUrl::local(&data_dir.join("snapshots-store"))
+                (
+                    StoreUrl::local(&data_dir.join("snapshots-store")),
+                    Some(data_dir),
+                )
             }
         };
-        Ok(DatabaseLocation { store, database })
+        Ok(DatabaseLocation {
+            store,
+            database,
+            data_dir,
+        })
+    }
+}
+
+/// Creates the embedded default's directory if it is missing: only that
+/// directory, inside an existing parent, so a data directory on an unmounted
+/// volume is refused rather than created on the mount point.
+pub fn ensure_data_dir(dir: &Path) -> Result<(), ConfigError> {
+    match std::fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(ConfigError(format!(
+            "data dir {}: its parent does not exist; chorus creates only the data directory \
+             itself (is a volume not mounted?)",
+            dir.display()
+        ))),
+        Err(e) => Err(ConfigError(format!("data dir {}: {e}", dir.display()))),
     }
 }

@@ -80,6 +80,9 @@ fn hostname() -> String {
 /// Opens the database's store for writing: it must pass the capability probe,
 /// since leases and HEAD rely on conditional writes.
 pub async fn open_for_write(location: &DatabaseLocation) -> Result<DynBlobStore, CommandError> {
+    if let Some(dir) = &location.data_dir {
+        crate::config::ensure_data_dir(dir)?;
+    }
     Ok(open_store(&location.store)
         .await
         .map_err(|e| format!("cannot open store {}: {e}", location.store))?)

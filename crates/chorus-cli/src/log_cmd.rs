@@ -15,7 +15,7 @@ use chorus::register::{
 use serde_json::json;
 
 use crate::CommandError;
-use crate::config::{Location, StoreArgs};
+use crate::config::{Location, StoreArgs, ensure_data_dir};
 use crate::open::{Access, open_existing_register, open_log, read_manifest};
 use crate::output::{out, outln};
 
@@ -120,6 +120,9 @@ pub async fn create_log(location: &Location, window: u32) -> Result<Initialized,
         true => None,
         false => Some(open_register_for_init(&location.register).await?),
     };
+    if let Some(dir) = &location.data_dir {
+        ensure_data_dir(dir)?;
+    }
     stores.extend(open_replicas(&local).await?);
     let register = match remote_register {
         Some(register) => register,

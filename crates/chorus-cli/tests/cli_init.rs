@@ -600,3 +600,54 @@ fn a_floor_beyond_the_committed_end_is_refused_by_readers_too() {
         );
     }
 }
+
+/// Defends issue 16's tenth finding: replica directories whose parents did
+/// not exist were created with their parents, so a replica on an unmounted
+/// disk was written to the mount point. Now only the last component (and
+/// the embedded default's data directory) is created; otherwise the missing
+/// parent is named and nothing is created.
+#[test]
+fn directories_are_created_only_inside_existing_parents() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let mount = dir.path().join("mnt/disk");
+    let replicas = format!(
+        "file://{0}/a,file://{0}/b,file://{1}/c",
+        dir.path().display(),
+        mount.display()
+    );
+    let init = chorus(dir.path(), &["log", "init", "--replicas", &replicas]);
+    assert_fails_with(&init, &format!("{} does not exist", mount.display()));
+    assert!(
+        !dir.path().join("mnt").exists(),
+        "nothing under the missing parent"
+    );
+
+    let data = dir.path().join("unmounted/chorus-data");
+    let data = data.to_str().unwrap();
+    for command in [
+        &["log", "init", "--data-dir", data][..],
+        &[
+            "snapshot",
+            "publish",
+            "--data-dir",
+            data,
+            "--file",
+            "x",
+            "--wal-index",
+            "0",
+        ],
+    ] {
+        std::fs::write(dir.path().join("x"), b"payload").unwrap();
+        assert_fails_with(&chorus(dir.path(), command), "its parent does not exist");
+    }
+    assert!(!dir.path().join("unmounted").exists());
+
+    // One level is fine: the data directory, and each replica in it.
+    let fresh = dir.path().join("fresh");
+    let init = chorus(
+        dir.path(),
+        &["log", "init", "--data-dir", fresh.to_str().unwrap()],
+    );
+    assert!(init.status.success(), "{}", stderr(&init));
+    assert!(fresh.join("replica-0").is_dir());
+}

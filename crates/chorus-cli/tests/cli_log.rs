@@ -749,6 +749,8 @@ fn log_commands_take_their_location_from_the_environment_or_chorus_toml() {
     let dir = TempDir::new().unwrap();
     let location = |name: &str| {
         let base = dir.path().join(name);
+        // Chorus creates a replica's own directory, not its parents.
+        std::fs::create_dir(&base).unwrap();
         let replicas: Vec<String> = (0..3)
             .map(|i| format!("file://{}/r{i}", base.display()))
             .collect();

@@ -250,8 +250,10 @@ fn publish_list_restore_round_trip_on_s3() {
     round_trip(dir.path(), &["--store", &urls[0]]);
 }
 
-/// The embedded default snapshot store of a `chorus` run in `dir`.
+/// The embedded default snapshot store of a `chorus` run in `dir` (its data
+/// directory created, as a `chorus` writer would).
 fn default_store(dir: &Path) -> StoreUrl {
+    std::fs::create_dir_all(dir.join("chorus-data")).unwrap();
     StoreUrl::local(&dir.join("chorus-data/snapshots-store"))
 }
 

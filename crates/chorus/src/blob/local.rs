@@ -153,6 +153,20 @@ impl LocalDirStore {
             let message = format!("{} is not a directory", root.display());
             return Err(BlobError::backend(&name, Op::Create, "", message));
         }
+        // Only the store's own directory is created: a missing parent is
+        // more likely an unmounted volume than a wish to write to the
+        // mount point underneath it.
+        if !root.exists()
+            && let Some(parent) = root.parent()
+            && !parent.is_dir()
+        {
+            let message = format!(
+                "{} does not exist; a local store's directory is created only inside an \
+                 existing one (is a volume not mounted?)",
+                parent.display()
+            );
+            return Err(BlobError::backend(&name, Op::Create, "", message));
+        }
         let inner = Inner {
             root,
             name,
