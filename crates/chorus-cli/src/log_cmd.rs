@@ -3,6 +3,7 @@
 mod append;
 mod maintain;
 mod read;
+mod recover;
 
 use std::sync::Arc;
 
@@ -43,6 +44,9 @@ pub enum LogCommand {
     Repair(maintain::RepairArgs),
     /// Check every object of every replica; non-zero exit on any problem.
     Verify(maintain::VerifyArgs),
+    /// Rebuild a lost register from what the replicas hold (stop every
+    /// writer first); --dry-run prints it without writing.
+    RecoverRegister(recover::RecoverRegisterArgs),
 }
 
 /// Arguments of `log init`.
@@ -79,6 +83,7 @@ impl LogCommand {
             LogCommand::Truncate(args) => maintain::truncate(args).await,
             LogCommand::Repair(args) => maintain::repair(args).await,
             LogCommand::Verify(args) => maintain::verify(args).await,
+            LogCommand::RecoverRegister(args) => recover::recover_register(args).await,
         }
     }
 }
@@ -158,7 +163,8 @@ async fn refuse_replicas_with_data(
             return Err(format!(
                 "replica {url} already holds log data ({key}) but register {} holds no log; \
                  nothing was created: a new register would start the log over on top of it. \
-                 Restore the register from a backup (docs/operations.md, \"Lost or corrupt register\")",
+                 Restore the register from a backup, or rebuild it with `chorus log \
+                 recover-register` (docs/operations.md, \"Lost or corrupt register\")",
                 location.register
             )
             .into());
@@ -181,7 +187,9 @@ async fn open_replicas<'a>(
     Ok(opened)
 }
 
-async fn open_register_for_init(url: &RegisterUrl) -> Result<Arc<dyn ManifestStore>, CommandError> {
+pub(crate) async fn open_register_for_init(
+    url: &RegisterUrl,
+) -> Result<Arc<dyn ManifestStore>, CommandError> {
     open_register(url, OpenMode::CreateIfMissing)
         .await
         .map_err(|e| format!("cannot open register {url}: {e}").into())

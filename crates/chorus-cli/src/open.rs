@@ -112,8 +112,9 @@ async fn lost_register_hint(location: &Location) -> Option<String> {
         if let Some(key) = found {
             return Some(format!(
                 "replica {url} holds log data ({key}), so the register was lost or damaged: \
-                 restore it from a backup (docs/operations.md, \"Lost or corrupt register\"); \
-                 `chorus log init` refuses replicas that hold a log"
+                 restore it from a backup, or rebuild it with `chorus log recover-register` \
+                 (docs/operations.md, \"Lost or corrupt register\"); `chorus log init` refuses \
+                 replicas that hold a log"
             ));
         }
     }

@@ -6,6 +6,7 @@
 
 mod classify;
 mod progress;
+mod rebuild;
 mod repair;
 mod sweep;
 mod truncate;
@@ -15,6 +16,9 @@ use std::sync::Arc;
 
 pub use classify::{ObjectClass, classify};
 pub use progress::{NoProgress, Progress};
+pub use rebuild::{
+    ActiveFound, Evidence, RebuildError, SealedFound, gather_evidence, plan_register,
+};
 pub use repair::RepairReport;
 pub use sweep::SweepReport;
 pub use truncate::TruncateReport;
