@@ -453,6 +453,17 @@ fn read_count(dir: &Path) -> usize {
     stdout(&read).lines().count()
 }
 
+/// The setup: a log on the embedded default with four appends of
+/// 1,000 records (`r<round>-<i>`), each run's recovery sealing the last.
+fn append_4000_records(dir: &Path) {
+    assert!(chorus(dir, &["log", "init"]).status.success());
+    for round in 0..4 {
+        let input: String = (0..1000).map(|i| format!("r{round}-{i}\n")).collect();
+        let append = chorus_with_input(dir, &["log", "append"], &input);
+        assert!(append.status.success(), "{}", stderr(&append));
+    }
+}
+
 /// Copies a directory tree (the register's local store) for a backup.
 fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -477,12 +488,7 @@ fn copy_tree(from: &Path, to: &Path) {
 fn init_over_replicas_whose_register_was_lost_refuses_and_loses_nothing() {
     let dir = tempfile::TempDir::new().unwrap();
     let dir = dir.path();
-    assert!(chorus(dir, &["log", "init"]).status.success());
-    for round in 0..4 {
-        let input: String = (0..1000).map(|i| format!("r{round}-{i}\n")).collect();
-        let append = chorus_with_input(dir, &["log", "append"], &input);
-        assert!(append.status.success(), "{}", stderr(&append));
-    }
+    append_4000_records(dir);
     assert_eq!(read_count(dir), 4000);
     let register = dir.join("chorus-data/register");
     let backup = dir.join("register-backup");
@@ -517,12 +523,7 @@ fn init_over_replicas_whose_register_was_lost_refuses_and_loses_nothing() {
 fn recover_register_rebuilds_a_lost_register_from_the_replicas() {
     let dir = tempfile::TempDir::new().unwrap();
     let dir = dir.path();
-    assert!(chorus(dir, &["log", "init"]).status.success());
-    for round in 0..4 {
-        let input: String = (0..1000).map(|i| format!("r{round}-{i}\n")).collect();
-        let append = chorus_with_input(dir, &["log", "append"], &input);
-        assert!(append.status.success(), "{}", stderr(&append));
-    }
+    append_4000_records(dir);
     let register = dir.join("chorus-data/register");
     let refused = chorus(dir, &["log", "recover-register"]);
     assert_fails_with(&refused, "holds a log; nothing to recover");

@@ -250,6 +250,31 @@ fn publish_list_restore_round_trip_on_s3() {
     round_trip(dir.path(), &["--store", &urls[0]]);
 }
 
+/// Publishes round `round`'s payload at wal_index `round * 10` on the
+/// embedded default; returns what publish printed.
+fn publish_round(dir: &Path, round: u8) -> String {
+    let file = write_file(dir, "f.bin", &binary_payload(round));
+    let wal_index = (u64::from(round) * 10).to_string();
+    let args = [
+        "snapshot",
+        "publish",
+        "--file",
+        file.to_str().unwrap(),
+        "--wal-index",
+        &wal_index,
+    ];
+    assert_succeeds(&chorus(dir, &args))
+}
+
+/// The payload key in publish's "published snapshot <key>: …" line.
+fn published_key(published: &str) -> String {
+    published
+        .strip_prefix("published snapshot ")
+        .and_then(|rest| rest.split(':').next())
+        .unwrap_or_else(|| panic!("no key in: {published}"))
+        .to_owned()
+}
+
 /// The embedded default snapshot store of a `chorus` run in `dir` (its data
 /// directory created, as a `chorus` writer would).
 fn default_store(dir: &Path) -> StoreUrl {
@@ -416,24 +441,8 @@ fn publish_keeps_the_newest_three_payloads_by_default() {
     let dir = TempDir::new().unwrap();
     let mut keys = Vec::new();
     for round in 1..=5u8 {
-        let file = write_file(dir.path(), "f.bin", &binary_payload(round));
-        let wal_index = (u64::from(round) * 10).to_string();
-        let published = assert_succeeds(&chorus(
-            dir.path(),
-            &[
-                "snapshot",
-                "publish",
-                "--file",
-                file.to_str().unwrap(),
-                "--wal-index",
-                &wal_index,
-            ],
-        ));
-        let key = published
-            .strip_prefix("published snapshot ")
-            .and_then(|rest| rest.split(':').next())
-            .unwrap_or_else(|| panic!("no key in: {published}"));
-        keys.push(key.to_owned());
+        let published = publish_round(dir.path(), round);
+        keys.push(published_key(&published));
         let deleted_one = published.contains("retention deleted 1 old payload(s)");
         assert_eq!(deleted_one, round > 3, "round {round}: {published}");
     }
@@ -599,25 +608,8 @@ fn publish_gives_up_when_its_lease_runs_out_on_a_stalled_store() {
 fn a_damaged_stale_payload_neither_breaks_list_nor_fails_publish() {
     let dir = TempDir::new().unwrap();
     let store = dir.path().join("chorus-data/snapshots-store");
-    let publish = |round: u8| {
-        let file = write_file(dir.path(), "f.bin", &binary_payload(round));
-        let wal_index = (u64::from(round) * 10).to_string();
-        let args = [
-            "snapshot",
-            "publish",
-            "--file",
-            file.to_str().unwrap(),
-            "--wal-index",
-            &wal_index,
-        ];
-        assert_succeeds(&chorus(dir.path(), &args))
-    };
-    let first = publish(1);
-    let key = first
-        .strip_prefix("published snapshot ")
-        .and_then(|rest| rest.split(':').next())
-        .unwrap()
-        .to_owned();
+    let publish = |round: u8| publish_round(dir.path(), round);
+    let key = published_key(&publish(1));
     publish(2);
     let version = support::current_version(&support::local_key_dir(&store, &key));
     let mut bytes = std::fs::read(&version).unwrap();

@@ -465,17 +465,24 @@ fn sigterm_publishes_a_final_snapshot_releases_the_lease_and_the_restart_replays
 
 // ----------------------------------------------------------- failover ----
 
+/// Instance `a`, primary, and `b`, its standby (with its status), on the
+/// failover scenarios' short lease.
+fn primary_and_standby(deployment: &Deployment) -> (Server, Server, Value) {
+    let launch = deployment
+        .launch()
+        .args(["--lease-ttl-secs", FAILOVER_TTL_SECS]);
+    let a = launch.start("a");
+    a.wait_for_role("primary");
+    let b = launch.start("b");
+    let status = b.wait_for_role("standby");
+    (a, b, status)
+}
+
 /// A second instance stands by (naming the primary in its 503s), its stale
 /// reads catch up, and once the primary is SIGKILLed mid-writes it takes
 /// over and serves every write either of them acknowledged.
 fn standby_takes_over(deployment: &Deployment) {
-    let launch = deployment
-        .launch()
-        .args(["--lease-ttl-secs", FAILOVER_TTL_SECS]);
-    let mut a = launch.start("a");
-    a.wait_for_role("primary");
-    let b = launch.start("b");
-    let status = b.wait_for_role("standby");
+    let (mut a, b, status) = primary_and_standby(deployment);
     assert_eq!(status["lease"]["holder"], a.url.as_str(), "{status}");
 
     let mut acked = Acked::new();
@@ -563,13 +570,7 @@ fn a_standby_catches_up_and_takes_over_after_the_primary_is_killed_on_s3_azure_a
 #[test]
 fn a_stopped_primary_never_acknowledges_or_serves_overwritten_values_after_resuming() {
     let deployment = Deployment::embedded();
-    let launch = deployment
-        .launch()
-        .args(["--lease-ttl-secs", FAILOVER_TTL_SECS]);
-    let a = launch.start("a");
-    a.wait_for_role("primary");
-    let b = launch.start("b");
-    b.wait_for_role("standby");
+    let (a, b, _) = primary_and_standby(&deployment);
     let keys = keys("k", 10);
     for key in &keys {
         put_acked(&a, key, &format!("a {key}"));
@@ -894,13 +895,7 @@ fn concurrent_cas_increments_across_a_failover_equal_the_acknowledged_count() {
     const BEFORE_KILL: u64 = 40;
     const AFTER_KILL: u64 = 40;
     let deployment = Deployment::embedded();
-    let launch = deployment
-        .launch()
-        .args(["--lease-ttl-secs", FAILOVER_TTL_SECS]);
-    let mut a = launch.start("a");
-    a.wait_for_role("primary");
-    let b = launch.start("b");
-    b.wait_for_role("standby");
+    let (mut a, b, _) = primary_and_standby(&deployment);
     let created = a.send(a.put_request("counter", "0").header("if-none-match", "*"));
     created.expect_index("create the counter");
 

@@ -54,10 +54,9 @@ pub async fn watch(
     Query(query): Query<WatchQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let from = match (query.from, last_event_id(&headers)?) {
-        (Some(from), _) => RecordIndex(from),
-        (None, Some(last)) => RecordIndex(last + 1),
-        (None, None) => *app.runtime.applied().borrow(),
+    let from = match resume_index(query.from, &headers)? {
+        Some(from) => from,
+        None => *app.runtime.applied().borrow(),
     };
     app.runtime.changes_since(from, 0).map_err(gone)?;
     let watcher = Watcher {
@@ -174,10 +173,9 @@ pub async fn read_log(
     Query(query): Query<LogQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let from = match (query.from, last_event_id(&headers)?) {
-        (Some(from), _) => RecordIndex(from),
-        (None, Some(last)) => RecordIndex(last + 1),
-        (None, None) => floor(&app).await?,
+    let from = match resume_index(query.from, &headers)? {
+        Some(from) => from,
+        None => floor(&app).await?,
     };
     let mut reader = Reader::new(&app.runtime.stores().log, from);
     if query.follow {
@@ -291,13 +289,18 @@ fn gone(gap: HistoryGap) -> ApiError {
     .with("oldest", gap.oldest.0)
 }
 
-fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+/// Where a stream starts: `from`, else the event after `Last-Event-ID`,
+/// else `None` (the route's default).
+fn resume_index(from: Option<u64>, headers: &HeaderMap) -> Result<Option<RecordIndex>, ApiError> {
+    if let Some(from) = from {
+        return Ok(Some(RecordIndex(from)));
+    }
     let Some(value) = headers.get("last-event-id") else {
         return Ok(None);
     };
     let text = value.to_str().ok();
-    text.and_then(|text| text.trim().parse().ok())
-        .map(Some)
+    text.and_then(|text| text.trim().parse::<u64>().ok())
+        .map(|last| Some(RecordIndex(last + 1)))
         .ok_or_else(|| ApiError::bad_request("Last-Event-ID: expected an index"))
 }
 
