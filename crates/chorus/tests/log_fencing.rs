@@ -322,8 +322,10 @@ async fn an_old_writer_acks_after_a_recovery_only_what_the_new_writer_holds() {
             .ops(creates)
             .keys(fragments.clone()),
     );
+    // Long enough to outlast the recovery below on a loaded machine (2 s
+    // did not, once, in CI beside other jobs).
     old_faults[2].add(
-        FaultRule::new(Fault::Delay(Duration::from_secs(2)))
+        FaultRule::new(Fault::Delay(Duration::from_secs(8)))
             .ops(creates)
             .keys(fragments),
     );

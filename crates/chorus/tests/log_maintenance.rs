@@ -360,10 +360,13 @@ async fn a_replica_down_during_truncation_leaves_tombstones_that_later_passes_sw
     // The writer keeps appending meanwhile.
     append_acked(&writer, "down", 10, &mut acked).await;
 
-    // Healed, the leftover copies are tombstones, not damage.
+    // Healed, the leftover copies are tombstones, not damage. (What replica
+    // 2 missed of the active segment while it was down is reported as
+    // under-replicated; a quorum holds it.)
     cluster.heal();
     let report = verify(&cluster).await;
-    assert!(report.is_healthy(), "{report:?}");
+    assert!(report.below_quorum.is_empty(), "{report:?}");
+    assert!(report.replicas.iter().all(no_damage), "{report:?}");
     assert_eq!(report.replicas[2].tombstones, 2);
     assert!(report.replicas[2].orphans.is_empty(), "{report:?}");
 
@@ -1332,7 +1335,9 @@ async fn maintenance_errors_are_counted_and_logged_not_propagated_to_appends() {
     let verified = maintenance.verify(&NoProgress).await.unwrap();
     assert!(!verified.is_healthy());
     assert!(!verified.replicas[2].errors.is_empty());
-    assert!(!verified.replicas[0].has_problems());
+    // Beside the busy writer, replica 0 may lack fragments still in flight;
+    // nothing of it is damaged or unreadable.
+    assert!(no_damage(&verified.replicas[0]), "{verified:?}");
     let floor = cluster.manifest().await.segments[1].base;
     let truncated = writer.truncate_before(floor).await.unwrap();
     assert_eq!(truncated.tombstones.len(), 1);
@@ -1530,4 +1535,10 @@ async fn a_reader_racing_a_truncation_is_told_truncated_not_corrupt() {
         }) => assert_eq!(reported, floor),
         other => panic!("expected Truncated {{ floor: {floor} }}, got {other:?}"),
     }
+}
+
+/// Nothing on the replica is missing from the directory, damaged or
+/// unreadable (fragments in flight or missed while down are not damage).
+fn no_damage(replica: &chorus::log::maintenance::ReplicaReport) -> bool {
+    replica.missing.is_empty() && replica.corrupt.is_empty() && replica.errors.is_empty()
 }

@@ -106,6 +106,8 @@ pub async fn verify(args: VerifyArgs) -> Result<(), CommandError> {
     }
     if report.is_healthy() {
         Ok(())
+    } else if report.replicas.iter().any(|r| r.has_problems()) {
+        Err("verify found missing, corrupt or unreadable objects; run `chorus log repair`".into())
     } else if !report.below_quorum.is_empty() {
         Err(
             "verify found records held by fewer than a quorum of replicas; \
@@ -113,7 +115,11 @@ pub async fn verify(args: VerifyArgs) -> Result<(), CommandError> {
                 .into(),
         )
     } else {
-        Err("verify found missing, corrupt or unreadable objects; run `chorus log repair`".into())
+        Err(
+            "verify found active-segment fragments missing on some replicas (a quorum holds \
+             them); the next rotation or recovery seals them onto every replica"
+                .into(),
+        )
     }
 }
 
@@ -122,6 +128,8 @@ fn verify_text(report: &VerifyReport) -> String {
     for replica in &report.replicas {
         let verdict = if replica.has_problems() {
             "PROBLEMS"
+        } else if replica.lacks_fragments() {
+            "UNDER-REPLICATED"
         } else {
             "healthy"
         };

@@ -56,13 +56,18 @@ pub struct ReplicaReport {
 }
 
 impl ReplicaReport {
-    /// Whether anything on this replica needs attention (orphans do not: they
-    /// are garbage, not damage).
+    /// Whether anything on this replica is missing from the directory,
+    /// damaged or unreadable: what repair heals (orphans are garbage, not
+    /// damage).
     pub fn has_problems(&self) -> bool {
-        !(self.missing.is_empty()
-            && self.corrupt.is_empty()
-            && self.errors.is_empty()
-            && self.missing_fragments.is_empty())
+        !(self.missing.is_empty() && self.corrupt.is_empty() && self.errors.is_empty())
+    }
+
+    /// Whether this replica lacks active-segment fragments a peer holds:
+    /// under-replicated, which repair does not heal (the next rotation or
+    /// recovery seals what a quorum holds onto every replica).
+    pub fn lacks_fragments(&self) -> bool {
+        !self.missing_fragments.is_empty()
     }
 }
 
@@ -109,7 +114,10 @@ impl VerifyReport {
     /// Whether every replica is free of missing, corrupt or unreadable
     /// objects, and every active record is held by a quorum.
     pub fn is_healthy(&self) -> bool {
-        self.replicas.iter().all(|r| !r.has_problems()) && self.below_quorum.is_empty()
+        self.replicas
+            .iter()
+            .all(|r| !r.has_problems() && !r.lacks_fragments())
+            && self.below_quorum.is_empty()
     }
 }
 

@@ -274,17 +274,22 @@ impl Pipeline {
         let Some((deadline, _)) = &self.draining else {
             return;
         };
-        // Idle by the in-flight count, not by the queue: a record admitted
+        // Durable by the in-flight count, not by the queue: a record admitted
         // before the drain began may still sit in the admission channel, and
         // reporting success then would drop it.
-        let idle = self.shared.admission().inflight_records == 0;
-        if idle {
+        let durable = self.shared.admission().inflight_records == 0;
+        // Until the deadline, the live lanes also finish what they owe, so a
+        // clean shutdown leaves every reachable replica complete rather than
+        // just a quorum (verify reports fragments a replica lacks).
+        let lanes_done = self.lanes.iter().all(|lane| lane.shed || !lane.busy());
+        let past_deadline = Instant::now() >= *deadline;
+        if durable && (lanes_done || past_deadline) {
             let (_, reply) = self.draining.take().expect("draining");
             self.stop(StopReason::Shutdown);
             if let Some(reply) = reply {
                 let _ = reply.send(Ok(()));
             }
-        } else if Instant::now() >= *deadline {
+        } else if past_deadline {
             // `stop` fails what is outstanding and answers the drain.
             self.stop(StopReason::Shutdown);
         }
