@@ -134,10 +134,16 @@ async fn list(args: ListArgs) -> Result<(), CommandError> {
                 .read_head()
                 .await
                 .map_err(|e| format!("cannot read HEAD: {e}"))?;
-            let payloads = snapshots
+            let listed = snapshots
                 .list()
                 .await
                 .map_err(|e| format!("cannot list snapshots: {e}"))?;
+            // One damaged payload is shown as such; the listing goes on.
+            let mut payloads = Vec::new();
+            for payload in listed {
+                let damage = snapshots.check_payload(&payload).await.err();
+                payloads.push((payload, damage.map(|e| e.to_string())));
+            }
             (head.map(|current| current.head), payloads)
         }
         None => (None, Vec::new()),
@@ -164,20 +170,24 @@ fn head_json(head: &Head) -> serde_json::Value {
     })
 }
 
+/// A listed payload and, if it cannot be read, why.
+type Listed = (StoredPayload, Option<String>);
+
 fn list_json(
     location: &DatabaseLocation,
     head: Option<&Head>,
-    payloads: &[StoredPayload],
+    payloads: &[Listed],
 ) -> serde_json::Value {
     let payloads: Vec<_> = payloads
         .iter()
-        .map(|payload| {
+        .map(|(payload, damage)| {
             json!({
                 "key": payload.key,
                 "generation": payload.id.generation.0,
                 "sequence": payload.id.sequence.0,
                 "size_bytes": payload.size_bytes,
                 "head": head.is_some_and(|head| head.snapshot == payload.id),
+                "damaged": damage,
             })
         })
         .collect();
@@ -189,11 +199,7 @@ fn list_json(
     })
 }
 
-fn list_text(
-    location: &DatabaseLocation,
-    head: Option<&Head>,
-    payloads: &[StoredPayload],
-) -> String {
+fn list_text(location: &DatabaseLocation, head: Option<&Head>, payloads: &[Listed]) -> String {
     let mut out = String::new();
     let mut line = |key: &str, value: String| out.push_str(&format!("{key:<9} {value}\n"));
     line("store", location.store.to_string());
@@ -222,15 +228,22 @@ fn list_text(
         }
     }
     line("payloads", payloads.len().to_string());
-    for payload in payloads {
+    for (payload, damage) in payloads {
         let marker = if head.is_some_and(|head| head.snapshot == payload.id) {
             "  HEAD"
         } else {
             ""
         };
+        let damage = damage
+            .as_ref()
+            .map(|why| format!("  DAMAGED: {why}"))
+            .unwrap_or_default();
         line(
             "",
-            format!("{}  {} bytes{marker}", payload.key, payload.size_bytes),
+            format!(
+                "{}  {} bytes{marker}{damage}",
+                payload.key, payload.size_bytes
+            ),
         );
     }
     out

@@ -602,8 +602,8 @@ fn publish_gives_up_when_its_lease_runs_out_on_a_stalled_store() {
 /// Defends issue 16's seventh finding: one stale payload with a damaged
 /// header (local store) made `snapshot list` fail, and every later publish
 /// exit 1 ("published, but retention failed") although it had published.
-/// Now the listing goes on (the damage shows when the payload is read), and
-/// retention deletes it like any stale payload.
+/// Now the listing marks it damaged and goes on, and retention deletes it
+/// like any stale payload.
 #[test]
 fn a_damaged_stale_payload_neither_breaks_list_nor_fails_publish() {
     let dir = TempDir::new().unwrap();
@@ -625,6 +625,14 @@ fn a_damaged_stale_payload_neither_breaks_list_nor_fails_publish() {
         .map(|payload| payload["key"].as_str().unwrap())
         .collect();
     assert!(keys.contains(&key.as_str()), "{listed}");
+    let damaged: Vec<&Value> = listed["payloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|payload| !payload["damaged"].is_null())
+        .collect();
+    assert_eq!(damaged.len(), 1, "{listed}");
+    assert_eq!(damaged[0]["key"], key.as_str(), "{listed}");
     for round in 3..=4 {
         publish(round);
     }

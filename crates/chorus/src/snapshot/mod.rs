@@ -213,6 +213,13 @@ impl SnapshotStore {
         Ok(payloads)
     }
 
+    /// Whether a listed payload can be read back (its metadata, one small
+    /// request): `Err` names why not, for listings that flag damage.
+    pub async fn check_payload(&self, payload: &StoredPayload) -> Result<(), SnapshotError> {
+        self.payloads.head(&payload.key).await.map(drop)?;
+        Ok(())
+    }
+
     /// Downloads the payload `head` names and verifies its size and SHA-256.
     pub async fn download(&self, head: &Head) -> Result<Bytes, SnapshotError> {
         let key = head.snapshot_key();
