@@ -311,6 +311,24 @@ async fn an_old_writer_acks_after_a_recovery_only_what_the_new_writer_holds() {
     append_acked(&old, "old", 5, &mut acked).await;
     let tail = cluster.manifest().await.tail;
     let before = cluster.fragments_on(0, tail).await.len();
+    // An ack needs a quorum: let the third lane land its last fragment too
+    // before the faults below are installed.
+    wait_until(
+        "every replica holds the acknowledged fragments",
+        Duration::from_secs(10),
+        || {
+            let cluster = &cluster;
+            async move {
+                for replica in 0..3 {
+                    if cluster.fragments_on(replica, tail).await.len() < before {
+                        return false;
+                    }
+                }
+                true
+            }
+        },
+    )
+    .await;
 
     // The old writer's next fragment: on replica 0 at once, never on
     // replica 1 (every attempt fails before applying), and on replica 2
