@@ -134,11 +134,7 @@ pub async fn open_log(location: &Location, access: Access) -> Result<OpenedLog, 
     let identities = location.replica_identities();
     check_binding(&manifest.replicas, &identities)
         .map_err(|e| format!("replicas do not match register {}: {e}", location.register))?;
-    let stores = location
-        .replicas
-        .iter()
-        .map(|url| open_store_unprobed(url).map_err(|e| format!("cannot open replica {url}: {e}")))
-        .collect::<Result<Vec<DynBlobStore>, String>>()?;
+    let stores = open_replicas_unprobed(location)?;
     if access == Access::Write {
         probe_quorum(&location.replicas, &stores).await?;
     }
@@ -146,6 +142,16 @@ pub async fn open_log(location: &Location, access: Access) -> Result<OpenedLog, 
     let stores = LogStores { replicas, register };
     check_floor(&stores, &manifest, location).await?;
     Ok(OpenedLog { stores, manifest })
+}
+
+/// Every replica of `location`, opened without the probe (which writes).
+pub fn open_replicas_unprobed(location: &Location) -> Result<Vec<DynBlobStore>, CommandError> {
+    let stores = location
+        .replicas
+        .iter()
+        .map(|url| open_store_unprobed(url).map_err(|e| format!("cannot open replica {url}: {e}")))
+        .collect::<Result<Vec<DynBlobStore>, String>>()?;
+    Ok(stores)
 }
 
 /// The floor may be above the sealed directory's end (truncation below a

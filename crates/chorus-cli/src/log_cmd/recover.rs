@@ -1,7 +1,6 @@
 //! `chorus log recover-register`: rebuilds a lost register from what the
 //! replicas hold (docs/operations.md, "Lost or corrupt register").
 
-use chorus::blob::{DynBlobStore, open_store_unprobed};
 use chorus::log::maintenance::{gather_evidence, plan_register};
 use chorus::register::{Manifest, OpenMode, RegisterError, open_register};
 use serde_json::json;
@@ -9,6 +8,7 @@ use serde_json::json;
 use super::{DEFAULT_WINDOW, open_register_for_init};
 use crate::CommandError;
 use crate::config::{Location, StoreArgs};
+use crate::open::open_replicas_unprobed;
 use crate::output::outln;
 
 /// Arguments of `log recover-register`.
@@ -31,11 +31,7 @@ pub struct RecoverRegisterArgs {
 pub async fn recover_register(args: RecoverRegisterArgs) -> Result<(), CommandError> {
     let location = args.store.resolve()?;
     refuse_existing_log(&location).await?;
-    let stores = location
-        .replicas
-        .iter()
-        .map(|url| open_store_unprobed(url).map_err(|e| format!("cannot open replica {url}: {e}")))
-        .collect::<Result<Vec<DynBlobStore>, String>>()?;
+    let stores = open_replicas_unprobed(&location)?;
     let evidence = gather_evidence(&stores)
         .await
         .map_err(|e| format!("cannot read the replicas: {e}"))?;
