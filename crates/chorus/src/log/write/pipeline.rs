@@ -278,12 +278,15 @@ impl Pipeline {
         // before the drain began may still sit in the admission channel, and
         // reporting success then would drop it.
         let durable = self.shared.admission().inflight_records == 0;
-        // Until the deadline, the live lanes also finish what they owe, so a
+        // Until the deadline, the live lanes also finish what they owe, and a
+        // segment rotated during the drain finishes sealing (the switch
+        // abandoned its slow lanes; the seal puts it on every replica), so a
         // clean shutdown leaves every reachable replica complete rather than
         // just a quorum (verify reports fragments a replica lacks).
         let lanes_done = self.lanes.iter().all(|lane| lane.shed || !lane.busy());
+        let sealed = self.rotation_task.is_none();
         let past_deadline = Instant::now() >= *deadline;
-        if durable && (lanes_done || past_deadline) {
+        if durable && ((lanes_done && sealed) || past_deadline) {
             let (_, reply) = self.draining.take().expect("draining");
             self.stop(StopReason::Shutdown);
             if let Some(reply) = reply {
@@ -761,6 +764,27 @@ mod tests {
         // Durable (released by the commit), the drain ends with success.
         pipeline.queue.clear();
         pipeline.shared.admission().release(1, 8);
+        pipeline.finish_drain_if_done();
+        assert_eq!(pipeline.stopped, Some(StopReason::Shutdown));
+        assert!(matches!(outcome.try_recv(), Ok(Ok(()))));
+    }
+
+    #[tokio::test]
+    async fn a_drain_waits_for_the_seal_of_a_segment_rotated_during_it() {
+        let (mut pipeline, _admitted) = pipeline(&LogConfig::default());
+        // Everything is durable, but the full segment is still being sealed:
+        // its slowest replica may lack its last fragments until the seal.
+        pipeline.rotation_task = Some(tokio::spawn(std::future::pending()));
+        let (reply, mut outcome) = oneshot::channel();
+        pipeline.begin_drain(Instant::now() + Duration::from_secs(60), Some(reply));
+        pipeline.finish_drain_if_done();
+        assert!(
+            pipeline.stopped.is_none(),
+            "the drain ended before the seal"
+        );
+        assert!(outcome.try_recv().is_err(), "the drain was answered early");
+
+        pipeline.rotation_task.take().unwrap().abort();
         pipeline.finish_drain_if_done();
         assert_eq!(pipeline.stopped, Some(StopReason::Shutdown));
         assert!(matches!(outcome.try_recv(), Ok(Ok(()))));
