@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use chorus::blob::{DynBlobStore, FaultController, FaultyStore, ObjectStoreBlobs};
+use chorus::blob::{
+    DynBlobStore, Fault, FaultController, FaultRule, FaultyStore, KeyMatch, ObjectStoreBlobs,
+};
 use chorus::clock::SystemClock;
 use chorus::ids::RecordIndex;
 use chorus::kv::{Applied, Command, Condition, KvState, Operation};
@@ -464,6 +466,36 @@ async fn graceful_shutdown_publishes_a_final_snapshot_releases_the_lease_and_res
         assert_eq!(found, Some(format!("value of {key}")), "{key}");
     }
     assert_eq!(put(&restarted, "after", "restart").await, applied);
+    restarted.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupted_reads_of_the_snapshot_during_a_boot_are_retried_not_fatal() {
+    let db = Db::new().await;
+    let runtime = db.node(1).start(config("a", 1000));
+    wait_primary(&runtime).await;
+    for key in 0..5 {
+        put(&runtime, &format!("key-{key}"), "value").await;
+    }
+    runtime.shutdown().await.unwrap();
+    let (state, applied) = state_of(&runtime);
+    let head = db.head().await.unwrap();
+    assert_eq!(head.wal_index, applied);
+
+    // The next boot reads the payload corrupted three times in a row (a bit
+    // flipped in transit): each attempt fails its checksum and is retried.
+    let node = db.node(2);
+    node.meta_faults.add(
+        FaultRule::new(Fault::Corrupt)
+            .keys(KeyMatch::Exact(head.snapshot_key()))
+            .times(3),
+    );
+    let restarted = node.start(config("a", 1000));
+    wait_primary(&restarted).await;
+    assert_eq!(node.meta_faults.injected(), 3);
+    let status = restarted.status();
+    assert_eq!(status.replayed_records, 0, "{status:?}");
+    assert_eq!(state_of(&restarted), (state, applied));
     restarted.shutdown().await.unwrap();
 }
 

@@ -47,7 +47,8 @@ pub struct RuntimeConfig {
     pub drain_timeout: Duration,
     /// Applied records kept in memory for watchers that resume from an index.
     pub history_records: usize,
-    /// Pause after a failed boot step before trying again.
+    /// Pause after a failed boot step before trying again; it doubles with
+    /// each consecutive failure, up to 30 s.
     pub retry_backoff: Duration,
 }
 

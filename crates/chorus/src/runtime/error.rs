@@ -79,7 +79,8 @@ pub struct RuntimeError {
     pub phase: Phase,
     /// What went wrong, with the causes.
     pub message: String,
-    /// Whether trying again may succeed (a store outage, a lost race).
+    /// Whether trying again may succeed: a store outage, a lost race, or
+    /// damaged data a later read or an operator's repair may fix.
     pub transient: bool,
 }
 

@@ -351,8 +351,13 @@ async fn supervise<M: StateMachine>(shared: Arc<Shared<M>>) {
 }
 
 async fn supervise_loop<M: StateMachine>(shared: &Arc<Shared<M>>) -> Result<(), RuntimeError> {
+    let mut failed_boots = 0u32;
     while !shared.stop_requested() {
-        match primary::boot(shared).await {
+        let booted = primary::boot(shared).await;
+        if booted.is_ok() {
+            failed_boots = 0;
+        }
+        match booted {
             Ok(primary::Boot::Primary(primary)) => match primary::serve(shared, primary).await {
                 primary::Exit::Shutdown => return Ok(()),
                 primary::Exit::LeaseLost => {
@@ -364,15 +369,29 @@ async fn supervise_loop<M: StateMachine>(shared: &Arc<Shared<M>>) -> Result<(), 
             },
             Ok(primary::Boot::Held) => standby::run(shared).await,
             Err(error) if error.transient => {
-                tracing::warn!(%error, "boot step failed; retrying");
+                let backoff = boot_backoff(shared.config.retry_backoff, failed_boots);
+                failed_boots = failed_boots.saturating_add(1);
+                tracing::warn!(%error, backoff_ms = backoff.as_millis() as u64, "boot step failed; retrying");
                 shared.info().last_error = Some(error.to_string());
-                pause(shared, shared.config.retry_backoff).await;
+                pause(shared, backoff).await;
             }
             Err(error) => return Err(error),
         }
     }
     Ok(())
 }
+
+/// The pause after `failed` consecutive failed boots: `base`, doubling per
+/// failure up to [`MAX_BOOT_BACKOFF`] (or `base`, if that is larger), so a
+/// lasting problem (a damaged HEAD, an unreachable quorum) neither spins nor
+/// rewrites the lease and HEAD on every attempt.
+fn boot_backoff(base: Duration, failed: u32) -> Duration {
+    let doubled = base.saturating_mul(1 << failed.min(16));
+    doubled.min(MAX_BOOT_BACKOFF.max(base))
+}
+
+/// The longest pause between boot attempts.
+const MAX_BOOT_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Sleeps `duration`, or less if a shutdown is asked for.
 async fn pause<M: StateMachine>(shared: &Shared<M>, duration: Duration) {
@@ -394,4 +413,23 @@ async fn timed<M: StateMachine, T>(
     tracing::info!(%phase, elapsed_ms = elapsed.as_millis() as u64, ok = outcome.is_ok(), "runtime phase");
     shared.info().record_phase(phase, elapsed);
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_boot_backoff_doubles_per_failure_up_to_its_cap() {
+        let base = Duration::from_secs(1);
+        let pauses: Vec<u64> = (0..8)
+            .map(|failed| boot_backoff(base, failed).as_secs())
+            .collect();
+        assert_eq!(pauses, [1, 2, 4, 8, 16, 30, 30, 30]);
+        assert_eq!(boot_backoff(base, u32::MAX), MAX_BOOT_BACKOFF);
+        // A base above the cap is kept, never shortened.
+        let long = Duration::from_secs(60);
+        assert_eq!(boot_backoff(long, 0), long);
+        assert_eq!(boot_backoff(long, 5), long);
+    }
 }

@@ -266,7 +266,10 @@ pub(super) async fn serve<M: StateMachine>(shared: &Arc<Shared<M>>, primary: Box
     let mut stop = shared.stop.subscribe();
     let mut since = tokio::time::Instant::now();
     let exit = loop {
+        // `biased`: a shutdown wins over a tick that is ready at the same
+        // time, so a run replays exactly under the deterministic simulator.
         tokio::select! {
+            biased;
             _ = stop.wait_for(|stop| *stop) => break Exit::Shutdown,
             _ = keeper.lost.notified() => break Exit::LeaseLost,
             _ = failed.notified() => {
@@ -484,18 +487,33 @@ impl Drop for LeaseKeeper {
     }
 }
 
+// A boot step is retried unless waiting cannot help. Damaged or unreadable
+// data counts as retryable: a corrupt read may be corruption in transit that
+// the next read does not see, a HEAD may name a payload that retention just
+// removed, and an operator's repair must not need a restart. The supervisor
+// backs off exponentially, so a lasting problem costs little while it lasts.
+
 fn snapshot_error(phase: Phase, error: SnapshotError) -> RuntimeError {
-    let transient = error.is_transient() || error.is_fenced();
+    let transient = !matches!(
+        error,
+        SnapshotError::WrongState { .. } | SnapshotError::Rewind { .. }
+    );
     RuntimeError::new(phase, error, transient)
 }
 
 fn lease_error(phase: Phase, error: LeaseError) -> RuntimeError {
-    let transient = error.is_transient();
+    let transient = error.is_transient() || matches!(error, LeaseError::Document(_));
     RuntimeError::new(phase, error, transient)
 }
 
 fn log_error(phase: Phase, error: LogError) -> RuntimeError {
-    use crate::log::ErrorKind;
-    let transient = matches!(error.kind(), ErrorKind::Retry | ErrorKind::Reopen);
+    let transient = !matches!(
+        error,
+        LogError::RecordTooLarge { .. }
+            | LogError::InvalidCheckpoint { .. }
+            | LogError::InvalidFloor { .. }
+            | LogError::Config(_)
+            | LogError::EpochExhausted(_)
+    );
     RuntimeError::new(phase, error, transient)
 }
