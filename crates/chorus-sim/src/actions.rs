@@ -565,26 +565,9 @@ impl Sim {
     fn add_expiring(&mut self, name: &str, controller: FaultController, rule: FaultRule) {
         let text = RuleLabel(&rule).to_string();
         let lasts = self.rng.random_range(10..=400);
-        let id = controller.add(rule);
-        self.expiring.push((self.step + lasts, controller, id));
+        self.expiring.add_rule(self.step + lasts, controller, rule);
         self.event(format!("fault {name} for {lasts} steps: {text}"));
         self.stats.faults_added += 1;
-    }
-
-    /// Removes the rules and ends the outages whose time is up.
-    pub(crate) fn expire_rules(&mut self) {
-        let step = self.step;
-        for (_, replica) in self.outages.iter().filter(|(until, _)| *until <= step) {
-            self.world.replica_faults[*replica].set_outage(false);
-        }
-        self.outages.retain(|(until, _)| *until > step);
-        self.expiring.retain(|(until, controller, id)| {
-            let keep = *until > step;
-            if !keep {
-                controller.remove(*id);
-            }
-            keep
-        });
     }
 
     fn register_fault(&mut self) {
@@ -603,15 +586,15 @@ impl Sim {
     /// its current one.
     fn toggle_outage(&mut self, replica: usize) {
         let controller = self.world.replica_faults[replica].clone();
-        let on = !controller.outage();
-        controller.set_outage(on);
-        if on {
+        if !controller.outage() {
             let lasts = self.rng.random_range(5..=300);
-            self.outages.push((self.step + lasts, replica));
+            self.expiring
+                .add_outage(self.step + lasts, replica, &controller);
             self.stats.outages += 1;
             self.event(format!("outage replica {replica} on for {lasts} steps"));
         } else {
-            self.outages.retain(|(_, r)| *r != replica);
+            controller.set_outage(false);
+            self.expiring.forget_outages(replica);
             self.event(format!("outage replica {replica} off"));
         }
     }

@@ -34,7 +34,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use chorus::blob::{Fault, FaultRule, KeyMatch, Op, OpSet};
+use chorus::blob::{Fault, FaultController, FaultRule, KeyMatch, Op, OpSet, RuleId};
 use rand::Rng;
 use rand::rngs::StdRng;
 
@@ -127,5 +127,59 @@ impl fmt::Display for RuleLabel<'_> {
             "{:?} ops={:?} keys={:?} p={} times={:?}",
             rule.fault, rule.ops, rule.keys, rule.probability, rule.times
         )
+    }
+}
+
+/// Fault rules and replica outages that end at a given step: the schedules
+/// install faults for a while rather than for good, so that a run passes
+/// through many combinations of them.
+#[derive(Debug, Default)]
+pub struct Expiring {
+    rules: Vec<(u64, FaultController, RuleId)>,
+    outages: Vec<(u64, usize)>,
+}
+
+impl Expiring {
+    /// Installs `rule` on `controller` until step `until`.
+    pub fn add_rule(&mut self, until: u64, controller: FaultController, rule: FaultRule) {
+        let id = controller.add(rule);
+        self.rules.push((until, controller, id));
+    }
+
+    /// Starts an outage of `replica` (its replica-wide `controller`) until
+    /// step `until`.
+    pub fn add_outage(&mut self, until: u64, replica: usize, controller: &FaultController) {
+        controller.set_outage(true);
+        self.outages.push((until, replica));
+    }
+
+    /// Forgets the outages of `replica` (ended some other way).
+    pub fn forget_outages(&mut self, replica: usize) {
+        self.outages.retain(|(_, r)| *r != replica);
+    }
+
+    /// At `step`, removes the rules and ends the outages whose time is up;
+    /// `replica_faults` are the replica-wide controllers, in replica order.
+    pub fn expire(&mut self, step: u64, replica_faults: &[FaultController]) {
+        for (_, replica) in self.outages.iter().filter(|(until, _)| *until <= step) {
+            replica_faults[*replica].set_outage(false);
+        }
+        self.outages.retain(|(until, _)| *until > step);
+        self.rules.retain(|(until, controller, id)| {
+            let keep = *until > step;
+            if !keep {
+                controller.remove(*id);
+            }
+            keep
+        });
+    }
+
+    /// Removes every rule and forgets every outage (the caller heals the
+    /// controllers).
+    pub fn clear(&mut self) {
+        for (_, controller, id) in std::mem::take(&mut self.rules) {
+            controller.remove(id);
+        }
+        self.outages.clear();
     }
 }

@@ -27,11 +27,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use chorus::blob::{DynBlobStore, FaultController, FaultyStore, ObjectStoreBlobs};
+use chorus::blob::{DynBlobStore, FaultController};
 use chorus::clock::{Clock, DynClock};
 use chorus::ids::RecordIndex;
 use chorus::lease::{
@@ -49,57 +48,16 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::actions::pick;
+use crate::control::{ControlStore, ControlView, LeaseTiming, SimClock};
 use crate::faults::{RuleLabel, draw_store_rule};
 use crate::model::Violation;
 use crate::trace::{Trace, label};
-use crate::world::{DirtyKeys, RecordingStore, raw_bytes};
+use crate::world::raw_bytes;
 
 /// Processes contending for the lease.
 const PROCESSES: usize = 3;
 /// Boot attempts of the liveness phase, one lease lifetime apart at most.
 const LIVENESS_BOOTS: u32 = 20;
-
-/// Wall clock = virtual time since the run began + a base + this process's
-/// skew; the monotonic face is virtual time, so lease deadlines follow the
-/// paused tokio clock.
-#[derive(Debug)]
-pub struct SimClock {
-    origin: Instant,
-    origin_std: std::time::Instant,
-    skew_ms: AtomicI64,
-}
-
-/// The wall clock's reading when a run begins (2026-01-01).
-const WALL_BASE_MS: u64 = 1_767_225_600_000;
-
-impl SimClock {
-    fn new(origin: Instant) -> SimClock {
-        SimClock {
-            origin,
-            origin_std: std::time::Instant::now(),
-            skew_ms: AtomicI64::new(0),
-        }
-    }
-
-    fn set_skew(&self, skew_ms: i64) {
-        self.skew_ms.store(skew_ms, Ordering::Relaxed);
-    }
-
-    fn skew(&self) -> i64 {
-        self.skew_ms.load(Ordering::Relaxed)
-    }
-}
-
-impl Clock for SimClock {
-    fn wall_ms(&self) -> u64 {
-        let elapsed = self.origin.elapsed().as_millis() as u64;
-        (WALL_BASE_MS + elapsed).saturating_add_signed(self.skew())
-    }
-
-    fn now(&self) -> std::time::Instant {
-        self.origin_std + self.origin.elapsed()
-    }
-}
 
 /// A boot that acquired the lease: the lease, the publication store and
 /// what the claim did.
@@ -149,14 +107,9 @@ pub struct LeasePhase<'a> {
     trace: &'a mut Trace,
     origin: Instant,
     step: u64,
-    config: LeaseConfig,
-    /// Largest |skew| drawn; safe iff twice it stays below the margin.
-    max_skew_ms: i64,
+    timing: LeaseTiming,
     database: DatabaseKey,
-    raw: DynBlobStore,
-    dirty: DirtyKeys,
-    shared_faults: FaultController,
-    store: DynBlobStore,
+    control: ControlStore,
     processes: Vec<Process>,
     term: Term,
     checker: LeaseChecker,
@@ -168,50 +121,31 @@ impl<'a> LeasePhase<'a> {
     /// A phase for `seed`, tracing into `trace`.
     pub fn new(seed: u64, trace: &'a mut Trace) -> LeasePhase<'a> {
         let mut rng = StdRng::seed_from_u64(seed ^ 0x1ea5_e5a9_5107_0000);
-        let ttl = Duration::from_millis(rng.random_range(500..=10_000));
-        let safety_margin = ttl.mul_f64(rng.random_range(0.15..0.4));
-        let store_call_timeout = (ttl - safety_margin).min(Duration::from_secs(2)) / 2;
-        let config = LeaseConfig {
-            ttl,
-            safety_margin,
-            store_call_timeout,
-        };
-        config
-            .validate()
-            .expect("the simulator draws valid lease settings");
-        let margin_ms = safety_margin.as_millis() as i64;
-        let max_skew_ms = if rng.random_bool(0.9) {
-            (margin_ms - 2) / 2
-        } else {
-            margin_ms * 2
-        };
-        let memory = Arc::new(object_store::memory::InMemory::new());
-        let raw: DynBlobStore = Arc::new(ObjectStoreBlobs::new(memory, "", "memory://sim-control"));
-        let dirty = DirtyKeys::default();
-        let recording: DynBlobStore = Arc::new(RecordingStore::new(raw.clone(), dirty.clone()));
-        let shared_faults = FaultController::new(rng.random());
-        let store: DynBlobStore = Arc::new(FaultyStore::new(recording, shared_faults.clone()));
+        let timing = LeaseTiming::draw(&mut rng, 500..=10_000);
+        let control = ControlStore::new("memory://sim-control", rng.random());
         let database = DatabaseKey::new("simdb").expect("a valid database key");
         let origin = Instant::now();
-        let checker = LeaseChecker::new(&raw, &database, config, origin);
+        let checker = LeaseChecker::new(&control.raw, &database, timing.config, origin);
         let mut phase = LeasePhase {
             rng,
             trace,
             origin,
             step: 0,
-            config,
-            max_skew_ms,
+            timing,
             database,
-            raw,
-            dirty,
-            shared_faults,
-            store,
+            control,
             processes: Vec::new(),
             term: Term::FIRST,
             checker,
             published: None,
         };
         phase.processes = (0..PROCESSES).map(|_| phase.new_process()).collect();
+        let LeaseConfig {
+            ttl,
+            safety_margin,
+            store_call_timeout,
+        } = timing.config;
+        let max_skew_ms = timing.max_skew_ms;
         phase.event(format!(
             "lease phase: ttl={ttl:?} safety_margin={safety_margin:?} \
              store_call_timeout={store_call_timeout:?} max_skew_ms={max_skew_ms}"
@@ -220,23 +154,23 @@ impl<'a> LeasePhase<'a> {
     }
 
     fn new_process(&mut self) -> Process {
-        let clock = Arc::new(SimClock::new(self.origin));
-        let faults = FaultController::new(self.rng.random());
-        let store: DynBlobStore = Arc::new(FaultyStore::new(self.store.clone(), faults.clone()));
-        let dyn_clock: DynClock = clock.clone();
-        let leases = LeaseStore::new(
-            store.clone(),
-            self.database.clone(),
-            self.config,
-            dyn_clock.clone(),
-        )
-        .expect("valid lease settings");
+        let config = self.timing.config;
         let snapshot_config = SnapshotConfig {
-            head_call_timeout: self.config.store_call_timeout,
-            payload_call_timeout: self.config.store_call_timeout,
+            head_call_timeout: config.store_call_timeout,
+            payload_call_timeout: config.store_call_timeout,
         };
-        let snapshots =
-            SnapshotStore::new(store, self.database.clone(), snapshot_config, dyn_clock);
+        let ControlView {
+            clock,
+            faults,
+            leases,
+            snapshots,
+        } = self.control.view(
+            self.origin,
+            &self.database,
+            config,
+            snapshot_config,
+            self.rng.random(),
+        );
         Process {
             clock,
             faults,
@@ -253,16 +187,6 @@ impl<'a> LeasePhase<'a> {
     fn event(&mut self, what: impl std::fmt::Display) {
         let now = self.origin.elapsed();
         self.trace.event(self.step, now, what);
-    }
-
-    /// Whether every two clocks stay within the safety margin of each other
-    /// for the whole phase, so that L1 applies. Decided per seed: with the
-    /// skews of nine seeds in ten drawn from ±(margin − 2 ms)/2, no two
-    /// clocks ever disagree by the margin; in the tenth they may, at any time,
-    /// and a lease acquired then may overlap another long after the clocks
-    /// agree again.
-    fn clocks_agree(&self) -> bool {
-        2 * self.max_skew_ms < self.config.safety_margin.as_millis() as i64
     }
 
     /// Runs `steps` steps and then the liveness check.
@@ -298,10 +222,9 @@ impl<'a> LeasePhase<'a> {
             ),
             (1, Action::NewTerm),
         ];
-        let skew_ms = self.rng.random_range(-self.max_skew_ms..=self.max_skew_ms);
+        let skew_ms = self.timing.draw_skew(&mut self.rng);
         options.push((2, Action::Skew { process, skew_ms }));
-        let ttl_ms = self.config.ttl.as_millis() as u64;
-        let sleep = Duration::from_millis(self.rng.random_range(10..=ttl_ms * 2));
+        let sleep = self.timing.draw_sleep(&mut self.rng);
         options.push((4, Action::Sleep(sleep)));
         if idle && !holds {
             let stale_term = self.rng.random_bool(0.05);
@@ -348,7 +271,7 @@ impl<'a> LeasePhase<'a> {
             Action::Skew { process, skew_ms } => self.processes[process].clock.set_skew(skew_ms),
             Action::Fault { process } => self.fault(process),
             Action::Clear(Some(process)) => self.processes[process].faults.clear(),
-            Action::Clear(None) => self.shared_faults.clear(),
+            Action::Clear(None) => self.control.faults.clear(),
             Action::NewTerm => self.term = Term(self.term.0 + 1),
             Action::Sleep(duration) => tokio::time::sleep(duration).await,
         }
@@ -434,7 +357,7 @@ impl<'a> LeasePhase<'a> {
                 self.event(format!("lease fault p{process}: {text}"));
             }
             None => {
-                self.shared_faults.add(rule.times(20));
+                self.control.faults.add(rule.times(20));
                 self.event(format!("lease fault store: {text}"));
             }
         }
@@ -460,8 +383,8 @@ impl<'a> LeasePhase<'a> {
             return Err(format!("panic in the system under test: {panic}"));
         }
         self.check_exclusivity()?;
-        let dirty = std::mem::take(&mut *self.dirty.lock().expect("dirty set"));
-        self.checker.check(&self.raw, dirty)
+        self.checker
+            .check(&self.control.raw, self.control.take_dirty())
     }
 
     fn on_end(&mut self, process: usize, end: TaskEnd) -> Result<(), Violation> {
@@ -564,7 +487,7 @@ impl<'a> LeasePhase<'a> {
 
     /// L1: at most one holder may write while the clocks agree.
     fn check_exclusivity(&self) -> Result<(), Violation> {
-        if !self.clocks_agree() {
+        if !self.timing.clocks_agree() {
             return Ok(());
         }
         let writers: Vec<String> = self
@@ -591,7 +514,7 @@ impl<'a> LeasePhase<'a> {
 
     async fn liveness(&mut self) -> Result<(), Violation> {
         self.event("lease liveness: healing, clocks agree, every process crashed");
-        self.shared_faults.clear();
+        self.control.faults.clear();
         for process in 0..PROCESSES {
             self.crash(process);
             self.processes[process].faults.clear();
@@ -607,7 +530,7 @@ impl<'a> LeasePhase<'a> {
             if self.processes[0].claimed {
                 return self.liveness_publish().await;
             }
-            tokio::time::sleep(self.config.ttl / 2).await;
+            tokio::time::sleep(self.timing.config.ttl / 2).await;
         }
         Err(format!(
             "lease liveness: no boot acquired and claimed in {LIVENESS_BOOTS} attempts after healing"

@@ -12,6 +12,7 @@
 mod actions;
 pub mod actors;
 pub mod check;
+pub mod control;
 pub mod faults;
 pub mod lease;
 pub mod model;

@@ -19,6 +19,7 @@ use crate::actors::{
     RecoveryTask, WriterSlot,
 };
 use crate::check::{RESYNC_EVERY_STEPS, StoreChecker};
+use crate::faults::Expiring;
 use crate::model::{Model, Violation, WriterId};
 use crate::params::Params;
 use crate::trace::{Trace, label};
@@ -136,10 +137,8 @@ pub struct Sim {
     pub(crate) maintenance: Vec<MaintenanceTask>,
     pub(crate) next_id: u64,
     pub(crate) stats: Stats,
-    /// Fault rules with the step after which they are removed.
-    pub(crate) expiring: Vec<(u64, chorus::blob::FaultController, chorus::blob::RuleId)>,
-    /// Replica outages with the step after which they end.
-    pub(crate) outages: Vec<(u64, usize)>,
+    /// Fault rules and replica outages, with the step they end at.
+    pub(crate) expiring: Expiring,
     /// The writer the most recent successful start produced, with its task.
     last_started: Option<(u64, WriterId)>,
 }
@@ -174,8 +173,7 @@ impl Sim {
             maintenance: Vec::new(),
             next_id: 0,
             stats: Stats::default(),
-            expiring: Vec::new(),
-            outages: Vec::new(),
+            expiring: Expiring::default(),
             last_started: None,
         }
     }
@@ -225,7 +223,7 @@ impl Sim {
     async fn safety_phase(&mut self) -> Result<(), Violation> {
         for _ in 0..self.options.steps {
             self.step += 1;
-            self.expire_rules();
+            self.expiring.expire(self.step, &self.world.replica_faults);
             self.act().await?;
             let settle = if self.rng.random_bool(0.9) {
                 self.rng.random_range(0..=5)

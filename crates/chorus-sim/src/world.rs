@@ -100,6 +100,29 @@ impl BlobStore for RecordingStore {
     }
 }
 
+/// A fresh in-memory store as the checkers see it (`raw`) and as everything
+/// above sees it (`store`, which notes written keys in `dirty`).
+#[derive(Debug)]
+pub struct RecordedStore {
+    /// The raw store: what the checkers read.
+    pub raw: DynBlobStore,
+    /// The keys written since the checker last looked.
+    pub dirty: DirtyKeys,
+    /// The recording layer over `raw`.
+    pub store: DynBlobStore,
+}
+
+impl RecordedStore {
+    /// An empty store named `identity`.
+    pub fn new(identity: &str) -> RecordedStore {
+        let memory = Arc::new(object_store::memory::InMemory::new());
+        let raw: DynBlobStore = Arc::new(ObjectStoreBlobs::new(memory, "", identity));
+        let dirty = DirtyKeys::default();
+        let store = Arc::new(RecordingStore::new(raw.clone(), dirty.clone()));
+        RecordedStore { raw, dirty, store }
+    }
+}
+
 /// The bytes at `key` in a raw store (`None` if absent), read at once: the
 /// checkers' view, never through a fault-injecting layer.
 pub fn raw_bytes(raw: &DynBlobStore, key: &str) -> Result<Option<Bytes>, Violation> {
@@ -180,20 +203,15 @@ impl World {
         };
         for position in 0..replicas {
             let identity = format!("memory://sim-r{position}");
-            let memory = Arc::new(object_store::memory::InMemory::new());
-            let raw: DynBlobStore = Arc::new(ObjectStoreBlobs::new(memory, "", identity.clone()));
-            let dirty = DirtyKeys::default();
-            let recording: DynBlobStore = Arc::new(RecordingStore {
-                inner: raw.clone(),
-                dirty: dirty.clone(),
-            });
+            let recorded = RecordedStore::new(&identity);
             let controller = FaultController::new(seeds());
-            world
-                .replica_stores
-                .push(Arc::new(FaultyStore::new(recording, controller.clone())));
+            world.replica_stores.push(Arc::new(FaultyStore::new(
+                recorded.store,
+                controller.clone(),
+            )));
             world.identities.push(identity);
-            world.raw.push(raw);
-            world.dirty.push(dirty);
+            world.raw.push(recorded.raw);
+            world.dirty.push(recorded.dirty);
             world.replica_faults.push(controller);
         }
         world.register = Arc::new(FaultyRegister::new(
