@@ -19,7 +19,7 @@ use rand::Rng;
 use rand::rngs::StdRng;
 use tokio::time::Instant;
 
-use crate::world::{DirtyKeys, RecordedStore};
+use crate::world::{DirtyKeys, RecordedStore, WriteObserver};
 
 /// Wall clock = virtual time since the run began + a base + this process's
 /// skew; the monotonic face is virtual time, so lease deadlines follow the
@@ -135,10 +135,14 @@ pub struct ControlStore {
 }
 
 impl ControlStore {
-    /// A fresh store named `identity`; `fault_seed` seeds its shared fault
-    /// controller.
-    pub fn new(identity: &str, fault_seed: u64) -> ControlStore {
-        let recorded = RecordedStore::new(identity);
+    /// A fresh store named `identity`, whose writes `observer` sees land;
+    /// `fault_seed` seeds its shared fault controller.
+    pub fn new(
+        identity: &str,
+        fault_seed: u64,
+        observer: Option<Arc<dyn WriteObserver>>,
+    ) -> ControlStore {
+        let recorded = RecordedStore::new(identity, observer);
         let faults = FaultController::new(fault_seed);
         let shared: DynBlobStore = Arc::new(FaultyStore::new(recorded.store, faults.clone()));
         ControlStore {

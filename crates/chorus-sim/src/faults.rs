@@ -28,7 +28,8 @@
 //! Not modelled: data loss or rot of *stored* bytes (a replica is either
 //! reachable with everything it acknowledged, or out), torn writes, listing
 //! anomalies (stores are strongly consistent), register corruption, monotonic
-//! clock drift. Wall-clock skew is modelled by the lease phase (`lease.rs`).
+//! clock drift. Wall-clock skew is modelled by the lease and runtime phases
+//! (`control.rs`).
 //! The liveness phase ends every fault, then demands progress.
 
 use std::fmt;

@@ -122,7 +122,7 @@ impl<'a> LeasePhase<'a> {
     pub fn new(seed: u64, trace: &'a mut Trace) -> LeasePhase<'a> {
         let mut rng = StdRng::seed_from_u64(seed ^ 0x1ea5_e5a9_5107_0000);
         let timing = LeaseTiming::draw(&mut rng, 500..=10_000);
-        let control = ControlStore::new("memory://sim-control", rng.random());
+        let control = ControlStore::new("memory://sim-control", rng.random(), None);
         let database = DatabaseKey::new("simdb").expect("a valid database key");
         let origin = Instant::now();
         let checker = LeaseChecker::new(&control.raw, &database, timing.config, origin);
@@ -566,8 +566,9 @@ fn outcome_text(outcome: &Result<(), LeaseError>) -> String {
     }
 }
 
-/// Checkers L2, S1–S3 over the raw store; see the module docs.
-struct LeaseChecker {
+/// Checkers L2, S1–S3 over the raw store; see the module docs. The runtime
+/// phase runs them too.
+pub(crate) struct LeaseChecker {
     leases: LeaseStore,
     snapshots: SnapshotStore,
     payloads: String,
@@ -579,7 +580,8 @@ struct LeaseChecker {
 }
 
 impl LeaseChecker {
-    fn new(
+    /// A checker of `database` in `raw`.
+    pub(crate) fn new(
         raw: &DynBlobStore,
         database: &DatabaseKey,
         config: LeaseConfig,
@@ -606,6 +608,11 @@ impl LeaseChecker {
         }
     }
 
+    /// HEAD as the last check saw it.
+    pub(crate) fn head(&self) -> Option<&Head> {
+        self.head.as_ref()
+    }
+
     /// Fencing tokens of successful acquisitions never repeat.
     fn acquired(&mut self, token: FencingToken) -> Result<(), Violation> {
         if self.acquired.contains(&token) {
@@ -615,7 +622,9 @@ impl LeaseChecker {
         Ok(())
     }
 
-    fn check(
+    /// L2 and S1–S3 after a step; `dirty` are the keys written since the
+    /// last check.
+    pub(crate) fn check(
         &mut self,
         raw: &DynBlobStore,
         dirty: std::collections::BTreeSet<String>,

@@ -107,9 +107,12 @@ fn finish(summary: &BatchSummary, steps: u64) -> ExitCode {
         eprintln!("failed: {}", replay_command(failure.report.seed, steps));
     }
     eprintln!(
-        "acked appends: {}, successful recoveries: {}, virtual time: {:.0} s",
+        "acked appends: {}, successful recoveries: {}, acked key-value writes: {}, lease \
+         takeovers: {}, virtual time: {:.0} s",
         summary.acked,
         summary.recoveries,
+        summary.runtime_acked,
+        summary.runtime_takeovers,
         summary.virtual_time.as_secs_f64()
     );
     let violations = summary.failures.len() as u64;

@@ -9,6 +9,7 @@ use std::sync::mpsc;
 use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
+use crate::executor::{GatedRuntime, paused_runtime};
 use crate::sim::{Failure, RunReport, Sim, SimOptions};
 
 thread_local! {
@@ -42,14 +43,20 @@ pub fn run_once(options: SimOptions) -> RunReport {
     install_panic_hook();
     IN_RUN.with(|flag| flag.set(true));
     take_panics();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime builds");
+    let runtime = paused_runtime();
+    let runtime_phase = GatedRuntime::new();
     let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        runtime.block_on(async { Sim::new(options).await.run().await })
+        let mut sim = runtime.block_on(Sim::new(options));
+        let outcome = runtime.block_on(sim.run_log_and_lease());
+        let outcome = match outcome {
+            Ok(()) => runtime_phase.block_on(sim.run_runtime_phase()),
+            Err(violation) => Err(violation),
+        };
+        // The log phases' objects are dropped where they were made.
+        let _entered = runtime.enter();
+        sim.finish(outcome)
     }));
+    drop(runtime_phase);
     drop(runtime);
     IN_RUN.with(|flag| flag.set(false));
     let panics = take_panics();
@@ -160,6 +167,10 @@ pub struct BatchSummary {
     pub acked: u64,
     /// Successful recoveries, over all seeds.
     pub recoveries: u64,
+    /// Key-value writes the runtime phase acknowledged, over all seeds.
+    pub runtime_acked: u64,
+    /// Lease takeovers in the runtime phase, over all seeds.
+    pub runtime_takeovers: u64,
 }
 
 /// Runs `seeds` on `jobs` threads; `progress` is called with each result.
@@ -209,6 +220,8 @@ pub fn run_batch(
             summary.virtual_time += result.report.virtual_time;
             summary.acked += result.report.stats.acked;
             summary.recoveries += result.report.stats.recoveries_committed;
+            summary.runtime_acked += result.report.stats.runtime.acked;
+            summary.runtime_takeovers += result.report.stats.runtime.takeovers;
             if result.failure.is_some() {
                 summary.failures.push(result.clone());
             }

@@ -31,6 +31,8 @@ const LIVENESS_RECOVERY_ATTEMPTS: u32 = 3;
 const LIVENESS_DEADLINE: Duration = Duration::from_secs(600);
 /// Records the liveness phase appends and waits for.
 const LIVENESS_APPENDS: u64 = 3;
+/// The runtime phase runs this fraction of the safety phase's steps.
+const RUNTIME_STEPS_DIVISOR: u64 = 4;
 
 /// What to run.
 #[derive(Debug, Clone, Copy)]
@@ -67,6 +69,8 @@ pub struct Stats {
     pub maintenance_passes: u64,
     pub floor_raised: u64,
     pub rotted: u64,
+    /// What the runtime phase exercised.
+    pub runtime: crate::runtime::RuntimeStats,
 }
 
 /// Why a run failed.
@@ -141,6 +145,8 @@ pub struct Sim {
     pub(crate) expiring: Expiring,
     /// The writer the most recent successful start produced, with its task.
     last_started: Option<(u64, WriterId)>,
+    /// Virtual time of the phases run so far (each runtime has its own clock).
+    virtual_time: Duration,
 }
 
 impl Sim {
@@ -175,11 +181,15 @@ impl Sim {
             stats: Stats::default(),
             expiring: Expiring::default(),
             last_started: None,
+            virtual_time: Duration::ZERO,
         }
     }
 
-    /// Runs both phases and reports.
-    pub async fn run(mut self) -> RunReport {
+    /// Runs the log phases (safety, then liveness) and then the lease phase,
+    /// inside the paused runtime the run was built in. If they pass, the
+    /// runner goes on with [`run_runtime_phase`](Sim::run_runtime_phase) on
+    /// a runtime of its own, then [`finish`](Sim::finish)es.
+    pub async fn run_log_and_lease(&mut self) -> Result<(), Violation> {
         let outcome = match self.safety_phase().await {
             Ok(()) => self.liveness_phase().await,
             Err(violation) => Err(violation),
@@ -188,12 +198,33 @@ impl Sim {
             Ok(()) => self.lease_phase().await,
             Err(violation) => Err(violation),
         };
+        self.virtual_time = self.origin.elapsed();
+        outcome
+    }
+
+    /// The runtime phase (`runtime/`): key-value runtimes as primaries
+    /// and standbys over a fresh database, with its own generator (like the
+    /// lease phase). Runs on an `executor::GatedRuntime`, whose scheduler
+    /// settings keep the runtime's blocking-pool work deterministic; the log
+    /// phases' objects stay idle meanwhile.
+    pub async fn run_runtime_phase(&mut self) -> Result<(), Violation> {
+        let started = Instant::now();
+        let steps = self.options.steps / RUNTIME_STEPS_DIVISOR;
+        let phase = crate::runtime::RuntimePhase::new(self.options.seed, &mut self.trace).await;
+        let (outcome, stats) = phase.run(steps).await;
+        self.stats.runtime = stats;
+        self.virtual_time += started.elapsed();
+        outcome.map_err(|violation| format!("runtime phase: {violation}"))
+    }
+
+    /// The report of a run that ended with `outcome`.
+    pub fn finish(mut self, outcome: Result<(), Violation>) -> RunReport {
         let failure = outcome.err().map(|message| Failure {
             step: self.step,
             message,
             recent: self.trace.recent(),
         });
-        let virtual_time = self.origin.elapsed();
+        let virtual_time = self.virtual_time;
         self.trace.event(self.step, virtual_time, "end");
         self.stats.floor_raised = self.checker.floor_raises();
         RunReport {

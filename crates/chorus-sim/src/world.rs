@@ -32,18 +32,43 @@ use crate::model::Violation;
 /// checker last looked.
 pub type DirtyKeys = Arc<Mutex<BTreeSet<String>>>;
 
+/// Sees every create and update that applies to a recorded store, with its
+/// bytes, at the instant it applies: below every fault injector, so lost
+/// responses included.
+pub trait WriteObserver: Send + Sync + std::fmt::Debug {
+    /// `bytes` now stand at `key`.
+    fn landed(&self, key: &str, bytes: &Bytes);
+}
+
 /// A pass-through store that records the key of every write, so the
-/// checkers' mirror of the raw stores only re-reads what changed.
+/// checkers' mirror of the raw stores only re-reads what changed, and shows
+/// what lands to an optional [`WriteObserver`].
 #[derive(Debug)]
 pub struct RecordingStore {
     inner: DynBlobStore,
     dirty: DirtyKeys,
+    observer: Option<Arc<dyn WriteObserver>>,
 }
 
 impl RecordingStore {
-    /// Wraps `inner`, noting written keys in `dirty`.
-    pub fn new(inner: DynBlobStore, dirty: DirtyKeys) -> RecordingStore {
-        RecordingStore { inner, dirty }
+    /// Wraps `inner`, noting written keys in `dirty` and showing what lands
+    /// to `observer`.
+    pub fn new(
+        inner: DynBlobStore,
+        dirty: DirtyKeys,
+        observer: Option<Arc<dyn WriteObserver>>,
+    ) -> RecordingStore {
+        RecordingStore {
+            inner,
+            dirty,
+            observer,
+        }
+    }
+
+    fn landed<T>(&self, key: &str, outcome: &Result<T, BlobError>, bytes: &Bytes) {
+        if let (Ok(_), Some(observer)) = (outcome, &self.observer) {
+            observer.landed(key, bytes);
+        }
     }
 
     fn note(&self, key: &str) {
@@ -61,8 +86,9 @@ impl BlobStore for RecordingStore {
     }
 
     async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
-        let outcome = self.inner.create(key, bytes).await;
+        let outcome = self.inner.create(key, bytes.clone()).await;
         self.note(key);
+        self.landed(key, &outcome, &bytes);
         outcome
     }
 
@@ -72,8 +98,9 @@ impl BlobStore for RecordingStore {
         expected: &Version,
         bytes: Bytes,
     ) -> Result<Version, BlobError> {
-        let outcome = self.inner.update(key, expected, bytes).await;
+        let outcome = self.inner.update(key, expected, bytes.clone()).await;
         self.note(key);
+        self.landed(key, &outcome, &bytes);
         outcome
     }
 
@@ -113,12 +140,12 @@ pub struct RecordedStore {
 }
 
 impl RecordedStore {
-    /// An empty store named `identity`.
-    pub fn new(identity: &str) -> RecordedStore {
+    /// An empty store named `identity`, whose writes `observer` sees land.
+    pub fn new(identity: &str, observer: Option<Arc<dyn WriteObserver>>) -> RecordedStore {
         let memory = Arc::new(object_store::memory::InMemory::new());
         let raw: DynBlobStore = Arc::new(ObjectStoreBlobs::new(memory, "", identity));
         let dirty = DirtyKeys::default();
-        let store = Arc::new(RecordingStore::new(raw.clone(), dirty.clone()));
+        let store = Arc::new(RecordingStore::new(raw.clone(), dirty.clone(), observer));
         RecordedStore { raw, dirty, store }
     }
 }
@@ -203,7 +230,7 @@ impl World {
         };
         for position in 0..replicas {
             let identity = format!("memory://sim-r{position}");
-            let recorded = RecordedStore::new(&identity);
+            let recorded = RecordedStore::new(&identity, None);
             let controller = FaultController::new(seeds());
             world.replica_stores.push(Arc::new(FaultyStore::new(
                 recorded.store,

@@ -1,11 +1,13 @@
-//! Seeds that found protocol bugs, run in full (2000 steps, twice), and the
-//! determinism self-test. Each seed is named after what it found. A seed's
-//! schedule is a function of the simulator's code too: once the schedule
-//! gained actions (split views, truncation, maintenance, rot), these seeds no
-//! longer replay the runs that found the bugs, and serve as more seeds. The
-//! bugs themselves are pinned by library-level regression tests that do not
-//! depend on the schedule, in `crates/chorus/tests/sim_regressions.rs` (and
-//! `log_maintenance.rs` for seed 11).
+//! Seeds that found protocol bugs or nondeterminism, run in full (2000
+//! steps, twice), and the determinism self-test. Each seed is named after
+//! what it found. A seed's schedule is a function of the simulator's code
+//! too: once the schedule gained actions (split views, truncation,
+//! maintenance, rot), these seeds no longer replay the runs that found the
+//! bugs, and serve as more seeds. The log bugs themselves are pinned by
+//! library-level regression tests that do not depend on the schedule, in
+//! `crates/chorus/tests/sim_regressions.rs` (and `log_maintenance.rs` for
+//! seed 11); the runtime phase's findings are pinned as described at their
+//! seeds below.
 
 use std::time::Duration;
 
@@ -90,4 +92,27 @@ fn a_seed_replays_exactly() {
     assert_eq!(first.digest, again.digest);
     assert_eq!(first.events, again.events);
     assert_ne!(first.digest, other.digest);
+}
+
+/// The runtime phase replayed differently on a loaded machine (5 % of the
+/// first 200 seeds; this one in about half of its runs beside two busy
+/// threads): the `chorus` runtime encodes and restores snapshots on tokio's
+/// blocking pool, in real time. Fixed in the simulator's scheduler settings
+/// for that phase (`executor::GatedRuntime`). The race needs load to
+/// show, so this pins the seed; the mechanism is pinned by
+/// `executor::tests::blocking_work_completes_only_when_nothing_else_can_run`.
+#[test]
+fn seed_69_runtime_blocking_pool_race() {
+    passes(69);
+}
+
+/// A graceful shutdown raced a failed write in the runtime's serve loop,
+/// whose `tokio::select!` is not `biased`: tokio picked the branch at random
+/// (from a generator the simulator cannot seed), and one run released the
+/// lease while the other exited as a failed writer. Avoided in the
+/// simulator, which now shuts down gracefully only processes that are not
+/// serving, until the runtime's `select!` is `biased;`.
+#[test]
+fn seed_44_runtime_shutdown_raced_a_failed_write() {
+    passes(44);
 }

@@ -1,6 +1,7 @@
 //! The simulator in CI: 200 seeds, each run twice with the trace digests
-//! compared. Steps are scaled down (300 instead of 2000) to keep this debug
-//! test near a minute; docs/testing.md gives the release runs of 2000 steps.
+//! compared, every phase (log, lease, runtime). Steps are scaled down (300
+//! instead of 2000) to keep this debug test near a minute and a half;
+//! docs/testing.md gives the release runs of 2000 steps.
 
 use chorus_sim::{replay_command, run_batch};
 
@@ -31,4 +32,8 @@ fn two_hundred_seeds_keep_every_guarantee_and_replay_exactly() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert_eq!(summary.seeds, SEEDS);
     assert!(summary.acked > 0 && summary.recoveries > 0, "{summary:?}");
+    assert!(
+        summary.runtime_acked > 0 && summary.runtime_takeovers > 0,
+        "{summary:?}"
+    );
 }

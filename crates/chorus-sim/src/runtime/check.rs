@@ -1,0 +1,449 @@
+//! The checkers that run after every step: R1 (agreement), R2
+//! (acknowledgements), R3 and R4 (current reads), R6 (snapshots), with the
+//! lease phase's L2 and S1–S3 and the log phases' register checkers; R5 is
+//! in `fencing.rs`. They compare what the processes applied and answer with
+//! what the workload was told.
+
+use bytes::Bytes;
+use chorus::ids::RecordIndex;
+use chorus::kv::{Applied, Command, KvState, Operation};
+use chorus::runtime::{WriteError, Written};
+use futures::FutureExt;
+
+use super::workload::{COUNTER, WriteKind, counter_value, put_value, record_label};
+use super::{PendingWrite, Process, RuntimePhase};
+use crate::model::Violation;
+use crate::trace::label;
+use crate::world::raw_bytes;
+
+/// How often a current read's whole state is checked (R4).
+const FULL_CHECK_EVERY_STEPS: u64 = 16;
+
+/// What is known of a put.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum PutState {
+    Pending,
+    Acked(u64),
+    Ambiguous,
+    NotCommitted,
+}
+
+impl RuntimePhase<'_> {
+    /// Collects what happened and runs every checker.
+    pub(super) fn observe(&mut self) -> Result<(), Violation> {
+        self.poll_writes()?;
+        self.poll_processes()?;
+        self.check_landed()?;
+        self.lease_checker
+            .check(&self.control.raw, self.control.take_dirty())?;
+        self.check_head_payload()?;
+        self.register_checker.refresh(&self.world)?;
+        let manifest = self.register_checker.check_register(&self.world)?;
+        if manifest.trunc.0 > self.floor {
+            self.floor = manifest.trunc.0;
+            self.stats.floor_raises += 1;
+            self.event(format!("runtime log floor {}", self.floor));
+        }
+        self.check_reads()?;
+        if let Some(panic) = crate::runner::take_panics().first() {
+            return Err(format!("panic in the system under test: {panic}"));
+        }
+        Ok(())
+    }
+
+    fn poll_writes(&mut self) -> Result<(), Violation> {
+        for mut write in std::mem::take(&mut self.writes) {
+            match (&mut write.handle).now_or_never() {
+                None => self.writes.push(write),
+                Some(Ok((record, result))) => self.on_write(&write, record, result)?,
+                Some(Err(error)) => return Err(format!("write task W{}: {error}", write.id)),
+            }
+        }
+        Ok(())
+    }
+
+    /// R2 and the bookkeeping for R1, R4 and the final check.
+    fn on_write(
+        &mut self,
+        write: &PendingWrite,
+        record: Option<Bytes>,
+        result: Result<Written<Applied>, WriteError<Applied>>,
+    ) -> Result<(), Violation> {
+        let (id, node) = (write.id, write.node);
+        let written = match result {
+            Ok(written) => written,
+            Err(error) => {
+                let (may, text) = match &error {
+                    WriteError::Rejected(applied) => {
+                        return Err(format!(
+                            "W{id} on n{node}: prepare refused a write the workload built to \
+                             hold against the applied state: {applied:?}"
+                        ));
+                    }
+                    WriteError::Unavailable(unavailable) => (false, unavailable.to_string()),
+                    WriteError::Log(error) => (error.may_have_committed(), error.to_string()),
+                };
+                self.event(format!("runtime W{id} n{node} failed may={may}: {text}"));
+                match &write.kind {
+                    WriteKind::Put { key, .. } => {
+                        let state = if may {
+                            PutState::Ambiguous
+                        } else {
+                            PutState::NotCommitted
+                        };
+                        if !may && let Some(index) = self.put_index.get(key) {
+                            return Err(format!(
+                                "W{id} failed without committing (may_have_committed = false) \
+                                 but was applied at index {index}"
+                            ));
+                        }
+                        self.puts.insert(key.clone(), state);
+                    }
+                    WriteKind::Increment => self.ambiguous_increments += u64::from(may),
+                }
+                if may {
+                    self.stats.ambiguous += 1;
+                } else {
+                    self.stats.not_committed += 1;
+                }
+                return Ok(());
+            }
+        };
+        let index = written.index.0;
+        let record = record.ok_or(format!("W{id} acknowledged with no record prepared"))?;
+        let zombie = self.lease_holder().as_ref() != Some(&write.holder);
+        self.stats.acked += 1;
+        self.stats.zombie_acks += u64::from(zombie);
+        self.event(format!(
+            "runtime W{id} n{node} acked i{index} {} {:?}{}",
+            record_label(&record),
+            written.output,
+            if zombie {
+                " (not the lease holder)"
+            } else {
+                ""
+            }
+        ));
+        if let Some(other) = self.acked.insert(index, record.clone()) {
+            return Err(format!(
+                "two writes acknowledged at index {index}: {} and W{id}'s {}",
+                record_label(&other),
+                record_label(&record)
+            ));
+        }
+        if let Some(applied) = self.applied.get(&index)
+            && *applied != record
+        {
+            return Err(format!(
+                "W{id} acknowledged {} at index {index}, where {} was applied",
+                record_label(&record),
+                record_label(applied)
+            ));
+        }
+        match (&write.kind, &written.output) {
+            (WriteKind::Put { key, .. }, Applied::Done) => {
+                self.puts.insert(key.clone(), PutState::Acked(index));
+            }
+            (WriteKind::Put { .. }, output) => {
+                return Err(format!(
+                    "W{id}, the only put of its key, acknowledged at index {index} applied as \
+                     {output:?}"
+                ));
+            }
+            (WriteKind::Increment, Applied::Done) => {
+                let value = put_value(&record)
+                    .and_then(|value| counter_value(&value))
+                    .ok_or(format!("W{id}: an increment record that does not decode"))?;
+                if let Some(other) = self.acked_increments.insert(value, index) {
+                    return Err(format!(
+                        "lost update: increments acknowledged at indices {other} and {index} \
+                         both set the counter to {value}"
+                    ));
+                }
+            }
+            (WriteKind::Increment, Applied::ConditionFailed { .. }) => self.stats.cas_lost += 1,
+            (WriteKind::Increment, output) => {
+                return Err(format!(
+                    "W{id} acknowledged at {index} applied as {output:?}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Roles, self-stops, finished shutdowns and every process's history (R1).
+    fn poll_processes(&mut self) -> Result<(), Violation> {
+        for node in 0..self.nodes.len() {
+            let Some(mut process) = self.nodes[node].process.take() else {
+                continue;
+            };
+            self.poll_history(node, &mut process)?;
+            let role = process.runtime.status().role;
+            if role != process.role {
+                self.event(format!("runtime n{node} {} is {role}", process.holder));
+                process.role = role;
+            }
+            let finished = process.runtime.finished().now_or_never();
+            match finished {
+                Some(outcome) => {
+                    if process.shutdown.is_none() || outcome.is_err() {
+                        self.stats.fatal_stops += 1;
+                    }
+                    let how = match outcome {
+                        Ok(()) => "shut down".to_owned(),
+                        // The phase and the kind only: the message may quote
+                        // checksums of HEAD documents, which embed the
+                        // runtime's random publisher id.
+                        Err(error) => format!(
+                            "stopped by itself in {} (transient={})",
+                            error.phase, error.transient
+                        ),
+                    };
+                    self.event(format!("runtime n{node} {} {how}", process.holder));
+                    if process.shutdown.is_none() {
+                        // Stopped by itself: the supervisor has ended, but
+                        // abort anyway, as a process manager would kill it.
+                        process.runtime.abort();
+                    }
+                    self.nodes[node].restartable = Some(process.holder.clone());
+                    self.retire(node, process);
+                }
+                None => self.nodes[node].process = Some(process),
+            }
+        }
+        let mut retired = std::mem::take(&mut self.retired);
+        for (node, process) in &mut retired {
+            self.poll_history(*node, process)?;
+        }
+        self.retired = retired;
+        Ok(())
+    }
+
+    fn poll_history(&mut self, node: usize, process: &mut Process) -> Result<(), Violation> {
+        loop {
+            match process.runtime.changes_since(process.seen, usize::MAX) {
+                Ok(changes) => {
+                    for change in &changes {
+                        self.on_applied(node, change.index.0, &change.record)?;
+                    }
+                    if let Some(last) = changes.last() {
+                        process.seen = RecordIndex(last.index.0 + 1);
+                    }
+                    return Ok(());
+                }
+                // Restored from a snapshot meanwhile: what lies below came
+                // through the snapshot (R6 checks HEAD's payloads).
+                Err(gap) => process.seen = gap.oldest,
+            }
+        }
+    }
+
+    /// R1 for one applied record.
+    pub(super) fn on_applied(
+        &mut self,
+        node: usize,
+        index: u64,
+        record: &Bytes,
+    ) -> Result<(), Violation> {
+        if let Some(acked) = self.acked.get(&index)
+            && acked != record
+        {
+            return Err(format!(
+                "n{node} applied {} at index {index}, where {} was acknowledged",
+                record_label(record),
+                record_label(acked)
+            ));
+        }
+        if let Some(applied) = self.applied.get(&index) {
+            if applied != record {
+                return Err(format!(
+                    "n{node} applied {} at index {index}, another process applied {} there",
+                    record_label(record),
+                    record_label(applied)
+                ));
+            }
+            return Ok(());
+        }
+        self.applied.insert(index, record.clone());
+        let command = Command::decode(record)
+            .map_err(|error| format!("n{node} applied a record that is not a command: {error}"))?;
+        let Some(Operation::Put { key, .. }) = command.operations().first() else {
+            return Err(format!("n{node} applied {command:?}, which no write made"));
+        };
+        if key.as_ref() == COUNTER {
+            return Ok(());
+        }
+        if let Some(other) = self.put_index.insert(key.clone(), index) {
+            return Err(format!(
+                "the put of {key:?} was applied at indices {other} and {index}"
+            ));
+        }
+        match self.puts.get(key) {
+            Some(PutState::NotCommitted) => Err(format!(
+                "n{node} applied the put of {key:?} at index {index}, whose write failed \
+                 without committing (may_have_committed = false)"
+            )),
+            Some(PutState::Acked(acked)) if *acked != index => Err(format!(
+                "n{node} applied the put of {key:?} at index {index}, acknowledged at {acked}"
+            )),
+            Some(_) => Ok(()),
+            None => Err(format!(
+                "n{node} applied a put of {key:?}, which no write made"
+            )),
+        }
+    }
+
+    /// R6: a new HEAD's payload is the state at its `wal_index`.
+    fn check_head_payload(&mut self) -> Result<(), Violation> {
+        let Some(head) = self.lease_checker.head().cloned() else {
+            return Ok(());
+        };
+        let key = head.snapshot_key();
+        if self.checked_payload.as_ref() == Some(&key) {
+            return Ok(());
+        }
+        self.checked_payload = Some(key.clone());
+        let bytes = raw_bytes(&self.control.raw, &key)?
+            .ok_or(format!("HEAD names {key}, which is missing"))?;
+        let state = KvState::decode_snapshot(&bytes)
+            .map_err(|error| format!("HEAD's payload {key} does not restore: {error}"))?;
+        if state.applied_end() != head.wal_index {
+            return Err(format!(
+                "HEAD's payload {key} reflects records below {}, HEAD says {}",
+                state.applied_end(),
+                head.wal_index
+            ));
+        }
+        self.check_state(&state, head.wal_index.0, &format!("snapshot {key}"))
+    }
+
+    /// R3 and R4.
+    fn check_reads(&mut self) -> Result<(), Violation> {
+        let full = self.step.is_multiple_of(FULL_CHECK_EVERY_STEPS);
+        let mut serving = Vec::new();
+        for node in 0..self.nodes.len() {
+            let Some(process) = &self.nodes[node].process else {
+                continue;
+            };
+            let answer = process.runtime.read(|state| {
+                let copy = full.then(|| state.clone());
+                (copy, state.get(COUNTER).map(|entry| entry.value.clone()))
+            });
+            if let Ok(((copy, counter), end)) = answer {
+                serving.push((node, process.holder.clone(), copy, counter, end.0));
+            }
+        }
+        self.stats.current_reads += serving.len() as u64;
+        if !self.clocks_agree() {
+            return Ok(());
+        }
+        if serving.len() > 1 {
+            let who: Vec<String> = serving
+                .iter()
+                .map(|(node, holder, ..)| format!("n{node} {holder}"))
+                .collect();
+            return Err(format!(
+                "exclusivity: {} processes answer current reads at once with clocks within \
+                 the safety margin: {}",
+                serving.len(),
+                who.join(", ")
+            ));
+        }
+        let Some((node, holder, copy, counter, end)) = serving.pop() else {
+            return Ok(());
+        };
+        let what = format!("the current read of n{node} {holder}");
+        if let Some((&index, _)) = self.acked.last_key_value()
+            && end <= index
+        {
+            return Err(format!(
+                "{what} reflects records below {end}, but index {index} was acknowledged"
+            ));
+        }
+        if let Some((&value, &index)) = self.acked_increments.last_key_value() {
+            let counter = counter.as_ref().and_then(counter_value);
+            if counter.is_none_or(|counter| counter < value) {
+                return Err(format!(
+                    "{what} has the counter at {counter:?}, but an increment to {value} was \
+                     acknowledged at index {index}"
+                ));
+            }
+        }
+        match copy {
+            Some(state) => self.check_state(&state, end, &what),
+            None => Ok(()),
+        }
+    }
+
+    /// `state`, which reflects every record below `end`, holds every
+    /// acknowledged put below `end` at its index and no put that did not
+    /// commit, every key's value is the one the record at its version set,
+    /// and its counter is at least every acknowledged increment below `end`.
+    pub(super) fn check_state(
+        &self,
+        state: &KvState,
+        end: u64,
+        what: &str,
+    ) -> Result<(), Violation> {
+        for (key, put_state) in &self.puts {
+            let found = state.get(key);
+            match put_state {
+                PutState::Acked(index) if *index < end => {
+                    let value = &self.put_values[key];
+                    let holds = found
+                        .is_some_and(|entry| entry.value == *value && entry.version.0 == *index);
+                    if !holds {
+                        return Err(format!(
+                            "{what} (below {end}) lost the put of {key:?} acknowledged at index \
+                             {index}: it holds {:?}",
+                            found.map(|entry| (label(&entry.value), entry.version))
+                        ));
+                    }
+                }
+                PutState::NotCommitted if found.is_some() => {
+                    return Err(format!(
+                        "{what} holds {key:?}, whose write failed without committing"
+                    ));
+                }
+                _ => {}
+            }
+        }
+        let (entries, _) = state.list(b"", None, usize::MAX);
+        for (key, entry) in entries {
+            if entry.version.0 >= end {
+                return Err(format!(
+                    "{what} (below {end}) holds {key:?} at version {}",
+                    entry.version
+                ));
+            }
+            if let Some(record) = self.applied.get(&entry.version.0)
+                && put_value(record).as_ref() != Some(&entry.value)
+            {
+                return Err(format!(
+                    "{what} holds {key:?} = {} at version {}, but the record applied there is {}",
+                    label(&entry.value),
+                    entry.version,
+                    record_label(record)
+                ));
+            }
+        }
+        let acked_below: Vec<u64> = self
+            .acked_increments
+            .iter()
+            .filter(|(_, index)| **index < end)
+            .map(|(value, _)| *value)
+            .collect();
+        if let Some(&highest) = acked_below.last() {
+            let counter = state
+                .get(COUNTER)
+                .and_then(|entry| counter_value(&entry.value));
+            if counter.is_none_or(|counter| counter < highest) {
+                return Err(format!(
+                    "{what} (below {end}) has the counter at {counter:?}, but an increment to \
+                     {highest} was acknowledged below it"
+                ));
+            }
+        }
+        Ok(())
+    }
+}

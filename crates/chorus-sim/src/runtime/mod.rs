@@ -1,0 +1,893 @@
+//! The runtime phase of a run (docs/design/0003-runtime-and-service.md):
+//! two or three `Runtime<KvState>` processes ("nodes") over one database —
+//! log replicas and a register (a [`World`]) plus one store for the lease,
+//! `HEAD.json` and snapshot payloads — each node with its own skewed
+//! [`SimClock`] and its own fault controllers over the shared stores, as in
+//! `crates/chorus/tests/runtime.rs`.
+//!
+//! The schedule: key-value writes through `Runtime::write` (puts of unique
+//! keys with `Condition::Absent`, and compare-and-set increments of one
+//! counter key prepared with `KvState::check` against the applied state),
+//! crashes (`Runtime::abort`) and fresh processes (a new holder id, or the
+//! crashed one's: a restart), graceful shutdowns of processes that are not
+//! serving (see `RuntimePhase::may_shut_down`), zombies (a node cut off
+//! from its log, its lease store or both, for a while, then healed), store
+//! faults on any view or on the shared stores, replica outages, clock skew
+//! and sleeps. Snapshots (every few records) and the log truncation below
+//! them are the runtime's own. The phase runs on a tokio runtime of its own
+//! whose scheduler settings keep the runtime's blocking-pool work
+//! deterministic (`executor::GatedRuntime`).
+//!
+//! Checkers, after every step (`check.rs`; R5 in `fencing.rs`):
+//!
+//! - **R1, agreement**: every record any process applied (its change history,
+//!   polled every step, and for a few steps after it stopped) is the record every
+//!   other process applied at that index and the record acknowledged there;
+//!   a unique key is applied at one index only; a put whose write failed with
+//!   `may_have_committed() == false` (or was refused before the log) is never
+//!   applied.
+//! - **R2, acknowledged writes**: an acknowledged put applied `Done`; two
+//!   acknowledged increments never wrote the same counter value (a lost
+//!   update); no two writes are acknowledged at one index; `prepare` never
+//!   refuses a write it built from the applied state.
+//! - **R3, exclusivity**: while every two clocks are within the safety
+//!   margin, at most one process answers `Runtime::read` (a current read).
+//! - **R4, current reads are current**: while the clocks agree, a process
+//!   that answers a current read has applied every acknowledged index, its
+//!   counter is at least every acknowledged increment, and (every 16 steps)
+//!   its state holds every acknowledged put with its value and version (the
+//!   index it was acknowledged at) and no put that did not commit.
+//! - **R5, HEAD writes are fenced**: every write of `HEAD.json` that lands
+//!   (seen by a layer under every fault injector, at the instant it lands)
+//!   bumps the publication sequence, never lowers the lease token, and is
+//!   stamped with the lease document's token at that instant — or, while the
+//!   clocks agree, with a token that stopped being the live lease less than
+//!   `head_call_timeout` earlier (a write sent while the lease vouched, still
+//!   in flight when it expired).
+//! - **R6, snapshots are prefixes**: each new HEAD's payload decodes, is
+//!   taken at HEAD's `wal_index`, and holds exactly the acknowledged puts
+//!   below it, every value set by the record applied at its version, and a
+//!   counter at least every acknowledged increment below it.
+//! - The lease phase's L2 and S1–S3 on the same store, and the log phases'
+//!   register checkers (5, 6) on the runtime's register.
+//!
+//! Liveness (`liveness.rs`): every fault healed and every clock agreeing, a
+//! process must become primary, every write must resolve, a new write must
+//! be acknowledged, the primary's state must hold every acknowledged put and
+//! a counter between the acknowledged and the acknowledged-or-ambiguous
+//! increments (**R7**), and every other process must converge on its state.
+//!
+//! The workload is in `workload.rs`. A process that stops by itself (a boot
+//! step failed as not transient) is counted (`fatal_stops`) and booted
+//! again, as a process manager would.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chorus::blob::FaultController;
+use chorus::ids::RecordIndex;
+use chorus::kv::{Applied, Condition, KvState};
+use chorus::lease::{DatabaseKey, HolderId};
+use chorus::runtime::{Role, Runtime, RuntimeConfig, RuntimeStores};
+use chorus::snapshot::{Head, SnapshotConfig};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::actions::pick;
+use crate::check::StoreChecker;
+use crate::control::{ControlStore, ControlView, LeaseTiming, SimClock};
+use crate::faults::{Expiring, RuleLabel, draw_register_rule, draw_store_rule};
+use crate::lease::LeaseChecker;
+use crate::model::Violation;
+use crate::params::Params;
+use crate::trace::Trace;
+use crate::world::{ActorFaults, World};
+
+use check::PutState;
+use fencing::{Audit, Reign};
+use workload::{WriteEnd, WriteKind, increment, put};
+
+mod check;
+mod fencing;
+mod liveness;
+#[cfg(test)]
+mod tests;
+mod workload;
+
+type Kv = Runtime<KvState>;
+
+/// Writes in flight at most; more are not started.
+const MAX_PENDING_WRITES: usize = 48;
+/// Stopped processes whose history is still polled (late applies).
+const RETIRED_KEPT: usize = 4;
+/// The least virtual time between two steps. The runtime encodes and
+/// restores snapshots on tokio's blocking pool, in real time; while a
+/// blocking task runs, the paused clock does not advance, so a driver that
+/// always sleeps a little acts only after it finished, never in a race
+/// with it at one virtual instant.
+const SETTLE_MIN_MS: u64 = 1;
+
+/// What the runtime phase exercised.
+#[derive(Debug, Clone, Default)]
+pub struct RuntimeStats {
+    /// Writes started.
+    pub writes: u64,
+    /// Writes acknowledged.
+    pub acked: u64,
+    /// Writes that failed with `may_have_committed`.
+    pub ambiguous: u64,
+    /// Writes refused or failed without committing.
+    pub not_committed: u64,
+    /// Acknowledged increments that lost their compare-and-set at apply time.
+    pub cas_lost: u64,
+    /// Acknowledgements by a process whose lease was no longer the lease.
+    pub zombie_acks: u64,
+    /// Lease acquisitions by another holder than the last.
+    pub takeovers: u64,
+    /// HEAD writes that landed (claims and publications).
+    pub head_writes: u64,
+    /// HEAD writes that landed after their lease stopped being the lease.
+    pub late_head_writes: u64,
+    /// Times the log's floor rose (truncation below a snapshot).
+    pub floor_raises: u64,
+    /// Processes started.
+    pub boots: u64,
+    /// Processes aborted.
+    pub crashes: u64,
+    /// Processes that stopped by themselves (a fatal runtime error).
+    pub fatal_stops: u64,
+    /// Nodes healed after being cut off while another took the lease over.
+    pub zombies: u64,
+    /// Current reads answered.
+    pub current_reads: u64,
+}
+
+/// The settings of one run of the phase, drawn from its seed.
+#[derive(Debug, Clone)]
+struct Settings {
+    nodes: usize,
+    timing: LeaseTiming,
+    snapshot: SnapshotConfig,
+    /// Every node's runtime settings; the holder is replaced per process.
+    runtime: RuntimeConfig,
+    replicas: usize,
+    window: u32,
+    fault_intensity: u32,
+}
+
+fn millis(rng: &mut StdRng, range: std::ops::RangeInclusive<u64>) -> Duration {
+    Duration::from_millis(rng.random_range(range))
+}
+
+impl Settings {
+    fn draw(rng: &mut StdRng) -> Settings {
+        let params = Params::draw(rng);
+        let timing = LeaseTiming::draw(rng, 1000..=5000);
+        let store_call_timeout = timing.config.store_call_timeout;
+        let snapshot = SnapshotConfig {
+            head_call_timeout: store_call_timeout,
+            payload_call_timeout: store_call_timeout * 2,
+        };
+        let placeholder = HolderId::new("unset").expect("a valid holder id");
+        let runtime = RuntimeConfig {
+            log: params.config.clone(),
+            snapshot_every_records: rng.random_range(2..=24),
+            snapshot_interval: millis(rng, 1000..=20_000),
+            keep_payloads: NonZeroUsize::new(rng.random_range(1..=3)).expect("non-zero"),
+            force: false,
+            standby_poll_interval: millis(rng, 50..=500),
+            lease_check_interval: millis(rng, 50..=500),
+            drain_timeout: millis(rng, 100..=2000),
+            history_records: 100_000,
+            retry_backoff: millis(rng, 50..=1000),
+            ..RuntimeConfig::new(placeholder)
+        };
+        runtime
+            .validate()
+            .expect("the simulator draws valid runtime settings");
+        Settings {
+            nodes: rng.random_range(2..=3),
+            timing,
+            snapshot,
+            runtime,
+            replicas: params.replicas,
+            window: params.window,
+            fault_intensity: params.fault_intensity,
+        }
+    }
+}
+
+impl std::fmt::Display for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (l, r) = (&self.timing.config, &self.runtime);
+        write!(
+            f,
+            "nodes={} replicas={} window={} ttl={:?} safety_margin={:?} store_call_timeout={:?} \
+             max_skew_ms={} snapshot_every_records={} snapshot_interval={:?} keep_payloads={} \
+             standby_poll={:?} lease_check={:?} drain={:?} retry_backoff={:?} \
+             max_segment_bytes={} max_inflight_records={} fault_intensity={}",
+            self.nodes,
+            self.replicas,
+            self.window,
+            l.ttl,
+            l.safety_margin,
+            l.store_call_timeout,
+            self.timing.max_skew_ms,
+            r.snapshot_every_records,
+            r.snapshot_interval,
+            r.keep_payloads,
+            r.standby_poll_interval,
+            r.lease_check_interval,
+            r.drain_timeout,
+            r.retry_backoff,
+            r.log.max_segment_bytes,
+            r.log.max_inflight_records,
+            self.fault_intensity,
+        )
+    }
+}
+
+/// A write in flight.
+struct PendingWrite {
+    id: u64,
+    node: usize,
+    holder: HolderId,
+    kind: WriteKind,
+    handle: JoinHandle<WriteEnd>,
+}
+
+/// A running (or stopping) process.
+struct Process {
+    runtime: Arc<Kv>,
+    holder: HolderId,
+    /// The next index of its change history not yet checked.
+    seen: RecordIndex,
+    role: Role,
+    /// A graceful shutdown in progress.
+    shutdown: Option<JoinHandle<()>>,
+}
+
+/// What part of its world a cut-off node cannot reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    Log,
+    Lease,
+    Both,
+}
+
+/// A node cut off until a step.
+#[derive(Debug, Clone)]
+struct Isolation {
+    until: u64,
+    scope: Scope,
+    /// The lease holder when it began.
+    holder_at_start: Option<HolderId>,
+}
+
+/// One machine: its clock, its views of the stores, and the process on it.
+struct Node {
+    clock: Arc<SimClock>,
+    log_faults: ActorFaults,
+    lease_faults: FaultController,
+    stores: RuntimeStores,
+    incarnation: u64,
+    /// The holder id of its last process, if that process is gone (crashed,
+    /// shut down or stopped by itself), so a restart may reuse it.
+    restartable: Option<HolderId>,
+    process: Option<Process>,
+    isolated: Option<Isolation>,
+}
+
+impl Node {
+    fn cut(&self, scope: Scope, outage: bool) {
+        if scope != Scope::Lease {
+            for controller in &self.log_faults.replicas {
+                controller.set_outage(outage);
+            }
+            self.log_faults.register.set_outage(outage);
+        }
+        if scope != Scope::Log {
+            self.lease_faults.set_outage(outage);
+        }
+    }
+
+    fn clear(&self) {
+        self.log_faults.clear();
+        self.lease_faults.clear();
+    }
+}
+
+/// One step of the schedule.
+#[derive(Debug, Clone)]
+enum Action {
+    Write {
+        node: usize,
+        count: u32,
+    },
+    Boot {
+        node: usize,
+        restart: bool,
+    },
+    Crash(usize),
+    Shutdown(usize),
+    Isolate {
+        node: usize,
+        scope: Scope,
+        steps: u64,
+    },
+    Heal(usize),
+    Skew {
+        node: usize,
+        skew_ms: i64,
+    },
+    LogFault,
+    LeaseStoreFault,
+    Outage {
+        replica: usize,
+        steps: u64,
+    },
+    Clear,
+    Sleep(Duration),
+}
+
+/// The state of the runtime phase.
+pub struct RuntimePhase<'a> {
+    rng: StdRng,
+    trace: &'a mut Trace,
+    origin: Instant,
+    step: u64,
+    settings: Settings,
+    database: DatabaseKey,
+    world: World,
+    register_checker: StoreChecker,
+    /// The store of the lease, HEAD and payloads.
+    control: ControlStore,
+    /// What landed on it since the last step (R5).
+    audit: Arc<Audit>,
+    lease_checker: LeaseChecker,
+    nodes: Vec<Node>,
+    retired: Vec<(usize, Process)>,
+    writes: Vec<PendingWrite>,
+    next_write: u64,
+    /// Every put by key.
+    puts: BTreeMap<Bytes, PutState>,
+    /// The value of every put, by key.
+    put_values: BTreeMap<Bytes, Bytes>,
+    /// Where each key's put was applied.
+    put_index: BTreeMap<Bytes, u64>,
+    /// Acknowledged increments: the counter value written → the index.
+    acked_increments: BTreeMap<u64, u64>,
+    ambiguous_increments: u64,
+    /// Acknowledged records by index.
+    acked: BTreeMap<u64, Bytes>,
+    /// Applied records by index (R1).
+    applied: BTreeMap<u64, Bytes>,
+    reigns: Vec<Reign>,
+    last_head_write: Option<Head>,
+    /// The HEAD payload last checked by R6.
+    checked_payload: Option<String>,
+    /// Fault rules and replica outages, with the step they end at.
+    expiring: Expiring,
+    floor: u64,
+    stats: RuntimeStats,
+}
+
+impl<'a> RuntimePhase<'a> {
+    /// A phase for `seed`, tracing into `trace`, built inside the paused runtime.
+    pub async fn new(seed: u64, trace: &'a mut Trace) -> RuntimePhase<'a> {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x0c0f_fee5_7a7e_0000);
+        let settings = Settings::draw(&mut rng);
+        let world = World::new(settings.replicas, settings.window, || rng.random()).await;
+        let origin = Instant::now();
+        let database = DatabaseKey::new("simkv").expect("a valid database key");
+        let audit = Arc::new(Audit::new(&database, origin));
+        let control = ControlStore::new("memory://sim-runtime", rng.random(), Some(audit.clone()));
+        let lease_checker =
+            LeaseChecker::new(&control.raw, &database, settings.timing.config, origin);
+        let mut phase = RuntimePhase {
+            rng,
+            trace,
+            origin,
+            step: 0,
+            register_checker: StoreChecker::new(settings.replicas),
+            settings,
+            database,
+            world,
+            control,
+            audit,
+            lease_checker,
+            nodes: Vec::new(),
+            retired: Vec::new(),
+            writes: Vec::new(),
+            next_write: 0,
+            puts: BTreeMap::new(),
+            put_values: BTreeMap::new(),
+            put_index: BTreeMap::new(),
+            acked_increments: BTreeMap::new(),
+            ambiguous_increments: 0,
+            acked: BTreeMap::new(),
+            applied: BTreeMap::new(),
+            reigns: Vec::new(),
+            last_head_write: None,
+            checked_payload: None,
+            expiring: Expiring::default(),
+            floor: 0,
+            stats: RuntimeStats::default(),
+        };
+        for _ in 0..phase.settings.nodes {
+            let node = phase.new_node();
+            phase.nodes.push(node);
+        }
+        let settings = phase.settings.to_string();
+        phase.event(format!("runtime phase: {settings}"));
+        phase
+    }
+
+    fn new_node(&mut self) -> Node {
+        let (log, log_faults) = self.world.view(|| self.rng.random());
+        let ControlView {
+            clock,
+            faults: lease_faults,
+            leases,
+            snapshots,
+        } = self.control.view(
+            self.origin,
+            &self.database,
+            self.settings.timing.config,
+            self.settings.snapshot,
+            self.rng.random(),
+        );
+        Node {
+            clock,
+            log_faults,
+            lease_faults,
+            stores: RuntimeStores {
+                log,
+                snapshots,
+                leases,
+            },
+            incarnation: 0,
+            restartable: None,
+            process: None,
+            isolated: None,
+        }
+    }
+
+    fn event(&mut self, what: impl std::fmt::Display) {
+        let now = self.origin.elapsed();
+        self.trace.event(self.step, now, what);
+    }
+
+    /// Records an event that happened at `at` (since the phase began).
+    fn event_at(&mut self, at: Duration, what: impl std::fmt::Display) {
+        self.trace.event(self.step, at, what);
+    }
+
+    /// Whether every two clocks stay within the safety margin of each other
+    /// for the whole phase (nine seeds in ten), so that R3, R4 and the
+    /// timing part of R5 apply.
+    fn clocks_agree(&self) -> bool {
+        self.settings.timing.clocks_agree()
+    }
+
+    /// Runs `steps` steps and the liveness stages; returns what it exercised.
+    pub async fn run(mut self, steps: u64) -> (Result<(), Violation>, RuntimeStats) {
+        let outcome = self.run_steps(steps).await;
+        let outcome = match outcome {
+            Ok(()) => self.liveness().await,
+            Err(violation) => Err(violation),
+        };
+        let step = self.step;
+        let outcome = outcome.map_err(|violation| format!("step {step}: {violation}"));
+        let stats = format!("runtime stats {:?}", self.stats);
+        self.event(stats);
+        self.stop_everything();
+        (outcome, self.stats.clone())
+    }
+
+    async fn run_steps(&mut self, steps: u64) -> Result<(), Violation> {
+        for _ in 0..steps {
+            self.step += 1;
+            self.expire();
+            let action = self.choose();
+            self.event(format!("runtime do {action:?}"));
+            self.perform(action).await;
+            // At least 1 ms: see `SETTLE_MIN`.
+            let settle = if self.rng.random_bool(0.9) {
+                self.rng.random_range(SETTLE_MIN_MS..=20)
+            } else {
+                self.rng.random_range(20..=500)
+            };
+            tokio::time::sleep(Duration::from_millis(settle)).await;
+            self.observe()?;
+        }
+        Ok(())
+    }
+
+    /// The node whose process answers current reads now, if one does.
+    fn primary(&self) -> Option<usize> {
+        (0..self.nodes.len()).find(|node| {
+            self.nodes[*node]
+                .process
+                .as_ref()
+                .is_some_and(|process| process.runtime.is_primary_and_sure())
+        })
+    }
+
+    fn choose(&mut self) -> Action {
+        let nodes = self.nodes.len();
+        let node = self.rng.random_range(0..nodes);
+        let primary = self.primary();
+        let alive = self.nodes[node].process.is_some();
+        let intensity = self.settings.fault_intensity;
+        let write_to = match primary {
+            Some(primary) if self.rng.random_bool(0.9) => primary,
+            _ => node,
+        };
+        let mut options: Vec<(u32, Action)> = vec![
+            (
+                14,
+                Action::Write {
+                    node: write_to,
+                    count: self.rng.random_range(1..=6),
+                },
+            ),
+            (2, Action::LogFault),
+            (intensity, Action::LogFault),
+            (intensity, Action::LeaseStoreFault),
+            (
+                intensity.div_ceil(2),
+                Action::Outage {
+                    replica: self.rng.random_range(0..self.settings.replicas),
+                    steps: self.rng.random_range(5..=100),
+                },
+            ),
+            (1, Action::Clear),
+        ];
+        let skew_ms = self.settings.timing.draw_skew(&mut self.rng);
+        options.push((1, Action::Skew { node, skew_ms }));
+        let sleep = self.settings.timing.draw_sleep(&mut self.rng);
+        options.push((5, Action::Sleep(sleep)));
+        if alive {
+            options.push((2, Action::Crash(node)));
+            if self.may_shut_down(node) {
+                options.push((1, Action::Shutdown(node)));
+            }
+        } else {
+            let restart = self.rng.random_bool(0.3);
+            options.push((10, Action::Boot { node, restart }));
+        }
+        if self.nodes[node].isolated.is_some() {
+            options.push((2, Action::Heal(node)));
+        } else {
+            // Zombies are made of primaries mostly.
+            let target = primary
+                .filter(|_| self.rng.random_bool(0.8))
+                .unwrap_or(node);
+            let scope = match self.rng.random_range(0..4) {
+                0 => Scope::Log,
+                1 => Scope::Lease,
+                _ => Scope::Both,
+            };
+            let steps = self.rng.random_range(5..=80);
+            if self.nodes[target].isolated.is_none() {
+                options.push((
+                    2,
+                    Action::Isolate {
+                        node: target,
+                        scope,
+                        steps,
+                    },
+                ));
+            }
+        }
+        pick(&mut self.rng, options)
+    }
+
+    async fn perform(&mut self, action: Action) {
+        match action {
+            Action::Write { node, count } => {
+                for _ in 0..count {
+                    self.write(node);
+                }
+            }
+            Action::Boot { node, restart } => self.boot(node, restart),
+            Action::Crash(node) => self.crash(node),
+            Action::Shutdown(node) => self.shutdown(node),
+            Action::Isolate { node, scope, steps } => {
+                let holder = self.lease_holder();
+                self.nodes[node].cut(scope, true);
+                self.nodes[node].isolated = Some(Isolation {
+                    until: self.step + steps,
+                    scope,
+                    holder_at_start: holder,
+                });
+            }
+            Action::Heal(node) => self.heal(node),
+            Action::Skew { node, skew_ms } => self.nodes[node].clock.set_skew(skew_ms),
+            Action::LogFault => self.log_fault(),
+            Action::LeaseStoreFault => self.lease_store_fault(),
+            Action::Outage { replica, steps } => {
+                let controller = &self.world.replica_faults[replica];
+                self.expiring
+                    .add_outage(self.step + steps, replica, controller);
+            }
+            Action::Clear => self.clear(),
+            Action::Sleep(duration) => tokio::time::sleep(duration).await,
+        }
+    }
+
+    /// The holder of the lease document as it last landed.
+    fn lease_holder(&self) -> Option<HolderId> {
+        self.reigns
+            .last()
+            .filter(|reign| reign.live)
+            .map(|reign| reign.holder.clone())
+    }
+
+    /// Starts a process on `node`: under the last crashed process's holder
+    /// id (a restart: it takes its own lease over at once) or a new one.
+    fn boot(&mut self, node: usize, restart: bool) {
+        let slot = &mut self.nodes[node];
+        if slot.process.is_some() {
+            return;
+        }
+        let holder = match slot.restartable.clone().filter(|_| restart) {
+            Some(holder) => holder,
+            None => {
+                slot.incarnation += 1;
+                HolderId::new(&format!("n{node}-{}", slot.incarnation)).expect("a valid holder id")
+            }
+        };
+        let config = RuntimeConfig {
+            holder: holder.clone(),
+            ..self.settings.runtime.clone()
+        };
+        let runtime = Kv::start(slot.stores.clone(), config).expect("valid runtime settings");
+        slot.restartable = None;
+        slot.process = Some(Process {
+            runtime: Arc::new(runtime),
+            holder: holder.clone(),
+            seen: RecordIndex(0),
+            role: Role::Booting,
+            shutdown: None,
+        });
+        self.stats.boots += 1;
+        self.event(format!("runtime n{node} boots as {holder}"));
+    }
+
+    fn crash(&mut self, node: usize) {
+        let Some(process) = self.nodes[node].process.take() else {
+            return;
+        };
+        process.runtime.abort();
+        self.nodes[node].restartable = Some(process.holder.clone());
+        self.stats.crashes += 1;
+        self.retire(node, process);
+    }
+
+    /// Whether `node`'s process may be shut down gracefully now: only while
+    /// it is not serving (a standby, or booting). The serve loop of
+    /// `chorus::runtime` (`primary.rs`, `serve`) waits in a `tokio::select!`
+    /// that is not `biased`: when a shutdown request finds another branch
+    /// ready too (a failed write, a lost lease, the snapshot timer at the
+    /// same instant), tokio picks one at random, from a generator seeded by
+    /// the OS, and the two outcomes differ (a graceful exit that publishes a
+    /// final snapshot and releases the lease, or an exit as a failed writer
+    /// that does neither). A process that is not serving reaches that
+    /// `select!` with the shutdown request as the only ready branch. Lift
+    /// this once the `select!` is `biased;` (docs/testing.md, "Gaps").
+    fn may_shut_down(&self, node: usize) -> bool {
+        self.nodes[node].process.as_ref().is_some_and(|process| {
+            process.shutdown.is_none()
+                && matches!(process.runtime.status().role, Role::Standby | Role::Booting)
+        })
+    }
+
+    fn shutdown(&mut self, node: usize) {
+        let Some(process) = self.nodes[node].process.as_mut() else {
+            return;
+        };
+        if process.shutdown.is_some() {
+            return;
+        }
+        let runtime = Arc::clone(&process.runtime);
+        process.shutdown = Some(tokio::spawn(async move {
+            let _ = runtime.shutdown().await;
+        }));
+    }
+
+    /// Keeps a stopped process around to poll its history a while longer
+    /// (its apply task may still apply writes that were in flight).
+    fn retire(&mut self, node: usize, process: Process) {
+        self.retired.push((node, process));
+        if self.retired.len() > RETIRED_KEPT {
+            self.retired.remove(0);
+        }
+    }
+
+    fn heal(&mut self, node: usize) {
+        let Some(isolation) = self.nodes[node].isolated.take() else {
+            return;
+        };
+        self.nodes[node].cut(isolation.scope, false);
+        let now = self.lease_holder();
+        let was_primary = isolation.holder_at_start.as_ref().is_some_and(|holder| {
+            self.nodes[node]
+                .process
+                .as_ref()
+                .is_some_and(|process| process.holder == *holder)
+        });
+        let zombie = was_primary && now != isolation.holder_at_start;
+        self.stats.zombies += u64::from(zombie);
+        self.event(format!(
+            "runtime n{node} healed ({:?}){}",
+            isolation.scope,
+            if zombie {
+                " after its lease was taken over"
+            } else {
+                ""
+            }
+        ));
+    }
+
+    /// Starts a write on `node`'s process.
+    fn write(&mut self, node: usize) {
+        let Some(process) = self.nodes[node].process.as_ref() else {
+            return;
+        };
+        // A process shutting down may not become a serving primary with
+        // writes in flight (see `may_shut_down`).
+        if process.shutdown.is_some() {
+            return;
+        }
+        if self.writes.len() >= MAX_PENDING_WRITES {
+            return;
+        }
+        self.next_write += 1;
+        let id = self.next_write;
+        let kind = if self.rng.random_bool(0.3) {
+            WriteKind::Increment
+        } else {
+            let length = self.rng.random_range(0..=48);
+            let mut value = format!("w{id}.").into_bytes();
+            value.extend((0..length).map(|_| self.rng.random::<u8>()));
+            WriteKind::Put {
+                key: Bytes::from(format!("k{id:06}")),
+                value: Bytes::from(value),
+            }
+        };
+        if let WriteKind::Put { key, value } = &kind {
+            self.puts.insert(key.clone(), PutState::Pending);
+            self.put_values.insert(key.clone(), value.clone());
+        }
+        let runtime = Arc::clone(&process.runtime);
+        let holder = process.holder.clone();
+        let prepared = kind.clone();
+        let handle = tokio::spawn(async move {
+            let mut record = None;
+            let result = runtime
+                .write(|state: &KvState| -> Result<Bytes, Applied> {
+                    let command = match &prepared {
+                        WriteKind::Put { key, value } => put(key, value, Condition::Absent),
+                        WriteKind::Increment => increment(state),
+                    };
+                    state.check(&command)?;
+                    let bytes = command.encode().expect("a valid command");
+                    record = Some(bytes.clone());
+                    Ok(bytes)
+                })
+                .await;
+            (record, result)
+        });
+        self.stats.writes += 1;
+        self.writes.push(PendingWrite {
+            id,
+            node,
+            holder,
+            kind,
+            handle,
+        });
+    }
+
+    fn log_fault(&mut self) {
+        let replica = self.rng.random_range(0..self.settings.replicas);
+        let node = self.rng.random_range(0..self.nodes.len());
+        let (name, controller, rule) = match self.rng.random_range(0..4) {
+            0 => (
+                format!("replica {replica}"),
+                self.world.replica_faults[replica].clone(),
+                draw_store_rule(&mut self.rng),
+            ),
+            1 => (
+                "register".to_owned(),
+                self.world.register_faults.clone(),
+                draw_register_rule(&mut self.rng),
+            ),
+            2 => (
+                format!("n{node} register"),
+                self.nodes[node].log_faults.register.clone(),
+                draw_register_rule(&mut self.rng),
+            ),
+            _ => (
+                format!("n{node} replica {replica}"),
+                self.nodes[node].log_faults.replicas[replica].clone(),
+                draw_store_rule(&mut self.rng),
+            ),
+        };
+        self.add_expiring(&name, controller, rule);
+    }
+
+    /// A rule on the shared control store or one node's view of it;
+    /// corruption hits payloads, `HEAD.json` and `lease.json` alike.
+    fn lease_store_fault(&mut self) {
+        let node = self.rng.random_range(0..self.nodes.len());
+        let rule = draw_store_rule(&mut self.rng);
+        let (name, controller) = if self.rng.random_bool(0.5) {
+            ("control store".to_owned(), self.control.faults.clone())
+        } else {
+            (
+                format!("n{node} control store"),
+                self.nodes[node].lease_faults.clone(),
+            )
+        };
+        self.add_expiring(&name, controller, rule);
+    }
+
+    fn add_expiring(
+        &mut self,
+        name: &str,
+        controller: FaultController,
+        rule: chorus::blob::FaultRule,
+    ) {
+        let text = RuleLabel(&rule).to_string();
+        let lasts = self.rng.random_range(5..=150);
+        self.expiring.add_rule(self.step + lasts, controller, rule);
+        self.event(format!("runtime fault {name} for {lasts} steps: {text}"));
+    }
+
+    /// Clears one shared controller (the nodes' own rules expire).
+    fn clear(&mut self) {
+        match self.rng.random_range(0..3) {
+            0 => {
+                let replica = self.rng.random_range(0..self.settings.replicas);
+                self.world.replica_faults[replica].clear();
+                self.expiring.forget_outages(replica);
+            }
+            1 => self.world.register_faults.clear(),
+            _ => self.control.faults.clear(),
+        }
+    }
+
+    /// Removes the rules, outages and isolations whose time is up.
+    fn expire(&mut self) {
+        let step = self.step;
+        self.expiring.expire(step, &self.world.replica_faults);
+        for node in 0..self.nodes.len() {
+            if self.nodes[node]
+                .isolated
+                .as_ref()
+                .is_some_and(|isolation| isolation.until <= step)
+            {
+                self.heal(node);
+            }
+        }
+    }
+
+    /// Aborts every process, so nothing runs on after the phase.
+    fn stop_everything(&mut self) {
+        for node in &mut self.nodes {
+            if let Some(process) = node.process.take() {
+                process.runtime.abort();
+            }
+        }
+        for write in &self.writes {
+            write.handle.abort();
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! The checkers catch what they claim to catch, fed directly.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use chorus::ids::RecordIndex;
+use chorus::kv::{Condition, KvState};
+use chorus::lease::{DatabaseKey, Generation, HolderId, LeaseRecord, Term};
+use chorus::snapshot::{Head, PayloadId, PublicationSequence, PublisherId, Sha256Digest};
+
+use super::RuntimePhase;
+use super::check::PutState;
+use super::workload::{increment, put};
+use crate::trace::Trace;
+
+fn bytes(text: &str) -> Bytes {
+    Bytes::copy_from_slice(text.as_bytes())
+}
+
+/// A phase whose clocks agree.
+async fn phase(trace: &mut Trace) -> RuntimePhase<'_> {
+    let mut phase = RuntimePhase::new(1, trace).await;
+    phase.settings.timing.max_skew_ms = 0;
+    phase
+}
+
+/// The record of a put of `key` that `phase` knows as pending.
+fn put_record(phase: &mut RuntimePhase<'_>, key: &str, value: &str) -> Bytes {
+    phase.puts.insert(bytes(key), PutState::Pending);
+    phase.put_values.insert(bytes(key), bytes(value));
+    put(&bytes(key), &bytes(value), Condition::Absent)
+        .encode()
+        .unwrap()
+}
+
+fn state_with(records: &[(u64, &Bytes)]) -> KvState {
+    let mut state = KvState::default();
+    for (index, record) in records {
+        state.apply(RecordIndex(*index), record);
+    }
+    state
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_state_that_lost_an_acknowledged_put_is_caught() {
+    let mut trace = Trace::new(false);
+    let mut phase = phase(&mut trace).await;
+    let a = put_record(&mut phase, "a", "1");
+    let b = put_record(&mut phase, "b", "2");
+    phase.puts.insert(bytes("a"), PutState::Acked(0));
+    phase.puts.insert(bytes("b"), PutState::Acked(1));
+    let whole = state_with(&[(0, &a), (1, &b)]);
+    phase.check_state(&whole, 2, "whole").unwrap();
+    // Below its index, the put need not be there yet.
+    phase
+        .check_state(&state_with(&[(0, &a)]), 1, "prefix")
+        .unwrap();
+    let lost = state_with(&[(0, &a)]);
+    let error = phase.check_state(&lost, 2, "lost").unwrap_err();
+    assert!(error.contains("lost the put"), "{error}");
+    // The right value at another index is a different write.
+    let moved = state_with(&[(0, &a), (2, &b)]);
+    let error = phase.check_state(&moved, 3, "moved").unwrap_err();
+    assert!(error.contains("lost the put"), "{error}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_state_holding_a_put_that_never_committed_is_caught() {
+    let mut trace = Trace::new(false);
+    let mut phase = phase(&mut trace).await;
+    let a = put_record(&mut phase, "a", "1");
+    phase.puts.insert(bytes("a"), PutState::NotCommitted);
+    let error = phase
+        .check_state(&state_with(&[(0, &a)]), 1, "state")
+        .unwrap_err();
+    assert!(error.contains("failed without committing"), "{error}");
+    let error = phase.on_applied(0, 0, &a).unwrap_err();
+    assert!(error.contains("failed"), "{error}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn processes_that_apply_different_records_at_one_index_are_caught() {
+    let mut trace = Trace::new(false);
+    let mut phase = phase(&mut trace).await;
+    let a = put_record(&mut phase, "a", "1");
+    let b = put_record(&mut phase, "b", "2");
+    phase.on_applied(0, 0, &a).unwrap();
+    phase.on_applied(1, 0, &a).unwrap();
+    let error = phase.on_applied(1, 0, &b).unwrap_err();
+    assert!(error.contains("another process applied"), "{error}");
+    // One write applied at two indices is a duplicate.
+    let error = phase.on_applied(0, 1, &a).unwrap_err();
+    assert!(error.contains("indices 0 and 1"), "{error}");
+    // An applied record must agree with the ack at its index.
+    phase.acked.insert(2, b.clone());
+    let c = put_record(&mut phase, "c", "3");
+    let error = phase.on_applied(0, 2, &c).unwrap_err();
+    assert!(error.contains("was acknowledged"), "{error}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_counter_below_an_acknowledged_increment_is_caught() {
+    let mut trace = Trace::new(false);
+    let mut phase = phase(&mut trace).await;
+    let first = increment(&KvState::default()).encode().unwrap();
+    let state = state_with(&[(0, &first)]);
+    let second = increment(&state).encode().unwrap();
+    phase.acked_increments.insert(1, 0);
+    phase.acked_increments.insert(2, 1);
+    phase
+        .check_state(&state_with(&[(0, &first), (1, &second)]), 2, "both")
+        .unwrap();
+    let error = phase.check_state(&state, 2, "one").unwrap_err();
+    assert!(error.contains("counter"), "{error}");
+}
+
+fn lease(holder: &str, generation: u64, released: bool) -> LeaseRecord {
+    LeaseRecord {
+        database_key: DatabaseKey::new("simkv").unwrap(),
+        holder_id: HolderId::new(holder).unwrap(),
+        term: Term(1),
+        generation: Generation(generation),
+        acquired_at_ms: 0,
+        expires_at_ms: 1,
+        released,
+    }
+}
+
+fn head(holder: &str, generation: u64, sequence: u64) -> Head {
+    Head {
+        database_key: DatabaseKey::new("simkv").unwrap(),
+        holder_id: HolderId::new(holder).unwrap(),
+        term: Term(1),
+        lease_generation: Generation(generation),
+        publication_sequence: PublicationSequence(sequence),
+        snapshot: PayloadId {
+            generation: Generation(generation),
+            sequence: PublicationSequence(sequence),
+        },
+        wal_index: RecordIndex(0),
+        payload_size_bytes: 0,
+        payload_sha256: Sha256Digest::of(b""),
+        publisher_id: PublisherId(0),
+        updated_at_ms: 0,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_head_written_under_a_superseded_lease_is_caught() {
+    let mut trace = Trace::new(false);
+    let mut phase = phase(&mut trace).await;
+    let window = phase.settings.snapshot.head_call_timeout;
+    let second = Duration::from_secs(1);
+    phase.on_lease_landed(Duration::ZERO, lease("a", 1, false));
+    phase.on_head_landed(second, head("a", 1, 1)).unwrap();
+    phase.on_lease_landed(10 * second, lease("b", 2, false));
+    // Sent while a's lease vouched, landed just after it ended: allowed.
+    let late = 10 * second + window / 2;
+    phase.on_head_landed(late, head("a", 1, 2)).unwrap();
+    assert_eq!(phase.stats.late_head_writes, 1);
+    // Later than any call could take: fenced publication.
+    let error = phase
+        .on_head_landed(10 * second + window * 2, head("a", 1, 3))
+        .unwrap_err();
+    assert!(error.contains("fenced publication"), "{error}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn head_history_must_move_forward() {
+    let mut trace = Trace::new(false);
+    let mut phase = phase(&mut trace).await;
+    phase.on_lease_landed(Duration::ZERO, lease("a", 1, false));
+    phase
+        .on_head_landed(Duration::ZERO, head("a", 1, 2))
+        .unwrap();
+    let error = phase
+        .on_head_landed(Duration::ZERO, head("a", 1, 2))
+        .unwrap_err();
+    assert!(error.contains("HEAD history"), "{error}");
+    let error = phase
+        .on_head_landed(Duration::ZERO, head("b", 2, 3))
+        .unwrap_err();
+    assert!(error.contains("lease document's token"), "{error}");
+}
