@@ -107,11 +107,11 @@ fn seed_69_runtime_blocking_pool_race() {
 }
 
 /// A graceful shutdown raced a failed write in the runtime's serve loop,
-/// whose `tokio::select!` is not `biased`: tokio picked the branch at random
-/// (from a generator the simulator cannot seed), and one run released the
-/// lease while the other exited as a failed writer. Avoided in the
-/// simulator, which now shuts down gracefully only processes that are not
-/// serving, until the runtime's `select!` is `biased;`.
+/// whose `tokio::select!` was not `biased`: tokio picked the branch at
+/// random (from a generator the simulator cannot seed), and one run released
+/// the lease while the other exited as a failed writer. Fixed in the runtime
+/// (da4746c: `biased;`, the stop branch first); the phase shuts down serving
+/// primaries again, so this seed's double run covers the race.
 #[test]
 fn seed_44_runtime_shutdown_raced_a_failed_write() {
     passes(44);

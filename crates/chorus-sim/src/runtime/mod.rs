@@ -9,8 +9,8 @@
 //! keys with `Condition::Absent`, and compare-and-set increments of one
 //! counter key prepared with `KvState::check` against the applied state),
 //! crashes (`Runtime::abort`) and fresh processes (a new holder id, or the
-//! crashed one's: a restart), graceful shutdowns of processes that are not
-//! serving (see `RuntimePhase::may_shut_down`), zombies (a node cut off
+//! crashed one's: a restart), graceful shutdowns (`Runtime::shutdown`, of
+//! primaries with writes in flight too), zombies (a node cut off
 //! from its log, its lease store or both, for a while, then healed), store
 //! faults on any view or on the shared stores, replica outages, clock skew
 //! and sleeps. Snapshots (every few records) and the log truncation below
@@ -139,6 +139,10 @@ pub struct RuntimeStats {
     pub boots: u64,
     /// Processes aborted.
     pub crashes: u64,
+    /// Graceful shutdowns asked for.
+    pub shutdowns: u64,
+    /// Of those, of a process serving as primary at the time.
+    pub primary_shutdowns: u64,
     /// Processes that stopped by themselves (a fatal runtime error).
     pub fatal_stops: u64,
     /// Nodes healed after being cut off while another took the lease over.
@@ -553,11 +557,16 @@ impl<'a> RuntimePhase<'a> {
         options.push((1, Action::Skew { node, skew_ms }));
         let sleep = self.settings.timing.draw_sleep(&mut self.rng);
         options.push((5, Action::Sleep(sleep)));
+        // Graceful shutdowns go to the primary half the time: its way out
+        // (drain, final snapshot, release) is the one worth exercising.
+        let stopping = primary
+            .filter(|_| self.rng.random_bool(0.5))
+            .unwrap_or(node);
+        if self.may_shut_down(stopping) {
+            options.push((1, Action::Shutdown(stopping)));
+        }
         if alive {
             options.push((2, Action::Crash(node)));
-            if self.may_shut_down(node) {
-                options.push((1, Action::Shutdown(node)));
-            }
         } else {
             let restart = self.rng.random_bool(0.3);
             options.push((10, Action::Boot { node, restart }));
@@ -671,22 +680,15 @@ impl<'a> RuntimePhase<'a> {
         self.retire(node, process);
     }
 
-    /// Whether `node`'s process may be shut down gracefully now: only while
-    /// it is not serving (a standby, or booting). The serve loop of
-    /// `chorus::runtime` (`primary.rs`, `serve`) waits in a `tokio::select!`
-    /// that is not `biased`: when a shutdown request finds another branch
-    /// ready too (a failed write, a lost lease, the snapshot timer at the
-    /// same instant), tokio picks one at random, from a generator seeded by
-    /// the OS, and the two outcomes differ (a graceful exit that publishes a
-    /// final snapshot and releases the lease, or an exit as a failed writer
-    /// that does neither). A process that is not serving reaches that
-    /// `select!` with the shutdown request as the only ready branch. Lift
-    /// this once the `select!` is `biased;` (docs/testing.md, "Gaps").
+    /// Whether `node` has a process that is not shutting down yet, in any
+    /// role: a serving primary too, since its serve loop lets a shutdown
+    /// win over a failure ready at the same instant (`biased`), so either
+    /// way out replays exactly.
     fn may_shut_down(&self, node: usize) -> bool {
-        self.nodes[node].process.as_ref().is_some_and(|process| {
-            process.shutdown.is_none()
-                && matches!(process.runtime.status().role, Role::Standby | Role::Booting)
-        })
+        self.nodes[node]
+            .process
+            .as_ref()
+            .is_some_and(|process| process.shutdown.is_none())
     }
 
     fn shutdown(&mut self, node: usize) {
@@ -697,9 +699,12 @@ impl<'a> RuntimePhase<'a> {
             return;
         }
         let runtime = Arc::clone(&process.runtime);
+        let serving = runtime.status().role == Role::Primary;
         process.shutdown = Some(tokio::spawn(async move {
             let _ = runtime.shutdown().await;
         }));
+        self.stats.shutdowns += 1;
+        self.stats.primary_shutdowns += u64::from(serving);
     }
 
     /// Keeps a stopped process around to poll its history a while longer
@@ -741,11 +746,6 @@ impl<'a> RuntimePhase<'a> {
         let Some(process) = self.nodes[node].process.as_ref() else {
             return;
         };
-        // A process shutting down may not become a serving primary with
-        // writes in flight (see `may_shut_down`).
-        if process.shutdown.is_some() {
-            return;
-        }
         if self.writes.len() >= MAX_PENDING_WRITES {
             return;
         }
