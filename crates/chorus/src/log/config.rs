@@ -46,6 +46,14 @@ pub struct LogConfig {
     /// that is not full. Zero gives the lowest latency; a few milliseconds
     /// saves requests (cost) under moderate load. Default 0.
     pub linger: Duration,
+    /// Spread fragment cuts over the window: while fragments are in flight,
+    /// cut the next one no sooner than (smoothed cut-to-commit time) / window
+    /// after the previous one, unless a full fragment is queued. An idle log
+    /// still cuts at once. Without it, under sustained load the window's
+    /// slots free together and are spent at once on one large and several
+    /// tiny fragments, and records wait most of a round trip for the next
+    /// slot; with it, about 1/window of one. Default true.
+    pub pace_fragments: bool,
     /// First delay before retrying a failed store request; doubles per attempt.
     pub retry_backoff_min: Duration,
     /// Longest delay between retries of one store request.
@@ -72,6 +80,7 @@ impl Default for LogConfig {
             max_segment_bytes: 64 * MIB,
             max_active_segment_bytes: 1024 * MIB,
             linger: Duration::ZERO,
+            pace_fragments: true,
             retry_backoff_min: Duration::from_millis(10),
             retry_backoff_max: Duration::from_secs(1),
             register_rounds: crate::register::DEFAULT_MAX_ROUNDS,

@@ -4,6 +4,7 @@
 mod admission;
 mod background;
 mod lane;
+mod pacer;
 mod pipeline;
 mod rotation;
 

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use super::admission::{Admitted, framed_bytes};
 use super::lane::Lane;
+use super::pacer::Pacer;
 use super::rotation::{Rotated, seal_and_fold};
 use super::{Command, Receipt, Shared};
 use crate::codec::Fragment;
@@ -75,6 +76,7 @@ impl ActiveSegment {
 #[derive(Debug)]
 struct Slot {
     encoded: Bytes,
+    cut_at: Instant,
     records: Vec<Bytes>,
     payload_bytes: u64,
     acks: usize,
@@ -126,6 +128,7 @@ pub(super) struct Pipeline {
     committed: u64,
     waiting: VecDeque<Waiter>,
     lanes: Vec<Lane>,
+    pacer: Pacer,
     events: mpsc::UnboundedSender<LaneEvent>,
     rotated: Option<oneshot::Receiver<Result<Rotated, LogError>>>,
     rotation_task: Option<JoinHandle<()>>,
@@ -165,6 +168,7 @@ impl Pipeline {
         Pipeline {
             quorum: manifest.quorum(),
             window: u64::from(manifest.window),
+            pacer: Pacer::new(start.config.pace_fragments, u64::from(manifest.window)),
             segment: ActiveSegment::new(manifest.tail, manifest.tail_base),
             pending,
             next_counter,
@@ -215,10 +219,15 @@ impl Pipeline {
             // The drain deadline always gets its timer, since nothing else
             // may wake the loop when nothing commits; once it has passed,
             // the next round ends the drain, so it cannot spin.
-            let linger = self
-                .linger_deadline()
-                .filter(|deadline| *deadline > Instant::now());
-            let wake = linger.into_iter().chain(self.drain_deadline()).min();
+            // The pacing deadline likewise, and only while records wait.
+            let now = Instant::now();
+            let linger = self.linger_deadline().filter(|deadline| *deadline > now);
+            let pace = self.pace_deadline().filter(|deadline| *deadline > now);
+            let wake = linger
+                .into_iter()
+                .chain(pace)
+                .chain(self.drain_deadline())
+                .min();
             // `biased`: branches are tried in order rather than at random, so a
             // run replays exactly under the deterministic simulator. Every
             // source is bounded (admission budget, one event per request), so
@@ -319,6 +328,16 @@ impl Pipeline {
             .map(|oldest| oldest.admitted_at + self.config.linger)
     }
 
+    /// When the pacer lets the next fragment be cut, while records wait.
+    fn pace_deadline(&self) -> Option<Instant> {
+        if self.queue.is_empty() {
+            return None;
+        }
+        let in_flight = self.segment.cut > self.committed;
+        let full_fragment_queued = self.queued_bytes >= self.config.max_fragment_bytes;
+        self.pacer.not_before(in_flight, full_fragment_queued)
+    }
+
     /// Cuts fragments while a quorum of lanes has window room.
     fn cut_fragments(&mut self) {
         loop {
@@ -338,6 +357,12 @@ impl Pipeline {
             }
             if self
                 .linger_deadline()
+                .is_some_and(|deadline| Instant::now() < deadline)
+            {
+                return;
+            }
+            if self
+                .pace_deadline()
                 .is_some_and(|deadline| Instant::now() < deadline)
             {
                 return;
@@ -396,11 +421,13 @@ impl Pipeline {
         self.segment.next_record = RecordIndex(first.0 + records.len() as u64);
         self.segment.bytes += framed;
         let now = Instant::now();
+        self.pacer.cut(now);
         let length = encoded.len() as u64;
         self.slots.insert(
             index,
             Slot {
                 encoded,
+                cut_at: now,
                 records,
                 payload_bytes,
                 acks: 0,
@@ -519,10 +546,12 @@ impl Pipeline {
             .slots
             .get_mut(&fragment)
             .expect("acked fragments have slots");
-        self.lanes[lane].acked(fragment, slot.encoded.len() as u64, Instant::now());
+        let now = Instant::now();
+        self.lanes[lane].acked(fragment, slot.encoded.len() as u64, now);
         slot.acks += 1;
-        if slot.acks >= self.quorum {
+        if slot.acks >= self.quorum && !slot.committed {
             slot.committed = true;
+            self.pacer.committed(slot.cut_at, now);
         }
         self.complete_committed();
         self.issue_ready(lane);

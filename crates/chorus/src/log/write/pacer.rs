@@ -1,0 +1,141 @@
+//! Spreads fragment cuts over the window. Without pacing, under sustained
+//! load the window's slots free almost together (one round trip after they
+//! were spent) and are spent at once again: the first fragment takes the
+//! whole queue, the rest carry a record or two, and new records wait most of
+//! a round trip for the next slot. Cutting at most one fragment per
+//! (round trip / window) while fragments are in flight keeps the slots
+//! staggered, so a record waits about 1/window of a round trip instead.
+//! Pure: the pipeline feeds it the clock.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Weight of a new round-trip sample in the smoothed estimate (1/8, as TCP's
+/// smoothed RTT): steady under jitter, follows a lasting change within a few
+/// dozen fragments.
+const SAMPLE_WEIGHT_DIVISOR: u32 = 8;
+
+/// When the next fragment may be cut.
+#[derive(Debug)]
+pub struct Pacer {
+    enabled: bool,
+    window: u32,
+    /// Smoothed time from cutting a fragment to its quorum commit.
+    round_trip: Option<Duration>,
+    last_cut: Option<Instant>,
+}
+
+impl Pacer {
+    /// A pacer for `window` fragments in flight per lane; `enabled` false
+    /// cuts whenever the window allows.
+    pub fn new(enabled: bool, window: u64) -> Pacer {
+        Pacer {
+            enabled,
+            window: u32::try_from(window.max(1)).unwrap_or(u32::MAX),
+            round_trip: None,
+            last_cut: None,
+        }
+    }
+
+    /// A fragment was cut at `now`.
+    pub fn cut(&mut self, now: Instant) {
+        self.last_cut = Some(now);
+    }
+
+    /// A fragment cut at `cut_at` committed at `now`.
+    pub fn committed(&mut self, cut_at: Instant, now: Instant) {
+        let sample = now.saturating_duration_since(cut_at);
+        self.round_trip = Some(match self.round_trip {
+            None => sample,
+            Some(smoothed) => {
+                smoothed - smoothed / SAMPLE_WEIGHT_DIVISOR + sample / SAMPLE_WEIGHT_DIVISOR
+            }
+        });
+    }
+
+    /// The earliest time the next fragment may be cut, or `None` for at once:
+    /// always at once when nothing is in flight (an idle log adds no delay)
+    /// or a full fragment is queued (waiting would not make it bigger).
+    pub fn not_before(&self, in_flight: bool, full_fragment_queued: bool) -> Option<Instant> {
+        if !self.enabled || !in_flight || full_fragment_queued {
+            return None;
+        }
+        let spacing = self.round_trip? / self.window;
+        Some(self.last_cut? + spacing)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn pacer_with_round_trip(round_trip: Duration) -> (Pacer, Instant) {
+        let mut pacer = Pacer::new(true, 4);
+        let start = Instant::now();
+        pacer.cut(start);
+        pacer.committed(start, start + round_trip);
+        (pacer, start + round_trip)
+    }
+
+    #[test]
+    fn cuts_at_once_until_a_round_trip_is_known() {
+        let mut pacer = Pacer::new(true, 4);
+        let now = Instant::now();
+        assert_eq!(pacer.not_before(true, false), None);
+        pacer.cut(now);
+        assert_eq!(pacer.not_before(true, false), None);
+    }
+
+    #[test]
+    fn spaces_cuts_by_a_window_share_of_the_round_trip_while_in_flight() {
+        let (mut pacer, now) = pacer_with_round_trip(10 * MS);
+        pacer.cut(now);
+        assert_eq!(pacer.not_before(true, false), Some(now + 10 * MS / 4));
+    }
+
+    #[test]
+    fn an_idle_log_or_a_full_fragment_is_never_held_back() {
+        let (mut pacer, now) = pacer_with_round_trip(10 * MS);
+        pacer.cut(now);
+        assert_eq!(pacer.not_before(false, false), None);
+        assert_eq!(pacer.not_before(true, true), None);
+        assert_eq!(pacer.not_before(false, true), None);
+    }
+
+    #[test]
+    fn disabled_never_holds_back() {
+        let mut pacer = Pacer::new(false, 4);
+        let now = Instant::now();
+        pacer.cut(now);
+        pacer.committed(now, now + 10 * MS);
+        assert_eq!(pacer.not_before(true, false), None);
+    }
+
+    #[test]
+    fn the_round_trip_is_smoothed_toward_new_samples() {
+        let (mut pacer, now) = pacer_with_round_trip(16 * MS);
+        pacer.committed(now, now + 8 * MS);
+        assert_eq!(pacer.round_trip, Some(15 * MS));
+        for _ in 0..100 {
+            pacer.committed(now, now + 8 * MS);
+        }
+        let settled = pacer.round_trip.unwrap();
+        assert!(
+            settled >= 8 * MS && settled < 8 * MS + MS / 10,
+            "{settled:?}"
+        );
+    }
+
+    #[test]
+    fn a_window_of_one_spaces_by_the_whole_round_trip() {
+        let mut pacer = Pacer::new(true, 1);
+        let now = Instant::now();
+        pacer.cut(now);
+        pacer.committed(now, now + 10 * MS);
+        pacer.cut(now + 10 * MS);
+        assert_eq!(pacer.not_before(true, false), Some(now + 20 * MS));
+    }
+}
