@@ -182,6 +182,78 @@ fn metrics_carry_the_log_runtime_lease_and_http_series() {
     }
 }
 
+/// `chorus bench kv --url` drives a running service with its token and
+/// prints its three rows, every request answered; with a wrong token it
+/// counts the refusals as errors and fails, naming the preload.
+#[test]
+fn bench_kv_drives_a_running_service_with_its_token() {
+    let dir = TempDir::new().unwrap();
+    let server = Launch::new(dir.path())
+        .args(["--data-dir", "data"])
+        .token("s3cret")
+        .start("server");
+    server.wait_for_role("primary");
+    let url = server.endpoint().url;
+    let bench = |token: &str| {
+        support::chorus_command(dir.path())
+            .args(["bench", "kv", "--url", &url, "--token", token, "--json"])
+            .args([
+                "--clients",
+                "4",
+                "--seconds",
+                "1",
+                "--light-puts",
+                "10",
+                "--keys",
+                "20",
+            ])
+            .output()
+            .expect("chorus runs")
+    };
+
+    let output = bench("s3cret");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let rows: Vec<Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON row"))
+        .collect();
+    let scenarios: Vec<&str> = rows
+        .iter()
+        .map(|r| r["scenario"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        scenarios,
+        ["put, light", "put, peak", "get, peak"],
+        "{rows:?}"
+    );
+    for row in &rows {
+        assert_eq!(row["errors"], 0, "{row}");
+        assert!(row["requests"].as_u64().unwrap() > 0, "{row}");
+    }
+    assert_eq!(rows[0]["requests"], 10);
+    let endpoint = server.endpoint();
+    assert_eq!(endpoint.get("bench/load/19").status, 200);
+
+    let refused = bench("wrong");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(stderr.contains("preloading key bench/load/"), "{stderr}");
+    let light: Value = serde_json::from_str(
+        String::from_utf8(refused.stdout)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (light["requests"].as_u64(), light["errors"].as_u64()),
+        (Some(0), Some(10))
+    );
+}
+
 #[test]
 fn print_config_shows_the_merged_configuration_with_secrets_redacted() {
     let dir = TempDir::new().unwrap();
