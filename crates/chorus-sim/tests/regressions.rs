@@ -15,15 +15,22 @@ use chorus_sim::{SimOptions, check_seed, replay_command, run_once};
 
 const STEPS: u64 = 2000;
 
-/// Runs `seed` twice on its own thread; a busy loop in the system under test
-/// stops virtual time, so a wall-clock deadline turns a hang into a failure.
+/// Runs `seed` twice and demands no violation.
 fn passes(seed: u64) {
+    passes_with(seed, false);
+}
+
+/// Runs `seed` twice on its own thread (`strict`: see `SimOptions`); a busy
+/// loop in the system under test stops virtual time, so a wall-clock
+/// deadline turns a hang into a failure.
+fn passes_with(seed: u64, strict: bool) {
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let options = SimOptions {
             seed,
             steps: STEPS,
             verbose: false,
+            strict,
         };
         let _ = done.send(check_seed(options, true));
     });
@@ -84,6 +91,7 @@ fn a_seed_replays_exactly() {
         seed,
         steps: 300,
         verbose: false,
+        strict: false,
     };
     let first = run_once(options(7));
     let again = run_once(options(7));
@@ -115,4 +123,21 @@ fn seed_69_runtime_blocking_pool_race() {
 #[test]
 fn seed_44_runtime_shutdown_raced_a_failed_write() {
     passes(44);
+}
+
+/// A runtime issue, not fixed yet, so this test is left out of the suite
+/// (`cargo test -p chorus-sim --test regressions -- --ignored` runs it).
+/// A node cut off in the middle of its boot (state restored from HEAD at 34,
+/// lease acquired, HEAD claimed, log recovery under way) lost its lease to
+/// another node, which published a snapshot at 54 and truncated the log below
+/// it. Healed, the first boot went on: its recovery fenced the new primary's
+/// writer, and its replay from 34 failed with `InvalidCheckpoint` (floor 54),
+/// which `log_error` classes as final, so the runtime stopped for good
+/// although booting again, from the newer HEAD, succeeds. The default run
+/// counts such stops (`RuntimeStats::known_stops`); strict, R8 fails at step
+/// 59 of the runtime phase. Un-ignore once the runtime retries it.
+#[test]
+#[ignore = "runtime issue: a boot whose state the log was truncated past stops for good (seed 139)"]
+fn seed_139_runtime_stops_when_the_log_is_truncated_past_its_boot() {
+    passes_with(139, true);
 }

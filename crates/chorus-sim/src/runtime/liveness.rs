@@ -67,8 +67,8 @@ impl RuntimePhase<'_> {
         Ok(())
     }
 
-    /// Boots every node that has no process (again, if one stops by
-    /// itself) until one answers current reads.
+    /// Boots every node that has no process (crashed or shut down) and
+    /// waits until one answers current reads.
     async fn liveness_primary(&mut self) -> Result<usize, Violation> {
         let deadline = Instant::now() + LIVENESS_DEADLINE;
         loop {

@@ -6,6 +6,7 @@ use bytes::Bytes;
 use chorus::ids::RecordIndex;
 use chorus::kv::{Condition, KvState};
 use chorus::lease::{DatabaseKey, Generation, HolderId, LeaseRecord, Term};
+use chorus::runtime::{Phase, RuntimeError};
 use chorus::snapshot::{Head, PayloadId, PublicationSequence, PublisherId, Sha256Digest};
 
 use super::RuntimePhase;
@@ -19,7 +20,7 @@ fn bytes(text: &str) -> Bytes {
 
 /// A phase whose clocks agree.
 async fn phase(trace: &mut Trace) -> RuntimePhase<'_> {
-    let mut phase = RuntimePhase::new(1, trace).await;
+    let mut phase = RuntimePhase::new(1, true, trace).await;
     phase.settings.timing.max_skew_ms = 0;
     phase
 }
@@ -181,4 +182,30 @@ async fn head_history_must_move_forward() {
         .on_head_landed(Duration::ZERO, head("b", 2, 3))
         .unwrap_err();
     assert!(error.contains("lease document's token"), "{error}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_runtime_that_stops_unasked_or_with_an_error_is_caught() {
+    let mut trace = Trace::new(false);
+    let mut phase = phase(&mut trace).await;
+    let holder = HolderId::new("n0-1").unwrap();
+    let applied = RecordIndex(0);
+    phase.on_stopped(0, &holder, true, applied, Ok(())).unwrap();
+    let error = phase
+        .on_stopped(0, &holder, false, applied, Ok(()))
+        .unwrap_err();
+    assert!(error.contains("no shutdown asked for"), "{error}");
+    // A damaged read is no reason to stop, whatever the runtime classes it
+    // as, nor is one during a shutdown.
+    let damaged = RuntimeError {
+        phase: Phase::ObserveHead,
+        message: "HEAD.json: checksum mismatch".into(),
+        transient: false,
+    };
+    for asked in [false, true] {
+        let error = phase
+            .on_stopped(0, &holder, asked, applied, Err(damaged.clone()))
+            .unwrap_err();
+        assert!(error.contains("should have retried"), "{error}");
+    }
 }
