@@ -16,8 +16,6 @@ use bytes::Bytes;
 use chorus::clock::SystemClock;
 use chorus::kv::KvState;
 use chorus::lease::{DatabaseKey, HolderId, LeaseConfig, LeaseStore};
-use chorus::log::LogStores;
-use chorus::register::{MemoryRegister, initialize};
 use chorus::runtime::{Runtime, RuntimeConfig, RuntimeStores};
 use chorus::snapshot::{SnapshotConfig, SnapshotStore};
 use chorus_server::{AppState, ServiceConfig};
@@ -29,9 +27,10 @@ use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::{latency_replicas, memory_store, percentile_ms};
+use super::{latency_replicas, memory_store, new_log, percentile_ms};
 use crate::CommandError;
 use crate::config::{DatabaseArgs, StoreArgs};
+use crate::log_cmd::DEFAULT_WINDOW;
 use crate::output::outln;
 
 /// Arguments of `bench kv`.
@@ -480,18 +479,16 @@ async fn memory_stores(args: &KvBenchArgs) -> Result<RuntimeStores, CommandError
     if ![1, 3, 5].contains(&args.replicas) {
         return Err("--replicas must be 1, 3 or 5".into());
     }
-    let replicas = latency_replicas(args.replicas, args.latency_ms, None);
-    let register = Arc::new(MemoryRegister::new());
-    let identities = replicas
-        .iter()
-        .map(|(identity, _)| identity.clone())
-        .collect();
-    initialize(register.as_ref(), identities, 4).await?;
+    let log = new_log(
+        latency_replicas(args.replicas, args.latency_ms, None),
+        DEFAULT_WINDOW,
+    )
+    .await?;
     let store = memory_store("memory://bench-snapshots");
     let database = DatabaseKey::new("bench")?;
     let clock = SystemClock::shared();
     Ok(RuntimeStores {
-        log: LogStores { replicas, register },
+        log,
         leases: LeaseStore::new(
             store.clone(),
             database.clone(),

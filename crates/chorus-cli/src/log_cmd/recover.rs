@@ -18,7 +18,9 @@ pub struct RecoverRegisterArgs {
     store: StoreArgs,
 
     /// The log's fragment window, which cannot be read back from the
-    /// replicas: give the value the log was created with.
+    /// replicas: give the value the log was created with, or a larger one
+    /// (safe: recovery then fences more positions); never a smaller one.
+    /// Logs created before the default became 8 used 4.
     #[arg(long, default_value_t = DEFAULT_WINDOW)]
     window: u32,
 
