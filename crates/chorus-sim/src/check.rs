@@ -26,7 +26,7 @@ use chorus::codec::{Fragment, SealedSegment};
 use chorus::ids::{Epoch, FragmentIndex, OwnerId, SegmentId};
 use chorus::log::layout::{sealed_key, segment_prefix};
 use chorus::log::quorum::quorum;
-use chorus::register::{DirectoryEntry, Manifest, ManifestStore};
+use chorus::register::{DirectoryEntry, Manifest};
 use futures::FutureExt;
 
 use crate::model::{Model, Violation};
@@ -149,13 +149,7 @@ impl StoreChecker {
 
     /// Checkers 5 and 6; returns the current register record.
     pub fn check_register(&mut self, world: &World) -> Result<Manifest, Violation> {
-        let current = world
-            .raw_register
-            .read()
-            .now_or_never()
-            .expect("the in-memory register answers at once")
-            .map_err(|error| format!("raw register read failed: {error}"))?
-            .ok_or("the register vanished")?;
+        let current = world.register_now()?;
         if let Some(last) = self
             .last
             .as_ref()

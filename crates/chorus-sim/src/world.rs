@@ -23,7 +23,9 @@ use chorus::blob::{
     ObjectStoreBlobs, Version,
 };
 use chorus::log::LogStores;
-use chorus::register::{FaultyRegister, ManifestStore, MemoryRegister, initialize};
+use chorus::register::{
+    FaultyRegister, ManifestStore, MemoryRegister, VersionedManifest, initialize,
+};
 use futures::FutureExt;
 
 use crate::model::Violation;
@@ -282,6 +284,16 @@ impl World {
             .lock()
             .expect("dirty set")
             .insert(key.to_owned());
+    }
+
+    /// The raw register as it stands, read at once: the checkers' view.
+    pub fn register_now(&self) -> Result<VersionedManifest, Violation> {
+        self.raw_register
+            .read()
+            .now_or_never()
+            .expect("the in-memory register answers at once")
+            .map_err(|error| format!("raw register read failed: {error}"))?
+            .ok_or_else(|| "the register vanished".to_owned())
     }
 
     /// The number of replicas.

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use chorus::ids::RecordIndex;
 use chorus::kv::{Applied, Command, KvState, Operation};
 use chorus::lease::HolderId;
-use chorus::register::{Manifest, ManifestStore};
+use chorus::register::Manifest;
 use chorus::runtime::{Phase, RuntimeError, WriteError, Written};
 use futures::FutureExt;
 
@@ -264,14 +264,7 @@ impl RuntimePhase<'_> {
         if error.phase != Phase::Replay || !error.message.starts_with("invalid checkpoint") {
             return Ok(false);
         }
-        let register = self
-            .world
-            .raw_register
-            .read()
-            .now_or_never()
-            .expect("the in-memory register answers at once")
-            .map_err(|error| format!("raw register read failed: {error}"))?
-            .ok_or("the register vanished")?;
+        let register = self.world.register_now()?;
         let manifest = Manifest::from_fields(&register.fields)
             .map_err(|error| format!("register invariant: {error}"))?;
         Ok(applied < manifest.trunc)
