@@ -16,6 +16,7 @@ use chorus::blob::{DynBlobStore, Latency, LatencyProfile, LatencyStore, ObjectSt
 use chorus::log::maintenance::{Maintenance, NoProgress};
 use chorus::log::{Completion, LogConfig, LogError, LogStores, Recovery, Writer};
 use chorus::register::{MemoryRegister, initialize};
+use object_store::memory::InMemory;
 use serde::Serialize;
 
 use crate::CommandError;
@@ -179,20 +180,35 @@ async fn open_writer(
     args: &LogBenchArgs,
     slow_ms: Option<u64>,
 ) -> Result<(Writer, LogStores), LogError> {
+    // Window 4, as docs/BENCHMARKS.md records the earlier runs with.
     let replicas = latency_replicas(args.replicas, args.latency_ms, slow_ms);
+    let stores = new_log(replicas, 4).await?;
+    Ok((start_writer(&stores, LogConfig::default()).await?, stores))
+}
+
+/// A new, empty log over `replicas` with an in-memory register and `window`
+/// fragments in flight per replica.
+async fn new_log(
+    replicas: Vec<(String, DynBlobStore)>,
+    window: u32,
+) -> Result<LogStores, LogError> {
     let register = Arc::new(MemoryRegister::new());
     let identities = replicas
         .iter()
         .map(|(identity, _)| identity.clone())
         .collect();
-    initialize(register.as_ref(), identities, 4)
+    initialize(register.as_ref(), identities, window)
         .await
         .map_err(|e| LogError::Transition(e.to_string()))?;
-    let stores = LogStores { replicas, register };
-    let recovery = Recovery::run(stores.clone(), LogConfig::default()).await?;
+    Ok(LogStores { replicas, register })
+}
+
+/// Recovers the log in `stores`, replays it and starts a writer.
+async fn start_writer(stores: &LogStores, config: LogConfig) -> Result<Writer, LogError> {
+    let recovery = Recovery::run(stores.clone(), config).await?;
     let mut replay = recovery.replay(recovery.end())?;
     while replay.next().await?.is_some() {}
-    Ok((recovery.start().await?, stores))
+    recovery.start().await
 }
 
 /// `count` in-memory replicas behind the latency store, each request taking
@@ -208,21 +224,31 @@ fn latency_replicas(
                 (0, Some(slow)) => slow,
                 _ => latency_ms,
             };
-            let identity = format!("memory://bench-{position}");
-            let profile = LatencyProfile::uniform(Latency::Fixed(Duration::from_millis(latency)));
-            let delayed: DynBlobStore = Arc::new(LatencyStore::new(
-                memory_store(&identity),
-                profile,
-                position as u64,
-            ));
+            let identity = replica_identity(position);
+            let delayed = delayed(memory_store(&identity), latency, position as u64);
             (identity, delayed)
         })
         .collect()
 }
 
+/// The identity of the benchmark's replica at `position`.
+fn replica_identity(position: usize) -> String {
+    format!("memory://bench-{position}")
+}
+
+/// `store` behind the latency store: every request takes `latency_ms`.
+fn delayed(store: DynBlobStore, latency_ms: u64, seed: u64) -> DynBlobStore {
+    let profile = LatencyProfile::uniform(Latency::Fixed(Duration::from_millis(latency_ms)));
+    Arc::new(LatencyStore::new(store, profile, seed))
+}
+
 /// A fresh, private in-memory store.
 fn memory_store(identity: &str) -> DynBlobStore {
-    let memory = Arc::new(object_store::memory::InMemory::new());
+    blobs_over(Arc::new(InMemory::new()), identity)
+}
+
+/// The blob store over the in-memory object store `memory`.
+fn blobs_over(memory: Arc<InMemory>, identity: &str) -> DynBlobStore {
     Arc::new(ObjectStoreBlobs::new(memory, "", identity.to_owned()))
 }
 
@@ -238,10 +264,20 @@ fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
 /// Appends `prefill_mib` of records so repair has sealed segments to read.
 async fn prefill(writer: &Writer, args: &LogBenchArgs) -> Result<(), LogError> {
     let record = Bytes::from(vec![0x11; args.record_bytes]);
-    let count = args.prefill_mib * 1024 * 1024 / args.record_bytes as u64;
+    append_at_peak(
+        writer,
+        &record,
+        args.prefill_mib * 1024 * 1024 / args.record_bytes as u64,
+    )
+    .await
+}
+
+/// Appends `count` copies of `record` as fast as admission allows and waits
+/// until every one is acknowledged.
+async fn append_at_peak(writer: &Writer, record: &Bytes, count: u64) -> Result<(), LogError> {
     let mut pipeline = Pipelined::default();
     for _ in 0..count {
-        pipeline.append(writer, &record).await?;
+        pipeline.append(writer, record).await?;
     }
     pipeline.drain().await?;
     Ok(())
