@@ -125,19 +125,16 @@ fn seed_44_runtime_shutdown_raced_a_failed_write() {
     passes(44);
 }
 
-/// A runtime issue, not fixed yet, so this test is left out of the suite
-/// (`cargo test -p chorus-sim --test regressions -- --ignored` runs it).
 /// A node cut off in the middle of its boot (state restored from HEAD at 34,
 /// lease acquired, HEAD claimed, log recovery under way) lost its lease to
 /// another node, which published a snapshot at 54 and truncated the log below
 /// it. Healed, the first boot went on: its recovery fenced the new primary's
 /// writer, and its replay from 34 failed with `InvalidCheckpoint` (floor 54),
 /// which `log_error` classes as final, so the runtime stopped for good
-/// although booting again, from the newer HEAD, succeeds. The default run
-/// counts such stops (`RuntimeStats::known_stops`); strict, R8 fails at step
-/// 59 of the runtime phase. Un-ignore once the runtime retries it.
+/// although booting again, from the newer HEAD, succeeds; strict, R8 failed
+/// at step 59 of the runtime phase. Fixed: the boot checks its lease before
+/// recovering the log, and `InvalidCheckpoint` in the replay is retried.
 #[test]
-#[ignore = "runtime issue: a boot whose state the log was truncated past stops for good (seed 139)"]
 fn seed_139_runtime_stops_when_the_log_is_truncated_past_its_boot() {
     passes_with(139, true);
 }

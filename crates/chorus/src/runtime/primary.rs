@@ -90,6 +90,15 @@ async fn boot_with_lease<M: StateMachine>(
 ) -> Result<Writer, RuntimeError> {
     timed(shared, Phase::ClaimHead, claim(shared, lease, publication)).await?;
     let recovery = timed(shared, Phase::RecoverLog, async {
+        // Recovery claims a new epoch and so fences whoever writes the log
+        // now: a boot that stalled past its lease (cut off, paused) must not
+        // fence the primary that took over meanwhile. This narrows that to a
+        // stall between here and the claim; the epoch claim still keeps the
+        // log safe (a fenced writer loses nothing it acknowledged).
+        if !lease.may_write_now() {
+            let message = "the lease could not be proven before recovering the log";
+            return Err(RuntimeError::new(Phase::RecoverLog, message, true));
+        }
         Recovery::run(shared.stores.log.clone(), shared.config.log.clone())
             .await
             .map_err(|e| log_error(Phase::RecoverLog, e))
@@ -506,11 +515,13 @@ fn lease_error(phase: Phase, error: LeaseError) -> RuntimeError {
     RuntimeError::new(phase, error, transient)
 }
 
+// `InvalidCheckpoint` is retried too: a replay from a state the log was
+// truncated past (another primary snapshotted and truncated while this boot
+// stalled) succeeds on the next boot, which restores the newer HEAD.
 fn log_error(phase: Phase, error: LogError) -> RuntimeError {
     let transient = !matches!(
         error,
         LogError::RecordTooLarge { .. }
-            | LogError::InvalidCheckpoint { .. }
             | LogError::InvalidFloor { .. }
             | LogError::Config(_)
             | LogError::EpochExhausted(_)
