@@ -37,10 +37,6 @@ struct Args {
     /// Run each seed once, skipping the determinism check.
     #[arg(long)]
     once: bool,
-    /// With --seed: fail on the runtime issues the runtime phase knows of
-    /// too, instead of counting them (docs/testing.md).
-    #[arg(long, requires = "seed")]
-    strict: bool,
 }
 
 fn main() -> ExitCode {
@@ -57,7 +53,6 @@ fn single(args: &Args, seed: u64) -> ExitCode {
         seed,
         steps: args.steps,
         verbose: args.verbose,
-        strict: args.strict,
     };
     let result = check_seed(options, !args.once);
     let report = &result.report;

@@ -203,7 +203,6 @@ pub fn run_batch(
                         seed,
                         steps,
                         verbose: false,
-                        strict: false,
                     };
                     let result = check_seed(options, twice);
                     *slot.lock().expect("slot") = None;

@@ -43,9 +43,6 @@ pub struct SimOptions {
     pub steps: u64,
     /// Print every trace event to stderr.
     pub verbose: bool,
-    /// Fail on the runtime issues the runtime phase knows of too, instead
-    /// of counting them (`RuntimeStats::known_stops`).
-    pub strict: bool,
 }
 
 /// Counters of what a run exercised.
@@ -213,8 +210,7 @@ impl Sim {
     pub async fn run_runtime_phase(&mut self) -> Result<(), Violation> {
         let started = Instant::now();
         let steps = self.options.steps / RUNTIME_STEPS_DIVISOR;
-        let (seed, strict) = (self.options.seed, self.options.strict);
-        let phase = crate::runtime::RuntimePhase::new(seed, strict, &mut self.trace).await;
+        let phase = crate::runtime::RuntimePhase::new(self.options.seed, &mut self.trace).await;
         let (outcome, stats) = phase.run(steps).await;
         self.stats.runtime = stats;
         self.virtual_time += started.elapsed();

@@ -8,8 +8,7 @@ use bytes::Bytes;
 use chorus::ids::RecordIndex;
 use chorus::kv::{Applied, Command, KvState, Operation};
 use chorus::lease::HolderId;
-use chorus::register::Manifest;
-use chorus::runtime::{Phase, RuntimeError, WriteError, Written};
+use chorus::runtime::{RuntimeError, WriteError, Written};
 use futures::FutureExt;
 
 use super::workload::{COUNTER, WriteKind, counter_value, put_value, record_label};
@@ -194,8 +193,7 @@ impl RuntimePhase<'_> {
             match finished {
                 Some(outcome) => {
                     let asked = process.shutdown.is_some();
-                    let (_, applied) = process.runtime.read_stale(|_| ());
-                    self.on_stopped(node, &process.holder, asked, applied, outcome)?;
+                    self.on_stopped(node, &process.holder, asked, outcome)?;
                     self.nodes[node].restartable = Some(process.holder.clone());
                     self.retire(node, process);
                 }
@@ -215,30 +213,17 @@ impl RuntimePhase<'_> {
     /// partitions that end; no lease term is ever bumped; the settings are
     /// valid), so a boot step that fails must be retried, not end the
     /// process. Nothing here is beyond retrying, so any error is a
-    /// violation, even one the runtime classes as final; unless strict, a
-    /// [`known_issue`](Self::known_issue) is counted instead, and the node
-    /// boots again as a process manager would restart it. `applied` is the
-    /// end of what the process had applied.
+    /// violation, even one the runtime classes as final.
     pub(super) fn on_stopped(
         &mut self,
         node: usize,
         holder: &HolderId,
         asked: bool,
-        applied: RecordIndex,
         outcome: Result<(), RuntimeError>,
     ) -> Result<(), Violation> {
         match (outcome, asked) {
             (Ok(()), true) => {
                 self.event(format!("runtime n{node} {holder} shut down"));
-                Ok(())
-            }
-            (Err(error), _) if !self.strict && self.known_issue(&error, applied)? => {
-                self.stats.known_stops += 1;
-                self.event(format!(
-                    "runtime n{node} {holder} stopped in {}: the log was truncated past its \
-                     boot's state (known runtime issue)",
-                    error.phase
-                ));
                 Ok(())
             }
             (Ok(()), false) => Err(format!(
@@ -250,24 +235,6 @@ impl RuntimePhase<'_> {
                 error.transient
             )),
         }
-    }
-
-    /// The runtime issue R8 knows of, found by seed 139 (docs/testing.md,
-    /// "What the runtime phase found"): while a boot is under way (its state
-    /// restored from HEAD, or warm, up to `applied`), another primary
-    /// publishes a newer snapshot and truncates the log past that state; the
-    /// boot's replay then fails with `InvalidCheckpoint`, which the runtime
-    /// classes as final, though booting again, from the newer HEAD, would
-    /// succeed. Matched narrowly: that phase, that error, and a log floor
-    /// above the state now.
-    fn known_issue(&self, error: &RuntimeError, applied: RecordIndex) -> Result<bool, Violation> {
-        if error.phase != Phase::Replay || !error.message.starts_with("invalid checkpoint") {
-            return Ok(false);
-        }
-        let register = self.world.register_now()?;
-        let manifest = Manifest::from_fields(&register.fields)
-            .map_err(|error| format!("register invariant: {error}"))?;
-        Ok(applied < manifest.trunc)
     }
 
     fn poll_history(&mut self, node: usize, process: &mut Process) -> Result<(), Violation> {

@@ -51,8 +51,7 @@
 //! - **R8, only a shutdown stops a runtime**: every fault passes, so a
 //!   process whose boot step fails must retry, with no error however
 //!   damaged a read was; `Runtime::finished` may only report a shutdown
-//!   asked for. Unless strict, the one runtime issue it knows of is counted
-//!   instead (`known_stops`; seed 139).
+//!   asked for.
 //! - The lease phase's L2 and S1–S3 on the same store, and the log phases'
 //!   register checkers (5, 6) on the runtime's register.
 //!
@@ -146,9 +145,6 @@ pub struct RuntimeStats {
     pub shutdowns: u64,
     /// Of those, of a process serving as primary at the time.
     pub primary_shutdowns: u64,
-    /// Stops R8 forgives unless strict: the runtime issues it knows of (see
-    /// `check.rs`, `known_issue`).
-    pub known_stops: u64,
     /// Nodes healed after being cut off while another took the lease over.
     pub zombies: u64,
     /// Current reads answered.
@@ -346,8 +342,6 @@ enum Action {
 /// The state of the runtime phase.
 pub struct RuntimePhase<'a> {
     rng: StdRng,
-    /// Whether the runtime issues R8 knows of are violations too.
-    strict: bool,
     trace: &'a mut Trace,
     origin: Instant,
     step: u64,
@@ -388,9 +382,8 @@ pub struct RuntimePhase<'a> {
 }
 
 impl<'a> RuntimePhase<'a> {
-    /// A phase for `seed`, tracing into `trace`, built inside the paused
-    /// runtime; `strict` makes the runtime issues R8 knows of violations.
-    pub async fn new(seed: u64, strict: bool, trace: &'a mut Trace) -> RuntimePhase<'a> {
+    /// A phase for `seed`, tracing into `trace`, built inside the paused runtime.
+    pub async fn new(seed: u64, trace: &'a mut Trace) -> RuntimePhase<'a> {
         let mut rng = StdRng::seed_from_u64(seed ^ 0x0c0f_fee5_7a7e_0000);
         let settings = Settings::draw(&mut rng);
         let world = World::new(settings.replicas, settings.window, || rng.random()).await;
@@ -402,7 +395,6 @@ impl<'a> RuntimePhase<'a> {
             LeaseChecker::new(&control.raw, &database, settings.timing.config, origin);
         let mut phase = RuntimePhase {
             rng,
-            strict,
             trace,
             origin,
             step: 0,

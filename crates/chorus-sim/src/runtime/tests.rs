@@ -20,7 +20,7 @@ fn bytes(text: &str) -> Bytes {
 
 /// A phase whose clocks agree.
 async fn phase(trace: &mut Trace) -> RuntimePhase<'_> {
-    let mut phase = RuntimePhase::new(1, true, trace).await;
+    let mut phase = RuntimePhase::new(1, trace).await;
     phase.settings.timing.max_skew_ms = 0;
     phase
 }
@@ -189,11 +189,8 @@ async fn a_runtime_that_stops_unasked_or_with_an_error_is_caught() {
     let mut trace = Trace::new(false);
     let mut phase = phase(&mut trace).await;
     let holder = HolderId::new("n0-1").unwrap();
-    let applied = RecordIndex(0);
-    phase.on_stopped(0, &holder, true, applied, Ok(())).unwrap();
-    let error = phase
-        .on_stopped(0, &holder, false, applied, Ok(()))
-        .unwrap_err();
+    phase.on_stopped(0, &holder, true, Ok(())).unwrap();
+    let error = phase.on_stopped(0, &holder, false, Ok(())).unwrap_err();
     assert!(error.contains("no shutdown asked for"), "{error}");
     // A damaged read is no reason to stop, whatever the runtime classes it
     // as, nor is one during a shutdown.
@@ -204,7 +201,7 @@ async fn a_runtime_that_stops_unasked_or_with_an_error_is_caught() {
     };
     for asked in [false, true] {
         let error = phase
-            .on_stopped(0, &holder, asked, applied, Err(damaged.clone()))
+            .on_stopped(0, &holder, asked, Err(damaged.clone()))
             .unwrap_err();
         assert!(error.contains("should have retried"), "{error}");
     }
