@@ -3,6 +3,9 @@
 //! ([`kv`]): the key-value service over HTTP; `chorus bench failover`
 //! ([`failover`]): the takeover time of `chorus serve` on real processes.
 //!
+//! `chorus bench recovery` ([`recovery`]): log open time against log length,
+//! and replay throughput.
+//!
 //! `bench log` has six scenarios: light load (one append at a time) and peak load (appends
 //! pipelined up to the in-flight budget), each with all replicas at the
 //! injected latency, with one replica much slower, and with repair passes
@@ -24,6 +27,7 @@ use crate::output::outln;
 
 mod failover;
 mod kv;
+mod recovery;
 
 /// The `bench` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -36,6 +40,10 @@ pub enum BenchCommand {
     /// Measure the takeover time of `chorus serve`: SIGKILL of the primary →
     /// first write acknowledged by the standby, over several runs.
     Failover(failover::FailoverBenchArgs),
+    /// Measure log open time (recovery, start, a reader's first record)
+    /// against the number of sealed segments and the active segment's size,
+    /// and replay throughput.
+    Recovery(recovery::RecoveryBenchArgs),
 }
 
 /// Arguments of `bench log`.
@@ -87,6 +95,7 @@ impl BenchCommand {
             BenchCommand::Log(args) => args,
             BenchCommand::Kv(args) => return kv::run(args).await,
             BenchCommand::Failover(args) => return failover::run(args).await,
+            BenchCommand::Recovery(args) => return recovery::run(args).await,
         };
         if ![1, 3, 5].contains(&args.replicas) {
             return Err("--replicas must be 1, 3 or 5".into());
