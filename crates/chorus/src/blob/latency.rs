@@ -1,5 +1,7 @@
 //! A latency-injecting wrapper around any [`BlobStore`], for benchmarks and the
-//! simulator: each operation waits a fixed or randomly drawn time first.
+//! simulator: each operation waits a fixed or randomly drawn time first. The
+//! distributions ([`Latency`]) are also sampled on their own, by benchmarks
+//! that inject latency below other clients of the same stores.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -35,10 +37,31 @@ pub enum Latency {
         /// Mean of the extra delay above `min`.
         mean_extra: Duration,
     },
+    /// Log-normal: the logarithm of the delay is normal around `ln(median)`
+    /// with standard deviation `sigma`. A heavier tail than the shifted
+    /// exponential: the p99 is `median · e^(2.33 σ)`.
+    LogNormal {
+        /// The median delay.
+        median: Duration,
+        /// Standard deviation of the delay's logarithm (finite, ≥ 0).
+        sigma: f64,
+    },
+    /// `base`, except that a fraction `probability` of requests take `spike`:
+    /// a steady store with rare long stalls.
+    Spiky {
+        /// The usual delay.
+        base: Duration,
+        /// The delay of a stalled request.
+        spike: Duration,
+        /// Fraction of requests that stall, in `[0, 1]`.
+        probability: f64,
+    },
 }
 
 impl Latency {
-    fn sample(&self, rng: &mut StdRng) -> Duration {
+    /// Draws one delay. Deterministic for a seeded `rng`, so a benchmark or a
+    /// simulation replays the same delays.
+    pub fn sample<R: Rng + ?Sized>(&self, rng: &mut R) -> Duration {
         match *self {
             Latency::None => Duration::ZERO,
             Latency::Fixed(delay) => delay,
@@ -51,8 +74,39 @@ impl Latency {
                 let u: f64 = rng.random();
                 min + mean_extra.mul_f64(-(1.0 - u).ln())
             }
+            Latency::LogNormal { median, sigma } => {
+                assert!(
+                    sigma.is_finite() && sigma >= 0.0,
+                    "log-normal latency needs a finite sigma >= 0"
+                );
+                // Capped so a far-out draw cannot overflow a Duration.
+                median.mul_f64((sigma * standard_normal(rng)).exp().min(1e6))
+            }
+            Latency::Spiky {
+                base,
+                spike,
+                probability,
+            } => {
+                assert!(
+                    (0.0..=1.0).contains(&probability),
+                    "spiky latency needs a probability in [0, 1]"
+                );
+                if rng.random::<f64>() < probability {
+                    spike
+                } else {
+                    base
+                }
+            }
         }
     }
+}
+
+/// One standard normal draw (Box–Muller), so the crate needs no
+/// distributions dependency for one formula.
+fn standard_normal<R: Rng + ?Sized>(rng: &mut R) -> f64 {
+    // 1 - u lies in (0, 1], so ln is finite.
+    let radius = (-2.0 * (1.0 - rng.random::<f64>()).ln()).sqrt();
+    radius * (std::f64::consts::TAU * rng.random::<f64>()).cos()
 }
 
 /// The latency of each operation.
@@ -226,5 +280,42 @@ mod tests {
             assert!(u >= Duration::from_millis(5) && u <= Duration::from_millis(10));
             assert!(t >= Duration::from_millis(10));
         }
+    }
+
+    /// `n` sorted draws of `latency` from seed 11.
+    fn sorted_draws(latency: Latency, n: usize) -> Vec<Duration> {
+        let mut rng = StdRng::seed_from_u64(11);
+        let mut draws: Vec<_> = (0..n).map(|_| latency.sample(&mut rng)).collect();
+        draws.sort_unstable();
+        draws
+    }
+
+    #[test]
+    fn log_normal_draws_center_on_the_median_with_the_expected_tail() {
+        let median = Duration::from_millis(10);
+        let draws = sorted_draws(Latency::LogNormal { median, sigma: 0.5 }, 40_000);
+        let at = |q: f64| draws[(draws.len() as f64 * q) as usize].as_secs_f64() * 1000.0;
+        // p50 = 10 ms; p99 = 10 · e^(0.5 · 2.326) ≈ 32.0 ms.
+        assert!((at(0.5) - 10.0).abs() < 0.3, "p50 {}", at(0.5));
+        assert!((at(0.99) - 32.0).abs() < 2.0, "p99 {}", at(0.99));
+        let fixed = sorted_draws(Latency::LogNormal { median, sigma: 0.0 }, 10);
+        assert!(fixed.iter().all(|d| *d == median), "sigma 0 is fixed");
+    }
+
+    #[test]
+    fn spiky_draws_stall_the_given_fraction_of_requests() {
+        let base = Duration::from_millis(10);
+        let spike = Duration::from_millis(500);
+        let draws = sorted_draws(
+            Latency::Spiky {
+                base,
+                spike,
+                probability: 0.01,
+            },
+            100_000,
+        );
+        let spikes = draws.iter().filter(|d| **d == spike).count();
+        assert!(draws.iter().all(|d| *d == base || *d == spike));
+        assert!((900..=1100).contains(&spikes), "{spikes} spikes");
     }
 }

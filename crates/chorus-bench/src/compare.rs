@@ -1,0 +1,340 @@
+//! `chorus-bench compare`: every system, each latency scenario, a sweep of
+//! offered rates; one fresh system instance per cell, all in this process.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chorus::log::LogConfig;
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+
+use crate::cost::{
+    PRICES_CHECKED, S3_EXPRESS_ONE_ZONE, S3_EXPRESS_UPLOAD_PER_GB, S3_STANDARD, request_usd_per_gb,
+    requests_per_mb, upload_amplification,
+};
+use crate::driver::{self, Load};
+use crate::floor::quorum_floor;
+use crate::models::Scenario;
+use crate::plan::{self, Group, Request};
+use crate::report::{CellRow, ConfigRow, FloorRow, HeadlineRow, Printer, Row};
+use crate::schedule::{CellLength, warmup};
+use crate::stats::{Summary, millis};
+use crate::store::Counters;
+use crate::systems::{Error, SystemKind};
+use crate::usage::{cpu_time, peak_rss_bytes, reset_peak_rss, rss_bytes};
+use crate::verdict::{CellCounts, SLO_FACTOR, highest_sustained, overloaded, sustained};
+
+/// Draws behind each computed floor.
+const FLOOR_DRAWS: usize = 100_000;
+
+/// How long closing a system may take before the run moves on.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Arguments of `compare`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CompareArgs {
+    /// A short run (under a minute): three rates at fixed latency, one in
+    /// the other scenarios, 1-second cells, fewer systems in the tails.
+    #[arg(long)]
+    pub quick: bool,
+    /// The injected (base) latency of every store request, in milliseconds.
+    #[arg(long, default_value_t = 10)]
+    pub latency_ms: u64,
+    /// Bytes per record.
+    #[arg(long, default_value_t = 4096)]
+    pub record_bytes: usize,
+    /// Offered rates in records per second, comma-separated (default: the
+    /// sweep of the full or quick run).
+    #[arg(long, value_delimiter = ',')]
+    pub rates: Vec<f64>,
+    /// Systems, comma-separated (default: all at fixed latency, a selection
+    /// in the other scenarios): chorus-1, chorus-3, chorus-5, slatedb-100ms,
+    /// slatedb-10ms, slatedb-1ms, naive-3.
+    #[arg(long, value_delimiter = ',')]
+    pub systems: Vec<SystemKind>,
+    /// Latency scenarios, comma-separated (default: all): fixed, log-normal,
+    /// one-slow, one-spiky.
+    #[arg(long, value_delimiter = ',')]
+    pub scenarios: Vec<Scenario>,
+    /// Length of every cell in milliseconds (default: 1 s with --quick,
+    /// else 3–10 s, longer at low rates).
+    #[arg(long)]
+    pub cell_ms: Option<u64>,
+    /// Most MiB of records one cell writes (they stay in memory, once per
+    /// replica, until the cell ends).
+    #[arg(long, default_value_t = 512)]
+    pub max_cell_mib: u64,
+    /// Most records outstanding at once; records due beyond it are dropped
+    /// and the rate counts as not sustained.
+    #[arg(long, default_value_t = 100_000)]
+    pub max_outstanding: usize,
+    /// How long to wait for acknowledgements after the last record is due,
+    /// in milliseconds.
+    #[arg(long, default_value_t = 5_000)]
+    pub drain_ms: u64,
+    /// Seed of the latency draws and the record bytes.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print one JSON object per row instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What every cell shares.
+struct Context {
+    base: Duration,
+    seed: u64,
+    record: Bytes,
+    length: CellLength,
+    max_outstanding: usize,
+    drain: Duration,
+}
+
+/// Runs the comparison.
+pub async fn run(args: CompareArgs) -> Result<(), Error> {
+    if args.latency_ms == 0 || args.record_bytes == 0 || args.max_outstanding == 0 {
+        return Err("--latency-ms, --record-bytes and --max-outstanding must be positive".into());
+    }
+    if args
+        .rates
+        .iter()
+        .any(|rate| !(rate.is_finite() && *rate > 0.0))
+    {
+        return Err("--rates must be positive numbers".into());
+    }
+    let groups = plan::groups(&Request {
+        quick: args.quick,
+        rates: args.rates.clone(),
+        systems: args.systems.clone(),
+        scenarios: args.scenarios.clone(),
+    });
+    if groups.is_empty() {
+        return Err("nothing to run: no system fits the chosen scenarios".into());
+    }
+    let context = Context {
+        base: Duration::from_millis(args.latency_ms),
+        seed: args.seed,
+        record: record(args.record_bytes, args.seed),
+        length: plan::cell_length(
+            args.quick,
+            args.cell_ms.map(Duration::from_millis),
+            args.max_cell_mib << 20,
+        ),
+        max_outstanding: args.max_outstanding,
+        drain: Duration::from_millis(args.drain_ms),
+    };
+    let mut printer = Printer::new(args.json);
+    printer.print(&Row::Config(ConfigRow {
+        latency_ms: args.latency_ms,
+        record_bytes: args.record_bytes,
+        slo_p99_ms: args.latency_ms * u64::from(SLO_FACTOR),
+        chorus_max_inflight_bytes: LogConfig::default().max_inflight_bytes,
+        max_outstanding: args.max_outstanding,
+        peak_rss_per_cell: reset_peak_rss(),
+        prices_checked: PRICES_CHECKED,
+        s3_standard_put_per_1000: S3_STANDARD.put_per_1000,
+        s3_standard_get_per_1000: S3_STANDARD.get_per_1000,
+        s3_express_put_per_1000: S3_EXPRESS_ONE_ZONE.put_per_1000,
+        s3_express_get_per_1000: S3_EXPRESS_ONE_ZONE.get_per_1000,
+        s3_express_upload_per_gb: S3_EXPRESS_UPLOAD_PER_GB,
+    }))?;
+    let floors = floors(&groups, &context);
+    let total: usize = groups.iter().map(|group| group.rates.len()).sum();
+    let mut done = 0;
+    let mut headlines = Vec::new();
+    for group in &groups {
+        let mut cells = Vec::new();
+        for &rate in &group.rates {
+            done += 1;
+            eprintln!(
+                "[{done}/{total}] {} {} at {rate} records/s …",
+                group.scenario, group.system
+            );
+            let cell = measure(group, rate, &context).await?;
+            printer.print(&Row::Cell(cell.clone()))?;
+            let stop = overloaded(&counts(&cell));
+            cells.push(cell);
+            if stop {
+                eprintln!(
+                    "{} {} cannot keep up at {rate} records/s: higher rates skipped",
+                    group.scenario, group.system
+                );
+                done += group.rates.iter().filter(|r| **r > rate).count();
+                break;
+            }
+        }
+        let floor = &floors[&(group.scenario, group.system.quorum())];
+        headlines.push(headline(group, &cells, floor));
+    }
+    for ((scenario, (stores, quorum)), latency) in &floors {
+        printer.print(&Row::Floor(FloorRow {
+            scenario: scenario.name().to_owned(),
+            stores: *stores,
+            quorum: *quorum,
+            latency: *latency,
+        }))?;
+    }
+    for headline in &headlines {
+        printer.print(&Row::Headline(headline.clone()))?;
+    }
+    for line in against_slatedb(&headlines) {
+        printer.note(&line)?;
+    }
+    Ok(())
+}
+
+/// `bytes` pseudo-random bytes, so nothing along the way can compress them.
+fn record(bytes: usize, seed: u64) -> Bytes {
+    let mut record = vec![0; bytes];
+    StdRng::seed_from_u64(seed).fill_bytes(&mut record);
+    Bytes::from(record)
+}
+
+/// The floor of every (scenario, (stores, quorum)) the groups need.
+fn floors(groups: &[Group], context: &Context) -> BTreeMap<(Scenario, (usize, usize)), Summary> {
+    let mut floors = BTreeMap::new();
+    for group in groups {
+        let (stores, quorum) = group.system.quorum();
+        floors
+            .entry((group.scenario, (stores, quorum)))
+            .or_insert_with(|| {
+                let replicas = group.scenario.replicas(context.base, stores);
+                Summary::of(&quorum_floor(&replicas, quorum, FLOOR_DRAWS, context.seed))
+            });
+    }
+    floors
+}
+
+/// Runs one cell on a fresh instance of the group's system.
+async fn measure(group: &Group, rate: f64, context: &Context) -> Result<CellRow, Error> {
+    let record_bytes = context.record.len() as u64;
+    let records = context.length.records(rate, record_bytes);
+    let load = Load {
+        rate,
+        records,
+        warmup: warmup(records),
+        max_outstanding: context.max_outstanding,
+        drain: context.drain,
+    };
+    let counters = Arc::new(Counters::default());
+    let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
+    reset_peak_rss();
+    let start_rss_mib = rss_bytes().map(mib);
+    let system = group
+        .system
+        .open(group.scenario, context.base, context.seed, &counters)
+        .await
+        .map_err(|error| format!("opening {}: {error}", group.system))?;
+    let (requests_before, cpu_before) = (counters.snapshot(), cpu_time());
+    let run = driver::run(system.as_ref(), &load, &context.record).await;
+    let cpu = cpu_time().saturating_sub(cpu_before);
+    let requests = counters.snapshot().since(&requests_before);
+    let peak_rss_mib = peak_rss_bytes().map(mib);
+    match tokio::time::timeout(CLOSE_TIMEOUT, system.close()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => eprintln!("closing {} failed: {error}", group.system),
+        Err(_) => eprintln!("closing {} took over {CLOSE_TIMEOUT:?}", group.system),
+    }
+    let written = run.acked * record_bytes;
+    let latency = Summary::of(&run.latencies);
+    let mut cell = CellRow {
+        scenario: group.scenario.name().to_owned(),
+        system: group.system.name(),
+        offered_rate: rate,
+        records,
+        acked: run.acked,
+        dropped: run.dropped,
+        refused: run.refused,
+        failed: run.failed,
+        achieved_rate: run.achieved_rate(),
+        mb_per_s: run.achieved_rate() * record_bytes as f64 / 1e6,
+        latency,
+        sustained: false,
+        requests,
+        requests_per_mb: requests_per_mb(&requests, written),
+        usd_per_gb_s3_standard: request_usd_per_gb(&requests, written, &S3_STANDARD),
+        usd_per_gb_s3_express: request_usd_per_gb(&requests, written, &S3_EXPRESS_ONE_ZONE),
+        usd_per_gb_s3_express_upload: upload_amplification(&requests, written)
+            * S3_EXPRESS_UPLOAD_PER_GB,
+        upload_amplification: upload_amplification(&requests, written),
+        cpu_us_per_record: if run.acked == 0 {
+            0.0
+        } else {
+            cpu.as_secs_f64() * 1e6 / run.acked as f64
+        },
+        start_rss_mib,
+        peak_rss_mib,
+        max_send_lag_ms: millis(run.max_send_lag),
+        first_error: run.first_error,
+    };
+    cell.sustained = sustained(&counts(&cell), context.base);
+    Ok(cell)
+}
+
+/// The counts of `cell` the verdicts use.
+fn counts(cell: &CellRow) -> CellCounts {
+    CellCounts {
+        offered_rate: cell.offered_rate,
+        achieved_rate: cell.achieved_rate,
+        dropped: cell.dropped,
+        refused: cell.refused,
+        failed: cell.failed,
+        p99: Duration::from_secs_f64(cell.latency.p99_ms / 1000.0),
+    }
+}
+
+/// The headline of one group from its cells (ascending rates, at least one).
+fn headline(group: &Group, cells: &[CellRow], floor: &Summary) -> HeadlineRow {
+    let light = &cells[0];
+    let sustained: Vec<_> = cells
+        .iter()
+        .map(|cell| (cell.offered_rate, cell.sustained))
+        .collect();
+    HeadlineRow {
+        scenario: group.scenario.name().to_owned(),
+        system: group.system.name(),
+        highest_sustained_rate: highest_sustained(&sustained),
+        light_rate: light.offered_rate,
+        light_p50_ms: light.latency.p50_ms,
+        light_p99_ms: light.latency.p99_ms,
+        floor_p50_ms: floor.p50_ms,
+        light_p50_over_floor: light.latency.p50_ms / floor.p50_ms,
+    }
+}
+
+/// Per scenario: Chorus on 3 replicas against SlateDB's best configuration.
+fn against_slatedb(headlines: &[HeadlineRow]) -> Vec<String> {
+    let chorus = SystemKind::Chorus(3).name();
+    let mut lines = Vec::new();
+    for ours in headlines.iter().filter(|h| h.system == chorus) {
+        let slatedb = headlines.iter().filter(|h| {
+            h.scenario == ours.scenario
+                && h.system
+                    .parse::<SystemKind>()
+                    .is_ok_and(SystemKind::is_slatedb)
+        });
+        let best = slatedb.max_by(|a, b| {
+            let rate = |h: &HeadlineRow| h.highest_sustained_rate.unwrap_or(0.0);
+            rate(a).total_cmp(&rate(b))
+        });
+        let Some(best) = best else { continue };
+        let rate = |h: &HeadlineRow| {
+            h.highest_sustained_rate
+                .map_or_else(|| "none".to_owned(), |rate| format!("{rate}/s"))
+        };
+        let ratio = match (ours.highest_sustained_rate, best.highest_sustained_rate) {
+            (Some(a), Some(b)) => format!("{:.1}×", a / b),
+            _ => "no ratio".to_owned(),
+        };
+        lines.push(format!(
+            "{}: {chorus} sustains {}, best SlateDB ({}) {}: {ratio}",
+            ours.scenario,
+            rate(ours),
+            best.system,
+            rate(best)
+        ));
+    }
+    lines
+}

@@ -1,0 +1,44 @@
+//! `chorus-bench`: see the library's documentation.
+
+use std::process::ExitCode;
+
+use chorus_bench::compare::{self, CompareArgs};
+use clap::Parser;
+
+// The allocator of the `chorus` binary, so CPU and memory per record match
+// what the product would spend.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Benchmarks Chorus side by side with the alternatives.
+#[derive(Debug, Parser)]
+#[command(name = "chorus-bench", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Open-loop comparison of Chorus (1, 3, 5 replicas), SlateDB (three
+    /// flush intervals), a naive log and the physical floor, over
+    /// latency-injected in-memory stores: latency against offered rate, the
+    /// highest sustained rate, requests and their cost per GB, CPU and memory.
+    /// Tables on stdout, progress on stderr.
+    Compare(CompareArgs),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let Cli { command } = Cli::parse();
+    let outcome = match command {
+        Command::Compare(args) => compare::run(args).await,
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("chorus-bench: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! The store every system in a comparison writes to: `object_store`'s
+//! in-memory store behind [`InjectedStore`], which delays each request by a
+//! draw from a [`Latency`] model and counts it by price class.
+//!
+//! Latency is injected at the `object_store` level, not with
+//! [`chorus::blob::LatencyStore`], because SlateDB speaks `object_store`
+//! directly: Chorus (through [`chorus::blob::ObjectStoreBlobs`]), SlateDB and
+//! the naive log then pass through the very same wrapper, delays and counts.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chorus::blob::Latency;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, UploadPart,
+};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+
+use crate::cost::RequestCounts;
+
+/// How S3 prices a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// PUT, COPY, POST, LIST (and each multipart step).
+    Put,
+    /// GET, HEAD.
+    Get,
+    /// DELETE and multipart aborts: free.
+    Delete,
+}
+
+/// Requests and uploaded bytes, shared by every store of one system so that
+/// one snapshot gives the system's total.
+#[derive(Debug, Default)]
+pub struct Counters {
+    put_class: AtomicU64,
+    get_class: AtomicU64,
+    deletes: AtomicU64,
+    bytes_put: AtomicU64,
+}
+
+impl Counters {
+    /// The counts so far.
+    pub fn snapshot(&self) -> RequestCounts {
+        RequestCounts {
+            put_class: self.put_class.load(Ordering::Relaxed),
+            get_class: self.get_class.load(Ordering::Relaxed),
+            deletes: self.deletes.load(Ordering::Relaxed),
+            bytes_put: self.bytes_put.load(Ordering::Relaxed),
+        }
+    }
+
+    fn add(&self, class: Class, bytes: u64) {
+        let counter = match class {
+            Class::Put => &self.put_class,
+            Class::Get => &self.get_class,
+            Class::Delete => &self.deletes,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.bytes_put.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
+
+/// Counts a request and draws its delay; shared by a store and its uploads.
+#[derive(Debug, Clone)]
+struct Charger {
+    latency: Latency,
+    rng: Arc<Mutex<StdRng>>,
+    counters: Arc<Counters>,
+}
+
+impl Charger {
+    /// Counts one request of `class` carrying `bytes` and returns its delay.
+    fn charge(&self, class: Class, bytes: u64) -> Duration {
+        self.counters.add(class, bytes);
+        let mut rng = self.rng.lock().expect("latency rng poisoned");
+        self.latency.sample(&mut *rng)
+    }
+
+    async fn wait(&self, class: Class, bytes: u64) {
+        sleep(self.charge(class, bytes)).await;
+    }
+}
+
+async fn sleep(delay: Duration) {
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// An in-memory object store whose every request waits a drawn delay first
+/// and is counted in shared [`Counters`].
+#[derive(Debug)]
+pub struct InjectedStore {
+    inner: Arc<dyn ObjectStore>,
+    charger: Charger,
+}
+
+impl InjectedStore {
+    /// A fresh, empty in-memory store with `latency` on every request; delays
+    /// follow `seed`.
+    pub fn memory(latency: Latency, seed: u64, counters: Arc<Counters>) -> Arc<InjectedStore> {
+        Arc::new(InjectedStore {
+            inner: Arc::new(InMemory::new()),
+            charger: Charger {
+                latency,
+                rng: Arc::new(Mutex::new(StdRng::seed_from_u64(seed))),
+                counters,
+            },
+        })
+    }
+}
+
+impl fmt::Display for InjectedStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "injected({})", self.inner)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for InjectedStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        let bytes = payload.content_length() as u64;
+        self.charger.wait(Class::Put, bytes).await;
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.charger.wait(Class::Put, 0).await;
+        let inner = self.inner.put_multipart_opts(location, opts).await?;
+        Ok(Box::new(InjectedUpload {
+            inner,
+            charger: self.charger.clone(),
+        }))
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        self.charger.wait(Class::Get, 0).await;
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        let charger = self.charger.clone();
+        let delayed = locations.then(move |location| {
+            let delay = charger.charge(Class::Delete, 0);
+            async move {
+                sleep(delay).await;
+                location
+            }
+        });
+        self.inner.delete_stream(delayed.boxed())
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        let delay = self.charger.charge(Class::Put, 0);
+        let inner = Arc::clone(&self.inner);
+        let prefix = prefix.cloned();
+        futures::stream::once(sleep(delay))
+            .flat_map(move |()| inner.list(prefix.as_ref()))
+            .boxed()
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.charger.wait(Class::Put, 0).await;
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        self.charger.wait(Class::Put, 0).await;
+        self.inner.copy_opts(from, to, options).await
+    }
+}
+
+/// A multipart upload through an [`InjectedStore`]: each part and the
+/// completion are requests of their own.
+#[derive(Debug)]
+struct InjectedUpload {
+    inner: Box<dyn MultipartUpload>,
+    charger: Charger,
+}
+
+#[async_trait]
+impl MultipartUpload for InjectedUpload {
+    fn put_part(&mut self, data: PutPayload) -> UploadPart {
+        let delay = self
+            .charger
+            .charge(Class::Put, data.content_length() as u64);
+        let part = self.inner.put_part(data);
+        Box::pin(async move {
+            sleep(delay).await;
+            part.await
+        })
+    }
+
+    async fn complete(&mut self) -> object_store::Result<PutResult> {
+        self.charger.wait(Class::Put, 0).await;
+        self.inner.complete().await
+    }
+
+    async fn abort(&mut self) -> object_store::Result<()> {
+        self.charger.wait(Class::Delete, 0).await;
+        self.inner.abort().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use object_store::ObjectStoreExt;
+    use tokio::time::Instant;
+
+    use super::*;
+
+    const DELAY: Duration = Duration::from_millis(7);
+
+    fn store() -> (Arc<InjectedStore>, Arc<Counters>) {
+        let counters = Arc::new(Counters::default());
+        let store = InjectedStore::memory(Latency::Fixed(DELAY), 1, Arc::clone(&counters));
+        (store, counters)
+    }
+
+    /// Every kind of request waits the injected delay and lands in its price class.
+    #[tokio::test(start_paused = true)]
+    async fn requests_wait_and_are_counted_by_price_class() {
+        let (store, counters) = store();
+        let path = Path::from("a/b");
+        let timed = Instant::now();
+        store
+            .put(&path, PutPayload::from_static(b"12345"))
+            .await
+            .unwrap();
+        assert_eq!(timed.elapsed(), DELAY);
+        store.get(&path).await.unwrap().bytes().await.unwrap();
+        store.head(&path).await.unwrap();
+        // Nearby ranges coalesce into one request (object_store's default).
+        store.get_ranges(&path, &[0..1, 2..3, 3..4]).await.unwrap();
+        let timed = Instant::now();
+        let listed: Vec<_> = store.list(None).collect().await;
+        assert_eq!(timed.elapsed(), DELAY, "a listing waits once");
+        assert_eq!(listed.len(), 1);
+        store.list_with_delimiter(None).await.unwrap();
+        store.copy(&path, &Path::from("a/c")).await.unwrap();
+        let timed = Instant::now();
+        store.delete(&path).await.unwrap();
+        assert_eq!(timed.elapsed(), DELAY);
+        assert_eq!(
+            counters.snapshot(),
+            RequestCounts {
+                put_class: 4,
+                get_class: 3,
+                deletes: 1,
+                bytes_put: 5,
+            }
+        );
+    }
+
+    /// A multipart upload costs its start, each part and its completion.
+    #[tokio::test(start_paused = true)]
+    async fn multipart_uploads_count_every_step() {
+        let (store, counters) = store();
+        let path = Path::from("big");
+        let mut upload = store.put_multipart(&path).await.unwrap();
+        let timed = Instant::now();
+        let first = upload.put_part(PutPayload::from(vec![1u8; 10]));
+        let second = upload.put_part(PutPayload::from(vec![2u8; 20]));
+        futures::future::try_join(first, second).await.unwrap();
+        assert_eq!(timed.elapsed(), DELAY, "parts go out together");
+        upload.complete().await.unwrap();
+        let mut aborted = store.put_multipart(&Path::from("other")).await.unwrap();
+        aborted.abort().await.unwrap();
+        let counts = counters.snapshot();
+        assert_eq!((counts.put_class, counts.deletes), (5, 1));
+        assert_eq!(counts.bytes_put, 30);
+        assert_eq!(store.head(&path).await.unwrap().size, 30);
+    }
+}

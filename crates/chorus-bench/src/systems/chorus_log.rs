@@ -1,0 +1,79 @@
+//! Chorus: a fresh log over the given replicas, with its register as
+//! `manifest.json` in a store of its own, opened through recovery as any
+//! writer is, with the default `LogConfig`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chorus::blob::{DynBlobStore, ObjectStoreBlobs};
+use chorus::log::{LogConfig, LogError, LogStores, Recovery, Writer};
+use chorus::register::{ObjectRegister, initialize};
+use futures::FutureExt;
+use futures::future::BoxFuture;
+
+use super::{Ack, Error, Refused, System};
+use crate::store::InjectedStore;
+
+/// The window (fragments in flight per replica) fixed in the register, as
+/// `chorus log init` sets it by default.
+const WINDOW: u32 = 4;
+
+/// How long a close waits for the last appends and the final seal.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An open Chorus writer.
+pub struct ChorusLog {
+    writer: Writer,
+}
+
+/// A Chorus blob store over `store`, named `name`.
+fn blobs(store: Arc<InjectedStore>, name: String) -> DynBlobStore {
+    Arc::new(ObjectStoreBlobs::new(store, "", name))
+}
+
+/// Initializes a log over `replicas` with its register in `register`, runs
+/// recovery (nothing to replay) and starts the writer.
+pub async fn open(
+    replicas: Vec<Arc<InjectedStore>>,
+    register: Arc<InjectedStore>,
+) -> Result<ChorusLog, Error> {
+    let replicas: Vec<(String, DynBlobStore)> = replicas
+        .into_iter()
+        .enumerate()
+        .map(|(position, store)| {
+            let identity = format!("memory://replica-{position}");
+            (identity.clone(), blobs(store, identity))
+        })
+        .collect();
+    let register = Arc::new(ObjectRegister::new(blobs(
+        register,
+        "memory://register".to_owned(),
+    )));
+    let identities = replicas.iter().map(|(id, _)| id.clone()).collect();
+    initialize(register.as_ref(), identities, WINDOW).await?;
+    let recovery = Recovery::run(LogStores { replicas, register }, LogConfig::default()).await?;
+    let mut replay = recovery.replay(recovery.end())?;
+    while replay.next().await?.is_some() {}
+    Ok(ChorusLog {
+        writer: recovery.start().await?,
+    })
+}
+
+impl System for ChorusLog {
+    fn submit(&self, _seq: u64, record: Bytes) -> Result<Ack, Refused> {
+        match self.writer.append(record) {
+            Ok(completion) => Ok(completion
+                .map(|done| done.map(drop).map_err(Error::from))
+                .boxed()),
+            // Admission refuses at once when the in-flight budget is spent or
+            // the active segment is full: the record was not taken.
+            Err(LogError::Backpressure { .. } | LogError::ActiveSegmentFull { .. }) => Err(Refused),
+            Err(error) => Ok(futures::future::ready(Err(error.into())).boxed()),
+        }
+    }
+
+    fn close(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
+        async move { Ok(self.writer.shutdown(SHUTDOWN_TIMEOUT).await?) }.boxed()
+    }
+}

@@ -1,0 +1,180 @@
+//! The systems compared: each opened fresh over latency-injected in-memory
+//! stores, then fed records one at a time by the open-loop driver.
+
+mod chorus_log;
+mod naive;
+mod slate;
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+
+use crate::floor::majority;
+use crate::models::{Scenario, by_name};
+use crate::store::{Counters, InjectedStore};
+
+/// Any error a system reports.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The acknowledgement of one record: resolves once it is durable.
+pub type Ack = BoxFuture<'static, Result<(), Error>>;
+
+/// The system turned a record away at once (its own backpressure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused;
+
+/// One system under test, open and ready for records.
+pub trait System: Send + Sync {
+    /// Starts writing record number `seq`; the returned future resolves when
+    /// the record is durable. Must not block: the driver calls it on schedule.
+    fn submit(&self, seq: u64, record: Bytes) -> Result<Ack, Refused>;
+
+    /// Stops the system cleanly once everything submitted has resolved.
+    fn close(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>>;
+}
+
+/// The systems a comparison can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SystemKind {
+    /// Chorus over this many replicas (1, 3 or 5), register in its own store.
+    Chorus(usize),
+    /// SlateDB on one store, each put awaited until durable, flushing its
+    /// write-ahead log at this interval.
+    SlateDb(Duration),
+    /// One object per record, created on 3 stores, acknowledged at 2.
+    Naive,
+}
+
+impl SystemKind {
+    /// Every system, in report order.
+    pub const ALL: [SystemKind; 7] = [
+        SystemKind::Chorus(1),
+        SystemKind::Chorus(3),
+        SystemKind::Chorus(5),
+        SystemKind::SlateDb(slate::DEFAULT_FLUSH_INTERVAL),
+        SystemKind::SlateDb(Duration::from_millis(10)),
+        SystemKind::SlateDb(Duration::from_millis(1)),
+        SystemKind::Naive,
+    ];
+
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> String {
+        match self {
+            SystemKind::Chorus(replicas) => format!("chorus-{replicas}"),
+            SystemKind::SlateDb(flush) => format!("slatedb-{}ms", flush.as_millis()),
+            SystemKind::Naive => format!("naive-{}", naive::REPLICAS),
+        }
+    }
+
+    /// How many stores a record goes to and how many must acknowledge it:
+    /// what the physical floor of this system is computed over.
+    pub fn quorum(self) -> (usize, usize) {
+        match self {
+            SystemKind::Chorus(replicas) => (replicas, majority(replicas)),
+            SystemKind::SlateDb(_) => (1, 1),
+            SystemKind::Naive => (naive::REPLICAS, majority(naive::REPLICAS)),
+        }
+    }
+
+    /// Whether this is one of the SlateDB configurations.
+    pub fn is_slatedb(self) -> bool {
+        matches!(self, SystemKind::SlateDb(_))
+    }
+
+    /// Opens a fresh instance whose stores follow `scenario` around `base`
+    /// (store `i` seeded with `seed + i`), counting requests into `counters`.
+    pub async fn open(
+        self,
+        scenario: Scenario,
+        base: Duration,
+        seed: u64,
+        counters: &Arc<Counters>,
+    ) -> Result<Box<dyn System>, Error> {
+        let (replicas, _) = self.quorum();
+        let store = |position: usize| {
+            let latency = scenario.replica(base, position);
+            InjectedStore::memory(latency, seed + position as u64, Arc::clone(counters))
+        };
+        let stores: Vec<_> = (0..replicas).map(store).collect();
+        Ok(match self {
+            // The register lives in a store of its own, past the odd one out.
+            SystemKind::Chorus(_) => Box::new(chorus_log::open(stores, store(replicas)).await?),
+            SystemKind::SlateDb(flush) => Box::new(slate::open(stores, flush).await?),
+            SystemKind::Naive => Box::new(naive::open(stores)),
+        })
+    }
+}
+
+impl fmt::Display for SystemKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl FromStr for SystemKind {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<SystemKind, String> {
+        by_name("system", &SystemKind::ALL, name, SystemKind::name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        let names: Vec<_> = SystemKind::ALL.iter().map(|s| s.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "chorus-1",
+                "chorus-3",
+                "chorus-5",
+                "slatedb-100ms",
+                "slatedb-10ms",
+                "slatedb-1ms",
+                "naive-3"
+            ]
+        );
+        for system in SystemKind::ALL {
+            assert_eq!(system.name().parse::<SystemKind>(), Ok(system));
+        }
+        assert!("chorus-2".parse::<SystemKind>().is_err());
+    }
+
+    #[test]
+    fn quorums() {
+        assert_eq!(SystemKind::Chorus(5).quorum(), (5, 3));
+        assert_eq!(
+            SystemKind::SlateDb(Duration::from_millis(1)).quorum(),
+            (1, 1)
+        );
+        assert_eq!(SystemKind::Naive.quorum(), (3, 2));
+    }
+
+    /// Every system writes a record durably and closes, over fast stores.
+    #[tokio::test]
+    async fn every_system_acknowledges_a_record_and_closes() {
+        for kind in SystemKind::ALL {
+            let counters = Arc::new(Counters::default());
+            let latency = Duration::from_millis(1);
+            let system = kind
+                .open(Scenario::Fixed, latency, 1, &counters)
+                .await
+                .unwrap();
+            let before = counters.snapshot();
+            let ack = system
+                .submit(0, Bytes::from_static(b"record"))
+                .unwrap_or_else(|_| panic!("{kind} refused"));
+            ack.await.unwrap();
+            assert!(counters.snapshot().since(&before).put_class > 0, "{kind}");
+            system.close().await.unwrap();
+        }
+    }
+}
