@@ -24,7 +24,9 @@ use crate::stats::{Summary, millis};
 use crate::store::Counters;
 use crate::systems::{Error, SystemKind};
 use crate::usage::{cpu_time, peak_rss_bytes, reset_peak_rss, rss_bytes};
-use crate::verdict::{CellCounts, SLO_FACTOR, highest_sustained, overloaded, sustained};
+use crate::verdict::{
+    CellCounts, SLO_FACTOR, highest_sustained, overloaded, p99_ratios, sustained,
+};
 
 /// Draws behind each computed floor.
 const FLOOR_DRAWS: usize = 100_000;
@@ -144,6 +146,7 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
     let total: usize = groups.iter().map(|group| group.rates.len()).sum();
     let mut done = 0;
     let mut headlines = Vec::new();
+    let mut measured = Vec::new();
     for group in &groups {
         let mut cells = Vec::new();
         for &rate in &group.rates {
@@ -167,6 +170,7 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
         }
         let floor = &floors[&(group.scenario, group.system.quorum())];
         headlines.push(headline(group, &cells, floor));
+        measured.extend(cells);
     }
     for ((scenario, (stores, quorum)), latency) in &floors {
         printer.print(&Row::Floor(FloorRow {
@@ -179,7 +183,10 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
     for headline in &headlines {
         printer.print(&Row::Headline(headline.clone()))?;
     }
-    for line in against_slatedb(&headlines) {
+    for line in against_slatedb(&headlines)
+        .into_iter()
+        .chain(against_fixed(&measured))
+    {
         printer.note(&line)?;
     }
     Ok(())
@@ -302,6 +309,38 @@ fn headline(group: &Group, cells: &[CellRow], floor: &Summary) -> HeadlineRow {
         floor_p50_ms: floor.p50_ms,
         light_p50_over_floor: light.latency.p50_ms / floor.p50_ms,
     }
+}
+
+/// Per system in each scenario but `fixed`: its p99 at each rate as a
+/// multiple of its p99 at the same rate with every store fast.
+fn against_fixed(cells: &[CellRow]) -> Vec<String> {
+    let p99s = |scenario: &str, system: &str| -> Vec<(f64, f64)> {
+        cells
+            .iter()
+            .filter(|c| c.scenario == scenario && c.system == system)
+            .map(|c| (c.offered_rate, c.latency.p99_ms))
+            .collect()
+    };
+    let fixed = Scenario::Fixed.name();
+    let mut groups: Vec<(&str, &str)> = cells
+        .iter()
+        .filter(|c| c.scenario != fixed)
+        .map(|c| (c.scenario.as_str(), c.system.as_str()))
+        .collect();
+    groups.dedup();
+    groups
+        .into_iter()
+        .filter_map(|(scenario, system)| {
+            let ratios = p99_ratios(&p99s(fixed, system), &p99s(scenario, system));
+            (!ratios.is_empty()).then(|| {
+                let each: Vec<_> = ratios
+                    .iter()
+                    .map(|(rate, ratio)| format!("{ratio:.2}× at {rate}/s"))
+                    .collect();
+                format!("{scenario} {system}: p99 {} of fixed", each.join(", "))
+            })
+        })
+        .collect()
 }
 
 /// Per scenario: Chorus on 3 replicas against SlateDB's best configuration.

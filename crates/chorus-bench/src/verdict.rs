@@ -57,6 +57,20 @@ pub fn highest_sustained(cells: &[(f64, bool)]) -> Option<f64> {
         .max_by(f64::total_cmp)
 }
 
+/// For each offered rate measured in both, `other`'s p99 as a multiple of
+/// `baseline`'s: how much a latency scenario moves a system's tail against
+/// the all-fast case. Both are (offered rate, p99) pairs; the result is
+/// (rate, ratio) in `other`'s order.
+pub fn p99_ratios(baseline: &[(f64, f64)], other: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    other
+        .iter()
+        .filter_map(|(rate, p99)| {
+            let (_, base) = baseline.iter().find(|(r, _)| r == rate)?;
+            Some((*rate, p99 / base))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,5 +140,17 @@ mod tests {
         assert_eq!(highest_sustained(&noisy_light_load), Some(1e3));
         assert_eq!(highest_sustained(&[(100.0, false)]), None);
         assert_eq!(highest_sustained(&[]), None);
+    }
+
+    #[test]
+    fn p99_ratios_pair_up_equal_rates() {
+        let fixed = [(100.0, 12.0), (1e3, 15.0), (1e4, 20.0)];
+        let slow = [(100.0, 12.6), (1e4, 40.0), (1e5, 90.0)];
+        let ratios = p99_ratios(&fixed, &slow);
+        assert_eq!(ratios.len(), 2);
+        assert_eq!(ratios[0].0, 100.0);
+        assert!((ratios[0].1 - 1.05).abs() < 1e-12);
+        assert_eq!(ratios[1], (1e4, 2.0));
+        assert!(p99_ratios(&[], &slow).is_empty());
     }
 }
