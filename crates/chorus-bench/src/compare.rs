@@ -20,7 +20,7 @@ use crate::models::Scenario;
 use crate::plan::{self, Group, Request};
 use crate::report::{CellRow, ConfigRow, FloorRow, HeadlineRow, Printer, Row};
 use crate::schedule::{CellLength, warmup};
-use crate::stats::{Summary, millis};
+use crate::stats::{Summary, millis, percentile};
 use crate::store::Counters;
 use crate::systems::{Error, SystemKind};
 use crate::usage::{cpu_time, peak_rss_bytes, reset_peak_rss, rss_bytes};
@@ -53,7 +53,8 @@ pub struct CompareArgs {
     pub rates: Vec<f64>,
     /// Systems, comma-separated (default: all at fixed latency, a selection
     /// in the other scenarios): chorus-1, chorus-3, chorus-5, slatedb-100ms,
-    /// slatedb-10ms, slatedb-1ms, naive-3.
+    /// slatedb-10ms, slatedb-1ms, naive-1 (the measured floor of one
+    /// store), naive-3.
     #[arg(long, value_delimiter = ',')]
     pub systems: Vec<SystemKind>,
     /// Latency scenarios, comma-separated (default: all): fixed, log-normal,
@@ -128,46 +129,16 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
         drain: Duration::from_millis(args.drain_ms),
     };
     let mut printer = Printer::new(args.json);
-    printer.print(&Row::Config(ConfigRow {
-        latency_ms: args.latency_ms,
-        record_bytes: args.record_bytes,
-        slo_p99_ms: args.latency_ms * u64::from(SLO_FACTOR),
-        chorus_max_inflight_bytes: LogConfig::default().max_inflight_bytes,
-        max_outstanding: args.max_outstanding,
-        peak_rss_per_cell: reset_peak_rss(),
-        prices_checked: PRICES_CHECKED,
-        s3_standard_put_per_1000: S3_STANDARD.put_per_1000,
-        s3_standard_get_per_1000: S3_STANDARD.get_per_1000,
-        s3_express_put_per_1000: S3_EXPRESS_ONE_ZONE.put_per_1000,
-        s3_express_get_per_1000: S3_EXPRESS_ONE_ZONE.get_per_1000,
-        s3_express_upload_per_gb: S3_EXPRESS_UPLOAD_PER_GB,
-    }))?;
+    printer.print(&Row::Config(config(&args)))?;
     let floors = floors(&groups, &context);
-    let total: usize = groups.iter().map(|group| group.rates.len()).sum();
-    let mut done = 0;
+    let mut progress = Progress {
+        done: 0,
+        total: groups.iter().map(|group| group.rates.len()).sum(),
+    };
     let mut headlines = Vec::new();
     let mut measured = Vec::new();
     for group in &groups {
-        let mut cells = Vec::new();
-        for &rate in &group.rates {
-            done += 1;
-            eprintln!(
-                "[{done}/{total}] {} {} at {rate} records/s …",
-                group.scenario, group.system
-            );
-            let cell = measure(group, rate, &context).await?;
-            printer.print(&Row::Cell(cell.clone()))?;
-            let stop = overloaded(&counts(&cell));
-            cells.push(cell);
-            if stop {
-                eprintln!(
-                    "{} {} cannot keep up at {rate} records/s: higher rates skipped",
-                    group.scenario, group.system
-                );
-                done += group.rates.iter().filter(|r| **r > rate).count();
-                break;
-            }
-        }
+        let cells = sweep(group, &context, &mut printer, &mut progress).await?;
         let floor = &floors[&(group.scenario, group.system.quorum())];
         headlines.push(headline(group, &cells, floor));
         measured.extend(cells);
@@ -190,6 +161,61 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
         printer.note(&line)?;
     }
     Ok(())
+}
+
+/// The run's settings as a row.
+fn config(args: &CompareArgs) -> ConfigRow {
+    ConfigRow {
+        latency_ms: args.latency_ms,
+        record_bytes: args.record_bytes,
+        slo_p99_ms: args.latency_ms * u64::from(SLO_FACTOR),
+        chorus_max_inflight_bytes: LogConfig::default().max_inflight_bytes,
+        max_outstanding: args.max_outstanding,
+        peak_rss_per_cell: reset_peak_rss(),
+        prices_checked: PRICES_CHECKED,
+        s3_standard_put_per_1000: S3_STANDARD.put_per_1000,
+        s3_standard_get_per_1000: S3_STANDARD.get_per_1000,
+        s3_express_put_per_1000: S3_EXPRESS_ONE_ZONE.put_per_1000,
+        s3_express_get_per_1000: S3_EXPRESS_ONE_ZONE.get_per_1000,
+        s3_express_upload_per_gb: S3_EXPRESS_UPLOAD_PER_GB,
+    }
+}
+
+/// Cells run so far (skipped ones included) out of all planned.
+struct Progress {
+    done: usize,
+    total: usize,
+}
+
+/// Runs `group`'s rates in ascending order, printing each cell, until the
+/// system cannot keep up; returns the cells measured (at least one).
+async fn sweep(
+    group: &Group,
+    context: &Context,
+    printer: &mut Printer,
+    progress: &mut Progress,
+) -> Result<Vec<CellRow>, Error> {
+    let mut cells = Vec::new();
+    for &rate in &group.rates {
+        progress.done += 1;
+        eprintln!(
+            "[{}/{}] {} {} at {rate} records/s …",
+            progress.done, progress.total, group.scenario, group.system
+        );
+        let cell = measure(group, rate, context).await?;
+        printer.print(&Row::Cell(cell.clone()))?;
+        let overloaded = cell.overloaded;
+        cells.push(cell);
+        if overloaded {
+            eprintln!(
+                "{} {} cannot keep up at {rate} records/s: higher rates skipped",
+                group.scenario, group.system
+            );
+            progress.done += group.rates.iter().filter(|r| **r > rate).count();
+            break;
+        }
+    }
+    Ok(cells)
 }
 
 /// `bytes` pseudo-random bytes, so nothing along the way can compress them.
@@ -246,7 +272,15 @@ async fn measure(group: &Group, rate: f64, context: &Context) -> Result<CellRow,
     }
     let written = run.acked * record_bytes;
     let latency = Summary::of(&run.latencies);
-    let mut cell = CellRow {
+    let counts = CellCounts {
+        offered_rate: rate,
+        achieved_rate: run.achieved_rate(),
+        dropped: run.dropped,
+        refused: run.refused,
+        failed: run.failed,
+        p99: percentile(&run.latencies, 0.99),
+    };
+    Ok(CellRow {
         scenario: group.scenario.name().to_owned(),
         system: group.system.name(),
         offered_rate: rate,
@@ -258,7 +292,8 @@ async fn measure(group: &Group, rate: f64, context: &Context) -> Result<CellRow,
         achieved_rate: run.achieved_rate(),
         mb_per_s: run.achieved_rate() * record_bytes as f64 / 1e6,
         latency,
-        sustained: false,
+        sustained: sustained(&counts, context.base),
+        overloaded: overloaded(&counts),
         requests,
         requests_per_mb: requests_per_mb(&requests, written),
         usd_per_gb_s3_standard: request_usd_per_gb(&requests, written, &S3_STANDARD),
@@ -275,21 +310,7 @@ async fn measure(group: &Group, rate: f64, context: &Context) -> Result<CellRow,
         peak_rss_mib,
         max_send_lag_ms: millis(run.max_send_lag),
         first_error: run.first_error,
-    };
-    cell.sustained = sustained(&counts(&cell), context.base);
-    Ok(cell)
-}
-
-/// The counts of `cell` the verdicts use.
-fn counts(cell: &CellRow) -> CellCounts {
-    CellCounts {
-        offered_rate: cell.offered_rate,
-        achieved_rate: cell.achieved_rate,
-        dropped: cell.dropped,
-        refused: cell.refused,
-        failed: cell.failed,
-        p99: Duration::from_secs_f64(cell.latency.p99_ms / 1000.0),
-    }
+    })
 }
 
 /// The headline of one group from its cells (ascending rates, at least one).

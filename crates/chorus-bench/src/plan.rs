@@ -41,10 +41,10 @@ pub struct Group {
 fn by_default(scenario: Scenario, system: SystemKind, quick: bool) -> bool {
     match (scenario, system) {
         (Scenario::Fixed, _) => true,
-        (_, SystemKind::Chorus(3) | SystemKind::Naive) => true,
+        (_, SystemKind::Chorus(3) | SystemKind::Naive(3)) => true,
         _ if quick => false,
         (_, SystemKind::Chorus(5)) => true,
-        (Scenario::LogNormal, SystemKind::Chorus(1)) => true,
+        (Scenario::LogNormal, SystemKind::Chorus(1) | SystemKind::Naive(1)) => true,
         (Scenario::LogNormal, SystemKind::SlateDb(flush)) => flush == Duration::from_millis(1),
         _ => false,
     }
@@ -85,7 +85,7 @@ fn rates(request: &Request, scenario: Scenario) -> Vec<f64> {
     let mut rates = match (request.rates.is_empty(), request.quick, scenario) {
         (false, _, _) => request.rates.clone(),
         (true, true, Scenario::Fixed) => QUICK_RATES.to_vec(),
-        (true, true, _) => vec![1e3],
+        (true, true, _) => vec![QUICK_RATES[1]],
         (true, false, Scenario::Fixed) => FULL_RATES.to_vec(),
         (true, false, _) => TAIL_RATES.to_vec(),
     };
@@ -135,10 +135,17 @@ mod tests {
     #[test]
     fn the_full_run_sweeps_everything_at_fixed_latency_and_quorums_in_the_tails() {
         let groups = groups(&request(false));
-        assert_eq!(names(&groups, Scenario::Fixed).len(), 7);
+        assert_eq!(names(&groups, Scenario::Fixed).len(), 8);
         assert_eq!(
             names(&groups, Scenario::LogNormal),
-            ["chorus-1", "chorus-3", "chorus-5", "slatedb-1ms", "naive-3"]
+            [
+                "chorus-1",
+                "chorus-3",
+                "chorus-5",
+                "slatedb-1ms",
+                "naive-1",
+                "naive-3"
+            ]
         );
         for scenario in [Scenario::OneSlow, Scenario::OneSpiky] {
             assert_eq!(
@@ -153,9 +160,10 @@ mod tests {
     #[test]
     fn quick_keeps_three_rates_and_two_systems_in_the_tails() {
         let groups = groups(&request(true));
-        assert_eq!(groups.len(), 7 + 3 * 2);
+        assert_eq!(groups.len(), 8 + 3 * 2);
         assert_eq!(groups[0].rates, QUICK_RATES);
-        assert_eq!(groups.last().unwrap().rates, vec![1e3]);
+        // One rate the fixed sweep has too, so the two compare.
+        assert_eq!(groups.last().unwrap().rates, vec![3e3]);
     }
 
     #[test]
@@ -163,7 +171,7 @@ mod tests {
         let groups = groups(&Request {
             quick: false,
             rates: vec![300.0, 100.0, 300.0],
-            systems: vec![SystemKind::Chorus(1), SystemKind::Naive],
+            systems: vec![SystemKind::Chorus(1), SystemKind::Naive(3)],
             scenarios: vec![Scenario::OneSlow, Scenario::Fixed],
         });
         let picked: Vec<_> = groups

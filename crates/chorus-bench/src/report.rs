@@ -34,8 +34,11 @@ pub struct CellRow {
     /// Acknowledgement latency from due time, past the warm-up.
     #[serde(flatten)]
     pub latency: Summary,
-    /// Whether the rate was sustained (see `verdict::sustained`).
+    /// Whether the rate was sustained (`verdict::sustained`).
     pub sustained: bool,
+    /// Whether the system could not keep up at all (`verdict::overloaded`):
+    /// higher rates were then skipped.
+    pub overloaded: bool,
     /// Store requests during the cell.
     pub requests: RequestCounts,
     /// Store requests per MB of records acknowledged.

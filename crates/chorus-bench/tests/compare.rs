@@ -29,7 +29,7 @@ fn every_system_produces_rows_floors_and_headlines() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
     assert!(
-        stderr.contains("[1/10] fixed chorus-1 at 250 records/s"),
+        stderr.contains("[1/11] fixed chorus-1 at 250 records/s"),
         "{stderr}"
     );
     let rows: Vec<Value> = String::from_utf8(output.stdout)
@@ -85,5 +85,5 @@ fn every_system_produces_rows_floors_and_headlines() {
         })
         .collect();
     assert_eq!(floors.len(), 5, "fixed: 1/1, 2/3, 3/5; one-slow: 2/3, 3/5");
-    assert_eq!(of_kind("headline").len(), 10);
+    assert_eq!(of_kind("headline").len(), 11);
 }

@@ -45,20 +45,23 @@ pub enum SystemKind {
     /// SlateDB on one store, each put awaited until durable, flushing its
     /// write-ahead log at this interval.
     SlateDb(Duration),
-    /// One object per record, created on 3 stores, acknowledged at 2.
-    Naive,
+    /// One object per record, created on this many stores, acknowledged
+    /// by a majority. On one store it is the measured floor: one store
+    /// request per record, nothing else.
+    Naive(usize),
 }
 
 impl SystemKind {
     /// Every system, in report order.
-    pub const ALL: [SystemKind; 7] = [
+    pub const ALL: [SystemKind; 8] = [
         SystemKind::Chorus(1),
         SystemKind::Chorus(3),
         SystemKind::Chorus(5),
         SystemKind::SlateDb(slate::DEFAULT_FLUSH_INTERVAL),
         SystemKind::SlateDb(Duration::from_millis(10)),
         SystemKind::SlateDb(Duration::from_millis(1)),
-        SystemKind::Naive,
+        SystemKind::Naive(1),
+        SystemKind::Naive(3),
     ];
 
     /// The name used on the command line and in reports.
@@ -66,7 +69,7 @@ impl SystemKind {
         match self {
             SystemKind::Chorus(replicas) => format!("chorus-{replicas}"),
             SystemKind::SlateDb(flush) => format!("slatedb-{}ms", flush.as_millis()),
-            SystemKind::Naive => format!("naive-{}", naive::REPLICAS),
+            SystemKind::Naive(stores) => format!("naive-{stores}"),
         }
     }
 
@@ -74,9 +77,10 @@ impl SystemKind {
     /// what the physical floor of this system is computed over.
     pub fn quorum(self) -> (usize, usize) {
         match self {
-            SystemKind::Chorus(replicas) => (replicas, majority(replicas)),
+            SystemKind::Chorus(replicas) | SystemKind::Naive(replicas) => {
+                (replicas, majority(replicas))
+            }
             SystemKind::SlateDb(_) => (1, 1),
-            SystemKind::Naive => (naive::REPLICAS, majority(naive::REPLICAS)),
         }
     }
 
@@ -104,7 +108,7 @@ impl SystemKind {
             // The register lives in a store of its own, past the odd one out.
             SystemKind::Chorus(_) => Box::new(chorus_log::open(stores, store(replicas)).await?),
             SystemKind::SlateDb(flush) => Box::new(slate::open(stores, flush).await?),
-            SystemKind::Naive => Box::new(naive::open(stores)),
+            SystemKind::Naive(_) => Box::new(naive::open(stores)),
         })
     }
 }
@@ -139,6 +143,7 @@ mod tests {
                 "slatedb-100ms",
                 "slatedb-10ms",
                 "slatedb-1ms",
+                "naive-1",
                 "naive-3"
             ]
         );
@@ -155,7 +160,7 @@ mod tests {
             SystemKind::SlateDb(Duration::from_millis(1)).quorum(),
             (1, 1)
         );
-        assert_eq!(SystemKind::Naive.quorum(), (3, 2));
+        assert_eq!(SystemKind::Naive(3).quorum(), (3, 2));
     }
 
     /// Every system writes a record durably and closes, over fast stores.
