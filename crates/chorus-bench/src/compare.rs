@@ -2,6 +2,8 @@
 //! offered rates; one fresh system instance per cell, all in this process.
 
 use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,6 +85,10 @@ pub struct CompareArgs {
     /// Print one JSON object per row instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Also write every row as a JSON line to this file (the input of
+    /// `chorus-bench plot`), whatever stdout shows.
+    #[arg(long, value_name = "FILE")]
+    pub save: Option<PathBuf>,
 }
 
 /// What every cell shares.
@@ -128,7 +134,13 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
         max_outstanding: args.max_outstanding,
         drain: Duration::from_millis(args.drain_ms),
     };
-    let mut printer = Printer::new(args.json);
+    let save = match &args.save {
+        Some(path) => Some(
+            File::create(path).map_err(|error| format!("--save {}: {error}", path.display()))?,
+        ),
+        None => None,
+    };
+    let mut printer = Printer::new(args.json, save);
     printer.print(&Row::Config(config(&args)))?;
     let floors = floors(&groups, &context);
     let mut progress = Progress {

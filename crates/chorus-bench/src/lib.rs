@@ -14,6 +14,7 @@ pub mod driver;
 pub mod floor;
 pub mod models;
 pub mod plan;
+pub mod plot;
 pub mod report;
 pub mod schedule;
 pub mod stats;

@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use chorus_bench::compare::{self, CompareArgs};
+use chorus_bench::plot::{self, PlotArgs};
 use clap::Parser;
 
 // The allocator of the `chorus` binary, so CPU and memory per record match
@@ -26,6 +27,10 @@ enum Command {
     /// highest sustained rate, requests and their cost per GB, CPU and memory.
     /// Tables on stdout, progress on stderr.
     Compare(CompareArgs),
+    /// SVG charts from saved runs (`compare --save`, `chorus bench recovery
+    /// --json`): latency against offered load, the highest sustained rate,
+    /// request cost per GB, open time against log length.
+    Plot(PlotArgs),
 }
 
 #[tokio::main]
@@ -33,6 +38,11 @@ async fn main() -> ExitCode {
     let Cli { command } = Cli::parse();
     let outcome = match command {
         Command::Compare(args) => compare::run(args).await,
+        Command::Plot(args) => plot::run(args).map(|written| {
+            for path in written {
+                eprintln!("wrote {}", path.display());
+            }
+        }),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,7 +1,8 @@
 //! Report rows and how they print: a table on stdout, or one JSON object per
 //! row with `--json`.
 
-use std::io::{self, Write};
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
 
 use serde::Serialize;
 
@@ -145,28 +146,36 @@ pub enum Row {
 }
 
 /// Writes rows as a table (a header before the first row of each kind) or
-/// as JSON lines.
+/// as JSON lines, and optionally also as JSON lines to a file.
 #[derive(Debug)]
 pub struct Printer {
     json: bool,
     last_kind: Option<&'static str>,
+    save: Option<BufWriter<File>>,
 }
 
 impl Printer {
-    /// A printer for tables, or JSON lines when `json`.
-    pub fn new(json: bool) -> Printer {
+    /// A printer for tables, or JSON lines when `json`; every row also goes
+    /// to `save` as a JSON line, flushed as it is written, so a run cut
+    /// short keeps what it measured.
+    pub fn new(json: bool, save: Option<File>) -> Printer {
         Printer {
             json,
             last_kind: None,
+            save: save.map(BufWriter::new),
         }
     }
 
-    /// Prints `row` to stdout.
+    /// Prints `row` to stdout (and to the save file).
     pub fn print(&mut self, row: &Row) -> io::Result<()> {
+        let json = serde_json::to_string(row).expect("rows encode");
+        if let Some(save) = &mut self.save {
+            writeln!(save, "{json}")?;
+            save.flush()?;
+        }
         let mut out = io::stdout().lock();
         if self.json {
-            let line = serde_json::to_string(row).expect("rows encode");
-            return writeln!(out, "{line}");
+            return writeln!(out, "{json}");
         }
         let kind = match row {
             Row::Config(_) => "config",

@@ -2,16 +2,21 @@
 //! configuration: one rate, short cells, 2 ms stores.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::process::Command;
 
 use chorus_bench::systems::SystemKind;
 use serde_json::Value;
 
 #[test]
-fn every_system_produces_rows_floors_and_headlines() {
+fn every_system_produces_rows_floors_and_headlines_and_the_saved_rows_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let saved = dir.path().join("compare.jsonl");
     let output = Command::new(env!("CARGO_BIN_EXE_chorus-bench"))
+        .arg("compare")
+        .arg("--save")
+        .arg(&saved)
         .args([
-            "compare",
             "--json",
             "--rates",
             "250",
@@ -32,8 +37,13 @@ fn every_system_produces_rows_floors_and_headlines() {
         stderr.contains("[1/11] fixed chorus-1 at 250 records/s"),
         "{stderr}"
     );
-    let rows: Vec<Value> = String::from_utf8(output.stdout)
-        .unwrap()
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&saved).unwrap(),
+        stdout,
+        "--save holds exactly the rows printed"
+    );
+    let rows: Vec<Value> = stdout
         .lines()
         .map(|line| serde_json::from_str(line).expect("each line is JSON"))
         .collect();
@@ -86,4 +96,56 @@ fn every_system_produces_rows_floors_and_headlines() {
         .collect();
     assert_eq!(floors.len(), 5, "fixed: 1/1, 2/3, 3/5; one-slow: 2/3, 3/5");
     assert_eq!(of_kind("headline").len(), 11);
+
+    plots_are_drawn_from(&saved, dir.path());
+}
+
+/// `plot` draws every chart from the saved run (and a recovery run), each
+/// an SVG naming what it shows.
+fn plots_are_drawn_from(saved: &Path, dir: &Path) {
+    let recovery = dir.join("recovery.jsonl");
+    let rows: String = [(1, 0), (100, 0), (1, 1 << 20), (100, 1 << 20)]
+        .iter()
+        .map(|(sealed, active)| {
+            format!(
+                "{{\"sealed_segments\":{sealed},\"segment_bytes\":1048576,\"active_bytes\":{active},\
+                 \"open_ms\":{{\"min\":240.0,\"median\":250.0,\"max\":260.0}}}}\n"
+            )
+        })
+        .collect();
+    std::fs::write(&recovery, rows).unwrap();
+    let out = dir.join("plots");
+    let output = Command::new(env!("CARGO_BIN_EXE_chorus-bench"))
+        .arg("plot")
+        .arg("--compare")
+        .arg(saved)
+        .arg("--recovery")
+        .arg(&recovery)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("chorus-bench runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for (file, must_name) in [
+        ("latency.svg", "chorus-3"),
+        ("sustained.svg", "slatedb-1ms"),
+        ("cost.svg", "naive-3"),
+        ("recovery.svg", "active 1 MiB"),
+    ] {
+        let svg = std::fs::read_to_string(out.join(file)).unwrap();
+        assert!(svg.starts_with("<svg"), "{file}");
+        assert!(svg.contains(must_name), "{file} names {must_name}");
+    }
+
+    let missing = Command::new(env!("CARGO_BIN_EXE_chorus-bench"))
+        .args(["plot", "--compare", "/nonexistent.jsonl", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent.jsonl"));
 }
