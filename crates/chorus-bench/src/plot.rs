@@ -331,16 +331,15 @@ fn latency_chart(
         ),
         (&right, "p99", |c: &CellPoint| c.p99_ms),
     ] {
-        log_lines(
-            area,
+        let frame = LogFrame {
             title,
             x,
             y,
-            ("offered records/s", "ms"),
-            &by_system(cells, value),
-            Some(("p99 limit", slo_ms)),
-            SeriesLabelPosition::UpperLeft,
-        )?;
+            descriptions: ("offered records/s", "ms"),
+            reference: Some(("p99 limit", slo_ms)),
+            legend: SeriesLabelPosition::UpperLeft,
+        };
+        log_lines(area, &frame, &by_system(cells, value))?;
     }
     root.present().map_err(plot_error)
 }
@@ -351,31 +350,49 @@ fn cost_chart(path: &Path, series: &[Series<f64>], subtitle: &str) -> Result<(),
     root.fill(&WHITE).map_err(plot_error)?;
     let x = decades(series.iter().flat_map(|s| s.points.iter().map(|p| p.0)));
     let y = decades(series.iter().flat_map(|s| s.points.iter().map(|p| p.1)));
-    log_lines(
-        &root,
-        &format!("Request cost per GB written, S3 Standard prices ({subtitle})"),
+    let title = format!("Request cost per GB written, S3 Standard prices ({subtitle})");
+    let frame = LogFrame {
+        title: &title,
         x,
         y,
-        ("offered records/s", "USD per GB"),
-        series,
-        None,
-        SeriesLabelPosition::UpperRight,
-    )?;
+        descriptions: ("offered records/s", "USD per GB"),
+        reference: None,
+        legend: SeriesLabelPosition::UpperRight,
+    };
+    log_lines(&root, &frame, series)?;
     root.present().map_err(plot_error)
 }
 
 /// Lines with point markers on log-log axes, and an optional horizontal
 /// reference line.
+/// The frame of a chart on log-log axes.
+struct LogFrame<'a> {
+    title: &'a str,
+    /// The x axis's range.
+    x: (f64, f64),
+    /// The y axis's range.
+    y: (f64, f64),
+    /// What the x and y axes show.
+    descriptions: (&'a str, &'a str),
+    /// A horizontal line and its legend text.
+    reference: Option<(&'a str, f64)>,
+    /// Where the legend goes.
+    legend: SeriesLabelPosition,
+}
+
 fn log_lines(
     area: &DrawingArea<SVGBackend<'_>, Shift>,
-    title: &str,
-    x: (f64, f64),
-    y: (f64, f64),
-    (x_desc, y_desc): (&str, &str),
+    frame: &LogFrame<'_>,
     series: &[Series<f64>],
-    reference: Option<(&str, f64)>,
-    legend: SeriesLabelPosition,
 ) -> Result<(), Error> {
+    let LogFrame {
+        title,
+        x,
+        y,
+        descriptions: (x_desc, y_desc),
+        reference,
+        ref legend,
+    } = *frame;
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 16))
         .margin(12)
@@ -423,7 +440,7 @@ fn log_lines(
     }
     chart
         .configure_series_labels()
-        .position(legend)
+        .position(legend.clone())
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
