@@ -10,8 +10,8 @@ use std::sync::Arc;
 use chorus::blob::{DynBlobStore, StoreUrl, open_store};
 use chorus::log::maintenance::first_log_object;
 use chorus::register::{
-    Initialized, MAX_WINDOW, Manifest, ManifestStore, OpenMode, RegisterUrl, initialize,
-    open_register,
+    DEFAULT_WINDOW, Initialized, MAX_WINDOW, Manifest, ManifestStore, OpenMode, RegisterUrl,
+    initialize, open_register,
 };
 use serde_json::json;
 
@@ -19,13 +19,6 @@ use crate::CommandError;
 use crate::config::{Location, StoreArgs, ensure_data_dir};
 use crate::open::{Access, open_existing_register, open_log, read_manifest};
 use crate::output::{out, outln};
-
-/// Default per-replica fragment window of new logs. 8 rather than 4: with
-/// paced cuts, a record waits about round trip / (2 × window) for a slot, and
-/// at 256 closed-loop clients on 10 ms replicas 8 gave 14 % more appends/s and
-/// a lower p99 than 4 (16 gained little more). Recovery fences up to `window`
-/// positions per replica, so it also bounds that work.
-pub const DEFAULT_WINDOW: u32 = 8;
 
 /// The `log` subcommands.
 #[derive(Debug, clap::Subcommand)]

@@ -25,9 +25,10 @@ use tokio::sync::watch;
 use crate::CommandError;
 use crate::config::{DatabaseArgs, DatabaseLocation, Location, StoreArgs};
 use crate::lease_cmd::open_for_write;
-use crate::log_cmd::{DEFAULT_WINDOW, create_log};
+use crate::log_cmd::create_log;
 use crate::open::{Access, open_log};
 use crate::output::outln;
+use chorus::register::DEFAULT_WINDOW;
 
 /// Arguments of `chorus serve`.
 #[derive(Debug, clap::Args)]

@@ -1,6 +1,7 @@
 //! Chorus: a fresh log over the given replicas, with its register as
 //! `manifest.json` in a store of its own, opened through recovery as any
-//! writer is, with the default `LogConfig`.
+//! writer is, with the default `LogConfig` and the default window of new
+//! logs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,16 +9,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use chorus::blob::{DynBlobStore, ObjectStoreBlobs};
 use chorus::log::{LogConfig, LogError, LogStores, Recovery, Writer};
-use chorus::register::{ObjectRegister, initialize};
+use chorus::register::{DEFAULT_WINDOW, ObjectRegister, initialize};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::{Ack, Error, Refused, System};
 use crate::store::InjectedStore;
-
-/// The window (fragments in flight per replica) fixed in the register, as
-/// `chorus log init` sets it by default.
-const WINDOW: u32 = 4;
 
 /// How long a close waits for the last appends and the final seal.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -51,7 +48,7 @@ pub async fn open(
         "memory://register".to_owned(),
     )));
     let identities = replicas.iter().map(|(id, _)| id.clone()).collect();
-    initialize(register.as_ref(), identities, WINDOW).await?;
+    initialize(register.as_ref(), identities, DEFAULT_WINDOW).await?;
     let recovery = Recovery::run(LogStores { replicas, register }, LogConfig::default()).await?;
     let mut replay = recovery.replay(recovery.end())?;
     while replay.next().await?.is_some() {}

@@ -30,8 +30,8 @@ use tokio::sync::watch;
 use super::{latency_replicas, memory_store, new_log, percentile_ms};
 use crate::CommandError;
 use crate::config::{DatabaseArgs, StoreArgs};
-use crate::log_cmd::DEFAULT_WINDOW;
 use crate::output::outln;
+use chorus::register::DEFAULT_WINDOW;
 
 /// Arguments of `bench kv`.
 #[derive(Debug, Clone, clap::Args)]

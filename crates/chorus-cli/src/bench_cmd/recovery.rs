@@ -34,9 +34,9 @@ use object_store::memory::InMemory;
 use serde::Serialize;
 
 use super::{append_at_peak, blobs_over, delayed, new_log, replica_identity, start_writer};
-use crate::log_cmd::DEFAULT_WINDOW;
 use crate::output::outln;
 use crate::{CommandError, UsageError};
+use chorus::register::DEFAULT_WINDOW;
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * KIB;

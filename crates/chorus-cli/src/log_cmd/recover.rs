@@ -5,11 +5,12 @@ use chorus::log::maintenance::{gather_evidence, plan_register};
 use chorus::register::{Manifest, OpenMode, RegisterError, open_register};
 use serde_json::json;
 
-use super::{DEFAULT_WINDOW, open_register_for_init};
+use super::open_register_for_init;
 use crate::CommandError;
 use crate::config::{Location, StoreArgs};
 use crate::open::open_replicas_unprobed;
 use crate::output::outln;
+use chorus::register::DEFAULT_WINDOW;
 
 /// Arguments of `log recover-register`.
 #[derive(Debug, clap::Args)]

@@ -41,7 +41,7 @@ pub use open::{DEFAULT_REGISTER_NAME, OpenMode, RegisterUrl, RegisterUrlError, o
 pub use postgres::PostgresRegister;
 pub use sqlite::SqliteRegister;
 pub use transform::{Committed, DEFAULT_MAX_ROUNDS, Step, TransformError, transform};
-pub use validate::{MAX_WINDOW, check_binding, check_directory_capacity, validate};
+pub use validate::{DEFAULT_WINDOW, MAX_WINDOW, check_binding, check_directory_capacity, validate};
 
 /// The register's raw contents: field name to value, ordered for stable encoding.
 pub type Fields = BTreeMap<String, String>;

@@ -9,6 +9,14 @@ use crate::ids::{Epoch, OwnerId, RecordIndex, SegmentId};
 /// Largest accepted per-replica fragment window.
 pub const MAX_WINDOW: u32 = 64;
 
+/// The window of new logs (`chorus log init`, `chorus serve`'s first start).
+/// 8 rather than 4: with paced cuts, a record waits about round trip /
+/// (2 × window) for a slot, and at 256 closed-loop appenders on 10 ms
+/// replicas 8 gave 14 % more appends/s and a lower p99 than 4 (16 gained
+/// little more). Recovery fences up to `window` positions per replica, so it
+/// also bounds that work.
+pub const DEFAULT_WINDOW: u32 = 8;
+
 /// Checks every invariant of `manifest`; the error names the first offending field.
 pub fn validate(manifest: &Manifest) -> Result<(), ManifestError> {
     validate_replicas(&manifest.replicas)?;
