@@ -276,6 +276,35 @@ pub fn decades(values: impl Iterator<Item = f64>) -> (f64, f64) {
     (lo, hi)
 }
 
+/// A line through `points` with a dot on each, named `name` in the legend.
+fn marked_line<X, Y>(
+    chart: &mut ChartContext<'_, SVGBackend<'_>, Cartesian2d<X, Y>>,
+    name: &str,
+    points: &[(f64, f64)],
+    color: RGBColor,
+) -> Result<(), Error>
+where
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    chart
+        .draw_series(LineSeries::new(
+            points.iter().copied(),
+            color.stroke_width(2),
+        ))
+        .map_err(plot_error)?
+        .label(name)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    chart
+        .draw_series(
+            points
+                .iter()
+                .map(|point| Circle::new(*point, 3, color.filled())),
+        )
+        .map_err(plot_error)?;
+    Ok(())
+}
+
 /// An axis label: whole numbers with k and M for thousands and millions,
 /// small ones as they are.
 pub fn tick(value: f64) -> String {
@@ -409,24 +438,7 @@ fn log_lines(
         .draw()
         .map_err(plot_error)?;
     for (index, s) in series.iter().enumerate() {
-        let color = color(index);
-        chart
-            .draw_series(LineSeries::new(
-                s.points.iter().copied(),
-                color.stroke_width(2),
-            ))
-            .map_err(plot_error)?
-            .label(s.name.as_str())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(
-                s.points
-                    .iter()
-                    .map(|point| Circle::new(*point, 3, color.filled())),
-            )
-            .map_err(plot_error)?;
+        marked_line(&mut chart, &s.name, &s.points, color(index))?;
     }
     if let Some((name, level)) = reference {
         chart
@@ -542,16 +554,8 @@ fn recovery_chart(path: &Path, series: &[Series<Spread>]) -> Result<(), Error> {
         .map_err(plot_error)?;
     for (index, s) in series.iter().enumerate() {
         let color = color(index);
-        chart
-            .draw_series(LineSeries::new(
-                s.points.iter().map(|(x, spread)| (*x, spread.median)),
-                color.stroke_width(2),
-            ))
-            .map_err(plot_error)?
-            .label(s.name.as_str())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
+        let medians: Vec<(f64, f64)> = s.points.iter().map(|(x, p)| (*x, p.median)).collect();
+        marked_line(&mut chart, &s.name, &medians, color)?;
         chart
             .draw_series(s.points.iter().map(|(x, spread)| {
                 PathElement::new(
@@ -559,13 +563,6 @@ fn recovery_chart(path: &Path, series: &[Series<Spread>]) -> Result<(), Error> {
                     color.stroke_width(2),
                 )
             }))
-            .map_err(plot_error)?;
-        chart
-            .draw_series(
-                s.points
-                    .iter()
-                    .map(|(x, spread)| Circle::new((*x, spread.median), 3, color.filled())),
-            )
             .map_err(plot_error)?;
     }
     chart
