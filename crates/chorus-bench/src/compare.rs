@@ -79,6 +79,11 @@ pub struct CompareArgs {
     /// in milliseconds.
     #[arg(long, default_value_t = 5_000)]
     pub drain_ms: u64,
+    /// Chorus's segment size (`LogConfig::max_segment_bytes`) in MiB,
+    /// instead of the default 64: to see what rotation and sealing cost.
+    /// The active-segment limit is raised to match when needed.
+    #[arg(long, value_name = "MIB")]
+    pub segment_mib: Option<u64>,
     /// Seed of the latency draws and the record bytes.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -94,6 +99,7 @@ pub struct CompareArgs {
 /// What every cell shares.
 struct Context {
     base: Duration,
+    chorus: LogConfig,
     seed: u64,
     record: Bytes,
     length: CellLength,
@@ -124,6 +130,7 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
     }
     let context = Context {
         base: Duration::from_millis(args.latency_ms),
+        chorus: chorus_config(args.segment_mib)?,
         seed: args.seed,
         record: record(args.record_bytes, args.seed),
         length: plan::cell_length(
@@ -173,6 +180,22 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
         printer.note(&line)?;
     }
     Ok(())
+}
+
+/// Chorus's configuration: the default, with `segment_mib` MiB segments if
+/// given.
+fn chorus_config(segment_mib: Option<u64>) -> Result<LogConfig, Error> {
+    let mut config = LogConfig::default();
+    if let Some(mib) = segment_mib {
+        config.max_segment_bytes = mib << 20;
+        config.max_active_segment_bytes = config
+            .max_active_segment_bytes
+            .max(config.max_segment_bytes);
+    }
+    config
+        .validate()
+        .map_err(|error| format!("--segment-mib: {error}"))?;
+    Ok(config)
 }
 
 /// The run's settings as a row.
@@ -269,7 +292,13 @@ async fn measure(group: &Group, rate: f64, context: &Context) -> Result<CellRow,
     let start_rss_mib = rss_bytes().map(mib);
     let system = group
         .system
-        .open(group.scenario, context.base, context.seed, &counters)
+        .open(
+            group.scenario,
+            context.base,
+            context.seed,
+            &counters,
+            &context.chorus,
+        )
         .await
         .map_err(|error| format!("opening {}: {error}", group.system))?;
     let (requests_before, cpu_before) = (counters.snapshot(), cpu_time());

@@ -1,7 +1,7 @@
 //! Chorus: a fresh log over the given replicas, with its register as
 //! `manifest.json` in a store of its own, opened through recovery as any
-//! writer is, with the default `LogConfig` and the default window of new
-//! logs.
+//! writer is, with the given `LogConfig` (the default unless
+//! `--segment-mib`) and the default window of new logs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +34,7 @@ fn blobs(store: Arc<InjectedStore>, name: String) -> DynBlobStore {
 pub async fn open(
     replicas: Vec<Arc<InjectedStore>>,
     register: Arc<InjectedStore>,
+    config: LogConfig,
 ) -> Result<ChorusLog, Error> {
     let replicas: Vec<(String, DynBlobStore)> = replicas
         .into_iter()
@@ -49,7 +50,7 @@ pub async fn open(
     )));
     let identities = replicas.iter().map(|(id, _)| id.clone()).collect();
     initialize(register.as_ref(), identities, DEFAULT_WINDOW).await?;
-    let recovery = Recovery::run(LogStores { replicas, register }, LogConfig::default()).await?;
+    let recovery = Recovery::run(LogStores { replicas, register }, config).await?;
     let mut replay = recovery.replay(recovery.end())?;
     while replay.next().await?.is_some() {}
     Ok(ChorusLog {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use chorus::log::LogConfig;
 use futures::future::BoxFuture;
 
 use crate::floor::majority;
@@ -97,6 +98,7 @@ impl SystemKind {
         base: Duration,
         seed: u64,
         counters: &Arc<Counters>,
+        chorus: &LogConfig,
     ) -> Result<Box<dyn System>, Error> {
         let (replicas, _) = self.quorum();
         let store = |position: usize| {
@@ -106,7 +108,9 @@ impl SystemKind {
         let stores: Vec<_> = (0..replicas).map(store).collect();
         Ok(match self {
             // The register lives in a store of its own, past the odd one out.
-            SystemKind::Chorus(_) => Box::new(chorus_log::open(stores, store(replicas)).await?),
+            SystemKind::Chorus(_) => {
+                Box::new(chorus_log::open(stores, store(replicas), chorus.clone()).await?)
+            }
             SystemKind::SlateDb(flush) => Box::new(slate::open(stores, flush).await?),
             SystemKind::Naive(_) => Box::new(naive::open(stores)),
         })
@@ -170,7 +174,13 @@ mod tests {
             let counters = Arc::new(Counters::default());
             let latency = Duration::from_millis(1);
             let system = kind
-                .open(Scenario::Fixed, latency, 1, &counters)
+                .open(
+                    Scenario::Fixed,
+                    latency,
+                    1,
+                    &counters,
+                    &LogConfig::default(),
+                )
                 .await
                 .unwrap();
             let before = counters.snapshot();
