@@ -84,6 +84,10 @@ pub struct CompareArgs {
     /// The active-segment limit is raised to match when needed.
     #[arg(long, value_name = "MIB")]
     pub segment_mib: Option<u64>,
+    /// Run Chorus without paced fragment cuts (`LogConfig::pace_fragments`
+    /// off), to see what pacing costs or saves.
+    #[arg(long)]
+    pub no_pace: bool,
     /// Seed of the latency draws and the record bytes.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -130,7 +134,7 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
     }
     let context = Context {
         base: Duration::from_millis(args.latency_ms),
-        chorus: chorus_config(args.segment_mib)?,
+        chorus: chorus_config(args.segment_mib, !args.no_pace)?,
         seed: args.seed,
         record: record(args.record_bytes, args.seed),
         length: plan::cell_length(
@@ -183,9 +187,12 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
 }
 
 /// Chorus's configuration: the default, with `segment_mib` MiB segments if
-/// given.
-fn chorus_config(segment_mib: Option<u64>) -> Result<LogConfig, Error> {
-    let mut config = LogConfig::default();
+/// given, and paced cuts if `pace`.
+fn chorus_config(segment_mib: Option<u64>, pace: bool) -> Result<LogConfig, Error> {
+    let mut config = LogConfig {
+        pace_fragments: pace,
+        ..LogConfig::default()
+    };
     if let Some(mib) = segment_mib {
         config.max_segment_bytes = mib << 20;
         config.max_active_segment_bytes = config
