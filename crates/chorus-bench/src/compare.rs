@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chorus::log::LogConfig;
+use chorus::register::{DEFAULT_WINDOW, MAX_WINDOW};
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 
@@ -24,6 +25,7 @@ use crate::report::{CellRow, ConfigRow, FloorRow, HeadlineRow, Printer, Row};
 use crate::schedule::{CellLength, warmup};
 use crate::stats::{Summary, millis, percentile};
 use crate::store::Counters;
+use crate::systems::ChorusSettings;
 use crate::systems::{Error, SystemKind};
 use crate::usage::{cpu_time, peak_rss_bytes, reset_peak_rss, rss_bytes};
 use crate::verdict::{
@@ -88,6 +90,10 @@ pub struct CompareArgs {
     /// off), to see what pacing costs or saves.
     #[arg(long)]
     pub no_pace: bool,
+    /// Chorus's window (fragments in flight per replica) instead of the
+    /// default of new logs.
+    #[arg(long)]
+    pub window: Option<u32>,
     /// Seed of the latency draws and the record bytes.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -103,7 +109,7 @@ pub struct CompareArgs {
 /// What every cell shares.
 struct Context {
     base: Duration,
-    chorus: LogConfig,
+    chorus: ChorusSettings,
     seed: u64,
     record: Bytes,
     length: CellLength,
@@ -134,7 +140,7 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
     }
     let context = Context {
         base: Duration::from_millis(args.latency_ms),
-        chorus: chorus_config(args.segment_mib, !args.no_pace)?,
+        chorus: chorus_settings(&args)?,
         seed: args.seed,
         record: record(args.record_bytes, args.seed),
         length: plan::cell_length(
@@ -186,14 +192,14 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
     Ok(())
 }
 
-/// Chorus's configuration: the default, with `segment_mib` MiB segments if
-/// given, and paced cuts if `pace`.
-fn chorus_config(segment_mib: Option<u64>, pace: bool) -> Result<LogConfig, Error> {
+/// Chorus's settings: the defaults of a new log, changed by `--segment-mib`,
+/// `--no-pace` and `--window`.
+fn chorus_settings(args: &CompareArgs) -> Result<ChorusSettings, Error> {
     let mut config = LogConfig {
-        pace_fragments: pace,
+        pace_fragments: !args.no_pace,
         ..LogConfig::default()
     };
-    if let Some(mib) = segment_mib {
+    if let Some(mib) = args.segment_mib {
         config.max_segment_bytes = mib << 20;
         config.max_active_segment_bytes = config
             .max_active_segment_bytes
@@ -202,7 +208,11 @@ fn chorus_config(segment_mib: Option<u64>, pace: bool) -> Result<LogConfig, Erro
     config
         .validate()
         .map_err(|error| format!("--segment-mib: {error}"))?;
-    Ok(config)
+    let window = args.window.unwrap_or(DEFAULT_WINDOW);
+    if !(1..=MAX_WINDOW).contains(&window) {
+        return Err(format!("--window {window} is outside 1..={MAX_WINDOW}").into());
+    }
+    Ok(ChorusSettings { config, window })
 }
 
 /// The run's settings as a row.

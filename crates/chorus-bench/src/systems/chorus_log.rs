@@ -1,7 +1,7 @@
 //! Chorus: a fresh log over the given replicas, with its register as
 //! `manifest.json` in a store of its own, opened through recovery as any
-//! writer is, with the given `LogConfig` (the default unless
-//! `--segment-mib`) and the default window of new logs.
+//! writer is, with the given [`Settings`] (the defaults of a new log unless
+//! `--segment-mib`, `--no-pace` or `--window` say otherwise).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +19,25 @@ use crate::store::InjectedStore;
 /// How long a close waits for the last appends and the final seal.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How a Chorus log under test is set up.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The writer's configuration.
+    pub config: LogConfig,
+    /// Fragments in flight per replica, fixed in the register.
+    pub window: u32,
+}
+
+impl Default for Settings {
+    /// The defaults of a new log: `LogConfig::default()` and the default window.
+    fn default() -> Settings {
+        Settings {
+            config: LogConfig::default(),
+            window: DEFAULT_WINDOW,
+        }
+    }
+}
+
 /// An open Chorus writer.
 pub struct ChorusLog {
     writer: Writer,
@@ -34,7 +53,7 @@ fn blobs(store: Arc<InjectedStore>, name: String) -> DynBlobStore {
 pub async fn open(
     replicas: Vec<Arc<InjectedStore>>,
     register: Arc<InjectedStore>,
-    config: LogConfig,
+    settings: &Settings,
 ) -> Result<ChorusLog, Error> {
     let replicas: Vec<(String, DynBlobStore)> = replicas
         .into_iter()
@@ -49,8 +68,8 @@ pub async fn open(
         "memory://register".to_owned(),
     )));
     let identities = replicas.iter().map(|(id, _)| id.clone()).collect();
-    initialize(register.as_ref(), identities, DEFAULT_WINDOW).await?;
-    let recovery = Recovery::run(LogStores { replicas, register }, config).await?;
+    initialize(register.as_ref(), identities, settings.window).await?;
+    let recovery = Recovery::run(LogStores { replicas, register }, settings.config.clone()).await?;
     let mut replay = recovery.replay(recovery.end())?;
     while replay.next().await?.is_some() {}
     Ok(ChorusLog {

@@ -2,6 +2,8 @@
 //! stores, then fed records one at a time by the open-loop driver.
 
 mod chorus_log;
+
+pub use chorus_log::Settings as ChorusSettings;
 mod naive;
 mod slate;
 
@@ -11,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use chorus::log::LogConfig;
 use futures::future::BoxFuture;
 
 use crate::floor::majority;
@@ -98,7 +99,7 @@ impl SystemKind {
         base: Duration,
         seed: u64,
         counters: &Arc<Counters>,
-        chorus: &LogConfig,
+        chorus: &ChorusSettings,
     ) -> Result<Box<dyn System>, Error> {
         let (replicas, _) = self.quorum();
         let store = |position: usize| {
@@ -109,7 +110,7 @@ impl SystemKind {
         Ok(match self {
             // The register lives in a store of its own, past the odd one out.
             SystemKind::Chorus(_) => {
-                Box::new(chorus_log::open(stores, store(replicas), chorus.clone()).await?)
+                Box::new(chorus_log::open(stores, store(replicas), chorus).await?)
             }
             SystemKind::SlateDb(flush) => Box::new(slate::open(stores, flush).await?),
             SystemKind::Naive(_) => Box::new(naive::open(stores)),
@@ -174,13 +175,7 @@ mod tests {
             let counters = Arc::new(Counters::default());
             let latency = Duration::from_millis(1);
             let system = kind
-                .open(
-                    Scenario::Fixed,
-                    latency,
-                    1,
-                    &counters,
-                    &LogConfig::default(),
-                )
+                .open(Scenario::Fixed, latency, 1, &counters, &Default::default())
                 .await
                 .unwrap();
             let before = counters.snapshot();
