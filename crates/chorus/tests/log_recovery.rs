@@ -165,8 +165,28 @@ async fn a_corrupt_fragment_copy_is_ignored() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_fragment_copy_in_storage_is_ignored() {
     let cluster = Cluster::new(3, 4).await;
-    let acked = written_and_crashed(&cluster, 12).await;
+    let (writer, _) = cluster.open(test_config()).await.unwrap();
+    let mut acked = BTreeMap::new();
+    append_acked(&writer, "w", 12, &mut acked).await;
     let tail = cluster.manifest().await.tail;
+    // Every replica holds every fragment before the crash, so that after one
+    // copy is damaged two valid ones remain. (An ack needs only two copies:
+    // crashing earlier could leave a fragment on replica 1 and one other
+    // replica only, and damaging one of those two is beyond the fault model.
+    // Under load the third lane can trail by several fragments.)
+    wait_until(
+        "every replica holds every fragment",
+        Duration::from_secs(10),
+        || async {
+            let mut complete = true;
+            for replica in 0..3 {
+                complete &= cluster.fragments_on(replica, tail).await.len() == 12;
+            }
+            complete
+        },
+    )
+    .await;
+    writer.abort();
     // Replica 1's copies lose their last byte: truncated objects.
     for key in cluster.fragments_on(1, tail).await {
         let blob = cluster.raw[1].get(&key).await.unwrap();
@@ -175,11 +195,9 @@ async fn a_damaged_fragment_copy_in_storage_is_ignored() {
         cluster.raw[1].create(&key, torn).await.unwrap();
     }
     // A reader returns only fragments it sees on a quorum of identical valid
-    // copies: all but possibly the last, which the third lane may have missed.
+    // copies: replicas 0 and 2 hold every one.
     let read = cluster.read_from(0).await.unwrap();
-    assert!(read.len() >= 11, "read only {} records", read.len());
-    let expected: Vec<_> = acked.clone().into_iter().take(read.len()).collect();
-    assert_eq!(read, expected);
+    assert_eq!(read, acked.clone().into_iter().collect::<Vec<_>>());
     let (writer, replayed) = cluster.open(test_config()).await.unwrap();
     assert_eq!(replayed, acked.clone().into_iter().collect::<Vec<_>>());
     writer.shutdown(Duration::from_secs(5)).await.unwrap();
