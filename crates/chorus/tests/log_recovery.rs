@@ -170,10 +170,11 @@ async fn a_damaged_fragment_copy_in_storage_is_ignored() {
     append_acked(&writer, "w", 12, &mut acked).await;
     let tail = cluster.manifest().await.tail;
     // Every replica holds every fragment before the crash, so that after one
-    // copy is damaged two valid ones remain. (An ack needs only two copies:
-    // crashing earlier could leave a fragment on replica 1 and one other
-    // replica only, and damaging one of those two is beyond the fault model.
-    // Under load the third lane can trail by several fragments.)
+    // copy is damaged two valid ones remain and a reader can prove every
+    // fragment committed. (An ack needs only two copies, and under load the
+    // third lane can trail by several fragments; where one of only two
+    // copies is damaged a reader rightly stops before it, while recovery
+    // keeps it: see a_rotted_copy_does_not_discard_a_fragment_acked_by_exactly_a_quorum.)
     wait_until(
         "every replica holds every fragment",
         Duration::from_secs(10),
