@@ -8,8 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use chorus::log::LogConfig;
-use chorus::register::{DEFAULT_WINDOW, MAX_WINDOW};
+use chorus::register::MAX_WINDOW;
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 
@@ -158,7 +157,7 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
         None => None,
     };
     let mut printer = Printer::new(args.json, save);
-    printer.print(&Row::Config(config(&args)))?;
+    printer.print(&Row::Config(config(&args, &context.chorus)))?;
     let floors = floors(&groups, &context);
     let mut progress = Progress {
         done: 0,
@@ -195,10 +194,9 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
 /// Chorus's settings: the defaults of a new log, changed by `--segment-mib`,
 /// `--no-pace` and `--window`.
 fn chorus_settings(args: &CompareArgs) -> Result<ChorusSettings, Error> {
-    let mut config = LogConfig {
-        pace_fragments: !args.no_pace,
-        ..LogConfig::default()
-    };
+    let mut settings = ChorusSettings::default();
+    let config = &mut settings.config;
+    config.pace_fragments = !args.no_pace;
     if let Some(mib) = args.segment_mib {
         config.max_segment_bytes = mib << 20;
         config.max_active_segment_bytes = config
@@ -208,20 +206,25 @@ fn chorus_settings(args: &CompareArgs) -> Result<ChorusSettings, Error> {
     config
         .validate()
         .map_err(|error| format!("--segment-mib: {error}"))?;
-    let window = args.window.unwrap_or(DEFAULT_WINDOW);
-    if !(1..=MAX_WINDOW).contains(&window) {
-        return Err(format!("--window {window} is outside 1..={MAX_WINDOW}").into());
+    if let Some(window) = args.window {
+        if !(1..=MAX_WINDOW).contains(&window) {
+            return Err(format!("--window {window} is outside 1..={MAX_WINDOW}").into());
+        }
+        settings.window = window;
     }
-    Ok(ChorusSettings { config, window })
+    Ok(settings)
 }
 
 /// The run's settings as a row.
-fn config(args: &CompareArgs) -> ConfigRow {
+fn config(args: &CompareArgs, chorus: &ChorusSettings) -> ConfigRow {
     ConfigRow {
         latency_ms: args.latency_ms,
         record_bytes: args.record_bytes,
         slo_p99_ms: args.latency_ms * u64::from(SLO_FACTOR),
-        chorus_max_inflight_bytes: LogConfig::default().max_inflight_bytes,
+        chorus_max_inflight_bytes: chorus.config.max_inflight_bytes,
+        chorus_window: chorus.window,
+        chorus_max_segment_bytes: chorus.config.max_segment_bytes,
+        chorus_pace_fragments: chorus.config.pace_fragments,
         max_outstanding: args.max_outstanding,
         peak_rss_per_cell: reset_peak_rss(),
         prices_checked: PRICES_CHECKED,

@@ -113,6 +113,12 @@ pub struct ConfigRow {
     /// Chorus's in-flight budget (`LogConfig::max_inflight_bytes`): what
     /// bounds its memory beyond the stores.
     pub chorus_max_inflight_bytes: u64,
+    /// Chorus's window (fragments in flight per replica).
+    pub chorus_window: u32,
+    /// Chorus's segment size (`LogConfig::max_segment_bytes`).
+    pub chorus_max_segment_bytes: u64,
+    /// Whether Chorus paces its fragment cuts (`LogConfig::pace_fragments`).
+    pub chorus_pace_fragments: bool,
     /// The driver's outstanding-record cap.
     pub max_outstanding: usize,
     /// Whether peak RSS is per cell (else over the whole run so far).
@@ -206,12 +212,16 @@ impl Printer {
 fn describe(c: &ConfigRow) -> String {
     format!(
         "Injected latency {} ms per request, {}-byte records; sustained = nothing lost and \
-         p99 <= {} ms. Chorus in-flight budget {} MiB; outstanding cap {} records; peak RSS {}.\n\
+         p99 <= {} ms. Chorus: window {}, {} MiB segments, paced cuts {}, in-flight budget {} MiB; \
+         outstanding cap {} records; peak RSS {}.\n\
          Request prices (USD per 1,000, looked up {}): S3 Standard PUT {} GET {}; \
          S3 Express One Zone PUT {} GET {}, plus {} per GB uploaded.",
         c.latency_ms,
         c.record_bytes,
         c.slo_p99_ms,
+        c.chorus_window,
+        c.chorus_max_segment_bytes >> 20,
+        if c.chorus_pace_fragments { "on" } else { "off" },
         c.chorus_max_inflight_bytes >> 20,
         c.max_outstanding,
         if c.peak_rss_per_cell {

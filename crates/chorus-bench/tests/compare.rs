@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
+use chorus::register::DEFAULT_WINDOW;
 use chorus_bench::systems::SystemKind;
 use serde_json::Value;
 
@@ -53,6 +54,9 @@ fn every_system_produces_rows_floors_and_headlines_and_the_saved_rows_plot() {
     let config = of_kind("config");
     assert_eq!(config.len(), 1);
     assert_eq!(config[0]["slo_p99_ms"], 6);
+    // The row reports the Chorus settings the cells ran with: the defaults.
+    assert_eq!(config[0]["chorus_window"], DEFAULT_WINDOW);
+    assert_eq!(config[0]["chorus_pace_fragments"], true);
 
     let cells = of_kind("cell");
     let systems = |scenario: &str| -> BTreeSet<String> {
