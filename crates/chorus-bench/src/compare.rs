@@ -333,9 +333,11 @@ async fn measure(group: &Group, rate: f64, context: &Context) -> Result<CellRow,
     }
     let written = run.acked * record_bytes;
     let latency = Summary::of(&run.latencies);
+    let achieved_rate = run.achieved_rate();
+    let amplification = upload_amplification(&requests, written);
     let counts = CellCounts {
         offered_rate: rate,
-        achieved_rate: run.achieved_rate(),
+        achieved_rate,
         dropped: run.dropped,
         refused: run.refused,
         failed: run.failed,
@@ -350,8 +352,8 @@ async fn measure(group: &Group, rate: f64, context: &Context) -> Result<CellRow,
         dropped: run.dropped,
         refused: run.refused,
         failed: run.failed,
-        achieved_rate: run.achieved_rate(),
-        mb_per_s: run.achieved_rate() * record_bytes as f64 / 1e6,
+        achieved_rate,
+        mb_per_s: achieved_rate * record_bytes as f64 / 1e6,
         latency,
         sustained: sustained(&counts, context.base),
         overloaded: overloaded(&counts),
@@ -359,9 +361,8 @@ async fn measure(group: &Group, rate: f64, context: &Context) -> Result<CellRow,
         requests_per_mb: requests_per_mb(&requests, written),
         usd_per_gb_s3_standard: request_usd_per_gb(&requests, written, &S3_STANDARD),
         usd_per_gb_s3_express: request_usd_per_gb(&requests, written, &S3_EXPRESS_ONE_ZONE),
-        usd_per_gb_s3_express_upload: upload_amplification(&requests, written)
-            * S3_EXPRESS_UPLOAD_PER_GB,
-        upload_amplification: upload_amplification(&requests, written),
+        usd_per_gb_s3_express_upload: amplification * S3_EXPRESS_UPLOAD_PER_GB,
+        upload_amplification: amplification,
         cpu_us_per_record: if run.acked == 0 {
             0.0
         } else {
