@@ -163,6 +163,37 @@ async fn a_corrupt_fragment_copy_is_ignored() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_failure_during_recovery_is_retried_not_counted_as_a_lost_replica() {
+    let cluster = Cluster::new(3, 4).await;
+    let acked = written_and_crashed(&cluster, 20).await;
+    // With replica 0 out, on both others the first listing, the first fence
+    // and the first fragment read each fail once: without retries neither
+    // could be observed, and recovery would find no quorum.
+    for faults in &cluster.faults[1..] {
+        for op in [Op::List, Op::Create, Op::Get] {
+            faults.add(
+                FaultRule::new(Fault::FailBefore)
+                    .ops(OpSet::of(&[op]))
+                    .times(1),
+            );
+        }
+        // A fence whose answer is lost: its retry finds it already there.
+        faults.add(
+            FaultRule::new(Fault::FailAfter)
+                .ops(OpSet::of(&[Op::Create]))
+                .times(1),
+        );
+    }
+    cluster.faults[0].set_outage(true);
+    let (writer, replayed) = cluster.open(test_config()).await.unwrap();
+    // At least the listing and both fence faults fired on each (the tail
+    // may hold no fragment to read).
+    assert!(cluster.faults[1].injected() >= 3 && cluster.faults[2].injected() >= 3);
+    assert_eq!(replayed, acked.clone().into_iter().collect::<Vec<_>>());
+    writer.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_fragment_copy_in_storage_is_ignored() {
     let cluster = Cluster::new(3, 4).await;
     let (writer, _) = cluster.open(test_config()).await.unwrap();

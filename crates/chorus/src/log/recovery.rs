@@ -25,7 +25,7 @@ use super::metrics;
 use super::quorum::{Recovered, choose_recovered, copies_needed, quorum};
 use super::replay::Replay;
 use super::replica::{FenceOutcome, Replica, first_missing};
-use super::seal::{PreparedSeal, write_seal};
+use super::seal::{PreparedSeal, backoff_delay, write_seal};
 use super::transitions::{Ownership, SealedEntry, View, claim, commit_view};
 use super::write::Writer;
 use crate::blob::BlobError;
@@ -104,17 +104,11 @@ impl Recovery {
         tracing::info!(epoch = %ownership.epoch, tail = %manifest.tail, "recovery claimed epoch");
 
         let grace = config.lane_stall_timeout;
-        let observed = observe_all(&replicas, &manifest, ownership.epoch, grace).await?;
+        let backoff = (config.retry_backoff_min, config.retry_backoff_max);
+        let observed = observe_all(&replicas, &manifest, ownership.epoch, grace, backoff).await?;
         let view = build_view(&manifest, ownership.epoch, &observed)?;
         for (seal, _) in &view.seals {
-            write_seal(
-                &replicas,
-                seal,
-                quorum(replicas.len()),
-                (config.retry_backoff_min, config.retry_backoff_max),
-                grace,
-            )
-            .await?;
+            write_seal(&replicas, seal, quorum(replicas.len()), backoff, grace).await?;
         }
         let committed = transform(
             stores.register.as_ref(),
@@ -226,14 +220,15 @@ async fn observe_all(
     manifest: &Manifest,
     epoch: Epoch,
     grace: Duration,
+    backoff: (Duration, Duration),
 ) -> Result<Vec<Observation>, LogError> {
     let window = u64::from(manifest.window);
     let needed = quorum(replicas.len());
     let observations = replicas.iter().map(|replica| async move {
         let observed = async {
-            let tail = observe_segment(replica, manifest.tail, epoch, window).await?;
+            let tail = observe_segment(replica, manifest.tail, epoch, window, backoff).await?;
             let pending = match manifest.pending {
-                Some(pending) => observe_segment(replica, pending, epoch, window).await?,
+                Some(pending) => observe_segment(replica, pending, epoch, window, backoff).await?,
                 None => SegmentCopies::new(),
             };
             Ok::<_, BlobError>(Observation { tail, pending })
@@ -272,16 +267,22 @@ async fn observe_all(
 /// missing index in [p, p + window) is fenced too. The old writer can then never
 /// complete p here, so it can never issue p + window or later: after a re-list
 /// this replica's content of the segment is frozen.
+///
+/// Each request is retried while it fails transiently ([`retrying`]): one lost
+/// answer among the dozens a segment takes must not cost the replica. A fence
+/// whose create applied but whose answer was lost comes back `Occupied` on the
+/// retry; the scan then fences the next index as well, which only adds fences.
 async fn observe_segment(
     replica: &Replica,
     segment: SegmentId,
     epoch: Epoch,
     window: u64,
+    backoff: (Duration, Duration),
 ) -> Result<SegmentCopies, BlobError> {
-    let mut present = replica.list_fragments(segment).await?;
+    let mut present = retrying(backoff, || replica.list_fragments(segment)).await?;
     let fenced_at = loop {
         let missing = first_missing(&present);
-        match replica.place_fence(segment, missing, epoch).await? {
+        match retrying(backoff, || replica.place_fence(segment, missing, epoch)).await? {
             FenceOutcome::Placed => break missing,
             FenceOutcome::Occupied => {
                 present.push(missing);
@@ -291,13 +292,37 @@ async fn observe_segment(
     };
     for index in (fenced_at.0 + 1)..(fenced_at.0 + window) {
         if present.binary_search(&FragmentIndex(index)).is_err() {
-            replica
-                .place_fence(segment, FragmentIndex(index), epoch)
-                .await?;
+            retrying(backoff, || {
+                replica.place_fence(segment, FragmentIndex(index), epoch)
+            })
+            .await?;
         }
     }
-    let present = replica.list_fragments(segment).await?;
-    read_data(replica, segment, &present).await
+    let present = retrying(backoff, || replica.list_fragments(segment)).await?;
+    read_data(replica, segment, &present, backoff).await
+}
+
+/// Attempts per recovery request before its replica counts as unobserved.
+const MAX_OBSERVE_ATTEMPTS: u32 = 4;
+
+/// Runs `request` again (after `backoff`) while it fails transiently, at most
+/// [`MAX_OBSERVE_ATTEMPTS`] times in all. Only for requests that are safe to
+/// repeat: reads, and creates whose repeat reports what the first did.
+async fn retrying<T, F, Fut>(backoff: (Duration, Duration), mut request: F) -> Result<T, BlobError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, BlobError>>,
+{
+    let mut attempt = 1;
+    loop {
+        match request().await {
+            Err(error) if error.is_transient() && attempt < MAX_OBSERVE_ATTEMPTS => {
+                tokio::time::sleep(backoff_delay(attempt, backoff.0, backoff.1)).await;
+                attempt += 1;
+            }
+            outcome => return outcome,
+        }
+    }
 }
 
 /// Reads the data fragments among `present`; fences are left out, and damaged
@@ -307,9 +332,13 @@ async fn read_data(
     replica: &Replica,
     segment: SegmentId,
     present: &[FragmentIndex],
+    backoff: (Duration, Duration),
 ) -> Result<SegmentCopies, BlobError> {
     let reads = futures::stream::iter(present.iter().copied())
-        .map(|index| async move { (index, replica.read_fragment(segment, index).await) })
+        .map(|index| async move {
+            let read = retrying(backoff, || replica.read_fragment(segment, index)).await;
+            (index, read)
+        })
         .buffered(READ_CONCURRENCY);
     let mut reads = std::pin::pin!(reads);
     let mut copies = SegmentCopies::new();
