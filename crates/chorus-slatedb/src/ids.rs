@@ -1,0 +1,37 @@
+//! WAL file ids and Chorus record indices: WAL file `n` is record `n - 1`.
+//!
+//! One write batch is one record and one WAL file, so the mapping is a shift
+//! by one: SlateDB counts WAL files from 1 and uses 0 for "none" (a new
+//! database replays everything after file 0), while record indices start at
+//! 0. Indices never go back (a new epoch continues where the recovered log
+//! ends), so ids never do either, across restarts and fail-overs.
+
+use chorus::ids::RecordIndex;
+
+/// The WAL file id of the record at `index`.
+pub fn wal_id(index: RecordIndex) -> u64 {
+    index.0 + 1
+}
+
+/// The index of the first record after WAL file `wal_id`, which is also the
+/// number of records up to and including it.
+pub fn index_after(wal_id: u64) -> RecordIndex {
+    RecordIndex(wal_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_n_is_record_n_minus_one() {
+        assert_eq!(wal_id(RecordIndex(0)), 1);
+        assert_eq!(index_after(0), RecordIndex(0));
+        for index in [0, 1, 41, u64::MAX - 1] {
+            assert_eq!(
+                index_after(wal_id(RecordIndex(index))),
+                RecordIndex(index + 1)
+            );
+        }
+    }
+}

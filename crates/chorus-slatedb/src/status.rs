@@ -1,0 +1,117 @@
+//! The WAL's status, shared by the writer, its acknowledgement task and
+//! SlateDB's observers: what is durable (the last WAL file id and sequence
+//! number), what is still in flight, and why the WAL closed.
+
+use std::sync::{Arc, Mutex};
+
+use slatedb::wal::{WalError, WalEvent, WalObserver, WalStatus, WalStatusListener};
+use tokio::sync::watch;
+
+/// The status and its listeners. The status is a watch channel so that a
+/// flush can wait for "durable up to file N" without a listener of its own.
+pub(crate) struct SharedStatus {
+    status: watch::Sender<WalStatus>,
+    listeners: Mutex<Vec<WalStatusListener>>,
+}
+
+impl SharedStatus {
+    /// A WAL whose files up to `last_flushed_wal_id` are durable.
+    pub(crate) fn new(last_flushed_wal_id: u64, last_flushed_seq: Option<u64>) -> Arc<Self> {
+        let (status, _) = watch::channel(WalStatus {
+            closed_reason: None,
+            estimated_bytes: 0,
+            last_flushed_wal_id,
+            last_flushed_seq,
+            buffered_wal_entries_count: 0,
+        });
+        Arc::new(SharedStatus {
+            status,
+            listeners: Mutex::default(),
+        })
+    }
+
+    /// The status now: `Err` once closed, as SlateDB expects.
+    pub(crate) fn get(&self) -> Result<WalStatus, WalStatus> {
+        as_result(self.status.borrow().clone())
+    }
+
+    /// A receiver of every change, for waiting on durability.
+    pub(crate) fn watch(&self) -> watch::Receiver<WalStatus> {
+        self.status.subscribe()
+    }
+
+    /// A record of `bytes` was handed to the log and is not durable yet.
+    pub(crate) fn admitted(&self, bytes: usize) {
+        self.status.send_modify(|status| {
+            status.estimated_bytes += bytes;
+            status.buffered_wal_entries_count += 1;
+        });
+    }
+
+    /// WAL file `wal_id` of `bytes`, whose rows reach sequence `seq`, is
+    /// durable: tells the listeners.
+    pub(crate) fn flushed(&self, wal_id: u64, seq: u64, bytes: usize) {
+        let mut flushed = None;
+        self.status.send_modify(|status| {
+            status.estimated_bytes = status.estimated_bytes.saturating_sub(bytes);
+            status.buffered_wal_entries_count = status.buffered_wal_entries_count.saturating_sub(1);
+            status.last_flushed_wal_id = status.last_flushed_wal_id.max(wal_id);
+            status.last_flushed_seq = Some(status.last_flushed_seq.map_or(seq, |s| s.max(seq)));
+            flushed = Some(status.clone());
+        });
+        if let Some(status) = flushed {
+            self.notify(WalEvent::WalFlushed(status));
+        }
+    }
+
+    /// The WAL closed for `reason` (`WalError::Closed` on a clean close);
+    /// the first reason stands.
+    pub(crate) fn close(&self, reason: WalError) {
+        let mut closed = None;
+        self.status.send_if_modified(|status| {
+            if status.closed_reason.is_some() {
+                return false;
+            }
+            status.closed_reason = Some(reason);
+            closed = Some(status.clone());
+            true
+        });
+        if let Some(status) = closed {
+            self.notify(WalEvent::WalClosed(status));
+        }
+    }
+
+    fn notify(&self, event: WalEvent) {
+        let listeners = self.listeners.lock().expect("listener lock poisoned");
+        for listener in listeners.iter() {
+            listener(event.clone());
+        }
+    }
+}
+
+/// `Ok` while open, `Err` with the closing reason after.
+pub(crate) fn as_result(status: WalStatus) -> Result<WalStatus, WalStatus> {
+    if status.closed_reason.is_some() {
+        Err(status)
+    } else {
+        Ok(status)
+    }
+}
+
+/// SlateDB's view of the WAL's status.
+pub(crate) struct Observer(pub(crate) Arc<SharedStatus>);
+
+impl WalObserver for Observer {
+    fn status(&self) -> Result<WalStatus, WalStatus> {
+        self.0.get()
+    }
+
+    fn subscribe(&self, listener: WalStatusListener) -> Result<(), WalError> {
+        self.0
+            .listeners
+            .lock()
+            .expect("listener lock poisoned")
+            .push(listener);
+        Ok(())
+    }
+}

@@ -1,0 +1,168 @@
+//! SlateDB's own behaviour with its WAL on a Chorus log: durability across
+//! close, crash and reopen, fencing of an older writer, and a replica down.
+
+mod support;
+
+use chorus::blob::{Fault, FaultRule, Op, OpSet};
+use slatedb::{CloseReason, ErrorKind};
+use support::{Setup, assert_exactly, key, put_durably, value};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn puts_and_gets_survive_close_and_reopen() {
+    let setup = Setup::new(3).await;
+    let db = setup.open().await.unwrap();
+    put_durably(&db, 0..50).await;
+    db.delete(key(7))
+        .await
+        .unwrap()
+        .await_durable()
+        .await
+        .unwrap();
+    assert_exactly(&db, 0..50, |i| i != 7).await;
+    db.close().await.unwrap();
+
+    let db = setup.open().await.unwrap();
+    assert_exactly(&db, 0..50, |i| i != 7).await;
+    put_durably(&db, 50..60).await;
+    db.close().await.unwrap();
+
+    let db = setup.open().await.unwrap();
+    assert_exactly(&db, 0..60, |i| i != 7).await;
+    db.close().await.unwrap();
+}
+
+/// A process that dies: its runtime, and every task of the database in it,
+/// stops at once; the stores remain.
+fn crash(runtime: tokio::runtime::Runtime) {
+    runtime.shutdown_background();
+}
+
+#[test]
+fn a_crash_replays_every_durable_write_and_nothing_that_was_not() {
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let setup = main.block_on(Setup::new(3));
+
+    let doomed = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    doomed.block_on(async {
+        let db = setup.open().await.unwrap();
+        put_durably(&db, 0..40).await;
+        // From now on no fragment reaches any replica: these puts are in the
+        // memtable only, never durable.
+        for faults in &setup.faults {
+            faults.add(FaultRule::new(Fault::FailBefore));
+        }
+        for i in 40..50 {
+            db.put(key(i), value(i)).await.unwrap();
+        }
+        assert_eq!(
+            db.get(key(45)).await.unwrap().as_deref(),
+            Some(&value(45)[..])
+        );
+        std::mem::forget(db);
+    });
+    crash(doomed);
+    for faults in &setup.faults {
+        faults.clear();
+    }
+
+    main.block_on(async {
+        let db = setup.open().await.unwrap();
+        assert_exactly(&db, 0..50, |i| i < 40).await;
+        db.close().await.unwrap();
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_writer_fences_the_first_whose_later_writes_never_appear() {
+    let setup = Setup::new(3).await;
+    let first = setup.open().await.unwrap();
+    put_durably(&first, 0..10).await;
+
+    let second = setup.open().await.unwrap();
+    assert_exactly(&second, 0..10, |_| true).await;
+
+    // The first writer may still take a put into its memtable, but it can
+    // never become durable, and the second never sees it.
+    let late = match first.put(key(100), value(100)).await {
+        Ok(handle) => handle.await_durable().await.map(drop),
+        Err(error) => Err(error),
+    };
+    let error = late.expect_err("a fenced writer's put became durable");
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Closed(CloseReason::Fenced),
+        "the first writer should report being fenced: {error}"
+    );
+    put_durably(&second, 10..20).await;
+    assert_exactly(&second, 0..20, |_| true).await;
+    assert_eq!(second.get(key(100)).await.unwrap(), None);
+    second.close().await.unwrap();
+
+    let third = setup.open().await.unwrap();
+    assert_exactly(&third, 0..20, |_| true).await;
+    assert_eq!(third.get(key(100)).await.unwrap(), None);
+    third.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_go_on_with_one_replica_of_three_down() {
+    let setup = Setup::new(3).await;
+    let db = setup.open().await.unwrap();
+    put_durably(&db, 0..10).await;
+    setup.faults[2].add(FaultRule::new(Fault::FailBefore));
+    put_durably(&db, 10..30).await;
+    db.close().await.unwrap();
+
+    // Reopening (recovery needs a quorum, two of three) works without it too.
+    let db = setup.open().await.unwrap();
+    assert_exactly(&db, 0..30, |_| true).await;
+    put_durably(&db, 30..40).await;
+    db.close().await.unwrap();
+
+    setup.faults[2].clear();
+    let db = setup.open().await.unwrap();
+    assert_exactly(&db, 0..40, |_| true).await;
+    db.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fault_injected_run_loses_nothing_acknowledged() {
+    let setup = Setup::new(3).await;
+    // Every replica loses some responses (the write applied) and fails some
+    // requests outright; replica 0 also returns damaged bytes on some reads.
+    for faults in &setup.faults {
+        faults.add(FaultRule::new(Fault::FailAfter).probability(0.03));
+        faults.add(FaultRule::new(Fault::FailBefore).probability(0.03));
+    }
+    setup.faults[0].add(
+        FaultRule::new(Fault::Corrupt)
+            .ops(OpSet::of(&[Op::Get]))
+            .probability(0.5),
+    );
+    let mut acknowledged = 0;
+    for round in 0..3 {
+        // A writer may be shed or fail on the way; what it acknowledged stays.
+        let db = match setup.open().await {
+            Ok(db) => db,
+            Err(error) => panic!("round {round}: reopening under faults failed: {error}"),
+        };
+        assert_exactly(&db, 0..acknowledged, |_| true).await;
+        put_durably(&db, acknowledged..acknowledged + 40).await;
+        acknowledged += 40;
+        db.close().await.unwrap();
+    }
+    for faults in &setup.faults {
+        faults.clear();
+    }
+    let db = setup.open().await.unwrap();
+    assert_exactly(&db, 0..acknowledged + 10, |i| i < acknowledged).await;
+    db.close().await.unwrap();
+}
