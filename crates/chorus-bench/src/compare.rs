@@ -18,6 +18,7 @@ use crate::cost::{
 };
 use crate::driver::{self, Load};
 use crate::floor::quorum_floor;
+use crate::heap;
 use crate::models::Scenario;
 use crate::plan::{self, Group, Request};
 use crate::report::{CellRow, ConfigRow, FloorRow, HeadlineRow, Printer, Row};
@@ -72,6 +73,11 @@ pub struct CompareArgs {
     /// replica, until the cell ends).
     #[arg(long, default_value_t = 512)]
     pub max_cell_mib: u64,
+    /// MiB of heap touched before the first cell and kept in the process
+    /// for reuse, so that cells do not pay the kernel for fresh pages
+    /// (default: three times --max-cell-mib; 0 leaves the heap alone).
+    #[arg(long, value_name = "MIB")]
+    pub warm_heap_mib: Option<u64>,
     /// Most records outstanding at once; records due beyond it are dropped
     /// and the rate counts as not sustained.
     #[arg(long, default_value_t = 100_000)]
@@ -156,6 +162,11 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
         ),
         None => None,
     };
+    let warm = warm_heap_mib(&args);
+    if warm > 0 {
+        eprintln!("warming {warm} MiB of heap …");
+        heap::retain_and_warm(warm);
+    }
     let mut printer = Printer::new(args.json, save);
     printer.print(&Row::Config(config(&args, &context.chorus)))?;
     let floors = floors(&groups, &context);
@@ -216,6 +227,12 @@ fn chorus_settings(args: &CompareArgs) -> Result<ChorusSettings, Error> {
 }
 
 /// The run's settings as a row.
+/// `--warm-heap-mib`, or room for a cell's records as fragments and as
+/// sealed copies with the stores' overhead.
+fn warm_heap_mib(args: &CompareArgs) -> u64 {
+    args.warm_heap_mib.unwrap_or(3 * args.max_cell_mib)
+}
+
 fn config(args: &CompareArgs, chorus: &ChorusSettings) -> ConfigRow {
     ConfigRow {
         latency_ms: args.latency_ms,
@@ -226,6 +243,7 @@ fn config(args: &CompareArgs, chorus: &ChorusSettings) -> ConfigRow {
         chorus_max_segment_bytes: chorus.config.max_segment_bytes,
         chorus_pace_fragments: chorus.config.pace_fragments,
         max_outstanding: args.max_outstanding,
+        warm_heap_mib: warm_heap_mib(args),
         peak_rss_per_cell: reset_peak_rss(),
         prices_checked: PRICES_CHECKED,
         s3_standard_put_per_1000: S3_STANDARD.put_per_1000,
@@ -426,11 +444,12 @@ fn against_fixed(cells: &[CellRow]) -> Vec<String> {
         .collect()
 }
 
-/// Per scenario: Chorus on 3 replicas against SlateDB's best configuration.
+/// Per scenario: Chorus on 3 replicas, and SlateDB on a 3-replica Chorus
+/// WAL, against SlateDB's best configuration with its own WAL.
 fn against_slatedb(headlines: &[HeadlineRow]) -> Vec<String> {
-    let chorus = SystemKind::Chorus(3).name();
+    let ours = [SystemKind::Chorus(3), SystemKind::SlateDbOnChorus(3)].map(SystemKind::name);
     let mut lines = Vec::new();
-    for ours in headlines.iter().filter(|h| h.system == chorus) {
+    for ours in headlines.iter().filter(|h| ours.contains(&h.system)) {
         let slatedb = headlines.iter().filter(|h| {
             h.scenario == ours.scenario
                 && h.system
@@ -451,8 +470,9 @@ fn against_slatedb(headlines: &[HeadlineRow]) -> Vec<String> {
             _ => "no ratio".to_owned(),
         };
         lines.push(format!(
-            "{}: {chorus} sustains {}, best SlateDB ({}) {}: {ratio}",
+            "{}: {} sustains {}, best SlateDB ({}) {}: {ratio}",
             ours.scenario,
+            ours.system,
             rate(ours),
             best.system,
             rate(best)

@@ -12,6 +12,7 @@ pub mod compare;
 pub mod cost;
 pub mod driver;
 pub mod floor;
+pub mod heap;
 pub mod models;
 pub mod plan;
 pub mod plot;

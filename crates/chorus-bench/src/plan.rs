@@ -135,7 +135,7 @@ mod tests {
     #[test]
     fn the_full_run_sweeps_everything_at_fixed_latency_and_quorums_in_the_tails() {
         let groups = groups(&request(false));
-        assert_eq!(names(&groups, Scenario::Fixed).len(), 8);
+        assert_eq!(names(&groups, Scenario::Fixed).len(), SystemKind::ALL.len());
         assert_eq!(
             names(&groups, Scenario::LogNormal),
             [
@@ -160,7 +160,7 @@ mod tests {
     #[test]
     fn quick_keeps_three_rates_and_two_systems_in_the_tails() {
         let groups = groups(&request(true));
-        assert_eq!(groups.len(), 8 + 3 * 2);
+        assert_eq!(groups.len(), SystemKind::ALL.len() + 3 * 2);
         assert_eq!(groups[0].rates, QUICK_RATES);
         // One rate the fixed sweep has too, so the two compare.
         assert_eq!(groups.last().unwrap().rates, vec![3e3]);

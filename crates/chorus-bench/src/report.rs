@@ -121,6 +121,8 @@ pub struct ConfigRow {
     pub chorus_pace_fragments: bool,
     /// The driver's outstanding-record cap.
     pub max_outstanding: usize,
+    /// MiB of heap touched before the first cell and kept for reuse.
+    pub warm_heap_mib: u64,
     /// Whether peak RSS is per cell (else over the whole run so far).
     pub peak_rss_per_cell: bool,
     /// When the prices were looked up.
@@ -213,7 +215,7 @@ fn describe(c: &ConfigRow) -> String {
     format!(
         "Injected latency {} ms per request, {}-byte records; sustained = nothing lost and \
          p99 <= {} ms. Chorus: window {}, {} MiB segments, paced cuts {}, in-flight budget {} MiB; \
-         outstanding cap {} records; peak RSS {}.\n\
+         outstanding cap {} records; heap warmed {} MiB; peak RSS {}.\n\
          Request prices (USD per 1,000, looked up {}): S3 Standard PUT {} GET {}; \
          S3 Express One Zone PUT {} GET {}, plus {} per GB uploaded.",
         c.latency_ms,
@@ -224,6 +226,7 @@ fn describe(c: &ConfigRow) -> String {
         if c.chorus_pace_fragments { "on" } else { "off" },
         c.chorus_max_inflight_bytes >> 20,
         c.max_outstanding,
+        c.warm_heap_mib,
         if c.peak_rss_per_cell {
             "per cell"
         } else {

@@ -29,15 +29,20 @@ fn every_system_produces_rows_floors_and_headlines_and_the_saved_rows_plot() {
             "fixed,one-slow",
             "--drain-ms",
             "3000",
+            "--warm-heap-mib",
+            "64",
         ])
         .output()
         .expect("chorus-bench runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
+    // Every system at fixed latency, three in the one-slow scenario.
+    let groups = SystemKind::ALL.len() + 3;
     assert!(
-        stderr.contains("[1/11] fixed chorus-1 at 250 records/s"),
+        stderr.contains(&format!("[1/{groups}] fixed chorus-1 at 250 records/s")),
         "{stderr}"
     );
+    assert!(stderr.contains("warming 64 MiB of heap"), "{stderr}");
     let stdout = String::from_utf8(output.stdout).unwrap();
     assert_eq!(
         std::fs::read_to_string(&saved).unwrap(),
@@ -57,6 +62,7 @@ fn every_system_produces_rows_floors_and_headlines_and_the_saved_rows_plot() {
     // The row reports the Chorus settings the cells ran with: the defaults.
     assert_eq!(config[0]["chorus_window"], DEFAULT_WINDOW);
     assert_eq!(config[0]["chorus_pace_fragments"], true);
+    assert_eq!(config[0]["warm_heap_mib"], 64);
 
     let cells = of_kind("cell");
     let systems = |scenario: &str| -> BTreeSet<String> {
@@ -99,7 +105,7 @@ fn every_system_produces_rows_floors_and_headlines_and_the_saved_rows_plot() {
         })
         .collect();
     assert_eq!(floors.len(), 5, "fixed: 1/1, 2/3, 3/5; one-slow: 2/3, 3/5");
-    assert_eq!(of_kind("headline").len(), 11);
+    assert_eq!(of_kind("headline").len(), groups);
 
     plots_are_drawn_from(&saved, dir.path());
 }

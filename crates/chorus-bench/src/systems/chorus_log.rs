@@ -48,13 +48,13 @@ fn blobs(store: Arc<InjectedStore>, name: String) -> DynBlobStore {
     Arc::new(ObjectStoreBlobs::new(store, "", name))
 }
 
-/// Initializes a log over `replicas` with its register in `register`, runs
-/// recovery (nothing to replay) and starts the writer.
-pub async fn open(
+/// A new log over `replicas` with its register in `register`, created with
+/// `window`.
+pub async fn create_log(
     replicas: Vec<Arc<InjectedStore>>,
     register: Arc<InjectedStore>,
-    settings: &Settings,
-) -> Result<ChorusLog, Error> {
+    window: u32,
+) -> Result<LogStores, Error> {
     let replicas: Vec<(String, DynBlobStore)> = replicas
         .into_iter()
         .enumerate()
@@ -68,8 +68,19 @@ pub async fn open(
         "memory://register".to_owned(),
     )));
     let identities = replicas.iter().map(|(id, _)| id.clone()).collect();
-    initialize(register.as_ref(), identities, settings.window).await?;
-    let recovery = Recovery::run(LogStores { replicas, register }, settings.config.clone()).await?;
+    initialize(register.as_ref(), identities, window).await?;
+    Ok(LogStores { replicas, register })
+}
+
+/// Initializes a log over `replicas` with its register in `register`, runs
+/// recovery (nothing to replay) and starts the writer.
+pub async fn open(
+    replicas: Vec<Arc<InjectedStore>>,
+    register: Arc<InjectedStore>,
+    settings: &Settings,
+) -> Result<ChorusLog, Error> {
+    let stores = create_log(replicas, register, settings.window).await?;
+    let recovery = Recovery::run(stores, settings.config.clone()).await?;
     let mut replay = recovery.replay(recovery.end())?;
     while replay.next().await?.is_some() {}
     Ok(ChorusLog {

@@ -1,5 +1,6 @@
 //! SlateDB as it is meant to be used: one database on one bucket, each put
-//! awaited until its write-ahead log flush is durable.
+//! awaited until its write-ahead log flush is durable; and the same with
+//! its write-ahead log on a Chorus log (`chorus-slatedb`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +10,9 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use slatedb::{Db, Settings};
 
+use chorus_slatedb::{ChorusWal, ChorusWalOptions};
+
+use super::chorus_log::{Settings as ChorusSettings, create_log};
 use super::{Ack, Error, Refused, System};
 use crate::store::InjectedStore;
 
@@ -26,23 +30,54 @@ pub struct SlateDb {
     db: Db,
 }
 
-/// Opens a fresh database on the one store in `stores`, flushing its WAL
-/// every `flush_interval`, with compactor and garbage collector off.
-pub async fn open(
-    stores: Vec<Arc<InjectedStore>>,
-    flush_interval: Duration,
-) -> Result<SlateDb, Error> {
-    let [store] = <[_; 1]>::try_from(stores).map_err(|_| "SlateDB uses one bucket")?;
-    let settings = Settings {
+/// The settings of every database here: WAL flushes every
+/// `flush_interval` (SlateDB's own WAL only), compactor and garbage
+/// collector off.
+fn settings(flush_interval: Duration) -> Settings {
+    Settings {
         flush_interval: Some(flush_interval),
         compactor_options: None,
         garbage_collector_options: None,
         l0_max_ssts: L0_MAX_SSTS,
         l0_max_ssts_per_key: L0_MAX_SSTS,
         ..Settings::default()
-    };
+    }
+}
+
+/// Opens a fresh database on the one store in `stores`, flushing its WAL
+/// every `flush_interval`.
+pub async fn open(
+    stores: Vec<Arc<InjectedStore>>,
+    flush_interval: Duration,
+) -> Result<SlateDb, Error> {
+    let [store] = <[_; 1]>::try_from(stores).map_err(|_| "SlateDB uses one bucket")?;
     let db = Db::builder("bench", store as Arc<dyn object_store::ObjectStore>)
-        .with_settings(settings)
+        .with_settings(settings(flush_interval))
+        .build()
+        .await?;
+    Ok(SlateDb { db })
+}
+
+/// Opens a fresh database on `bucket` whose WAL is a new Chorus log over
+/// `replicas` with its register in `register`, written with `chorus`'s
+/// settings.
+pub async fn open_on_chorus(
+    bucket: Arc<InjectedStore>,
+    replicas: Vec<Arc<InjectedStore>>,
+    register: Arc<InjectedStore>,
+    chorus: &ChorusSettings,
+) -> Result<SlateDb, Error> {
+    let stores = create_log(replicas, register, chorus.window).await?;
+    let wal = ChorusWal::new(
+        stores,
+        ChorusWalOptions {
+            log: chorus.config.clone(),
+            ..ChorusWalOptions::default()
+        },
+    );
+    let db = Db::builder("bench", bucket as Arc<dyn object_store::ObjectStore>)
+        .with_settings(settings(DEFAULT_FLUSH_INTERVAL))
+        .with_wal_writer(Box::new(wal))
         .build()
         .await?;
     Ok(SlateDb { db })
