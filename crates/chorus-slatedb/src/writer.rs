@@ -7,27 +7,50 @@
 //! it. Acknowledgements arrive in record order; each one marks its WAL file
 //! (and every earlier one) flushed and tells SlateDB, which then releases the
 //! puts waiting for durability.
+//!
+//! `append` never waits. Batches go through a queue to a submitting task,
+//! which holds them while the log's in-flight budget is spent; the queued
+//! bytes count in [`WalStatus::estimated_bytes`], which is what SlateDB's own
+//! backpressure (`max_unflushed_bytes`) reads. (Waiting in `append` instead
+//! would stall SlateDB's write loop while its callers' batches pile up
+//! uncounted in front of it.)
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use chorus::log::{Completion, LogError, Writer};
 use futures::FutureExt;
 use slatedb::RowEntry;
 use slatedb::wal::{WalError, WalFlushResult, WalObserver, WalStatus, WalWriter};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::batch;
-use crate::error::wal_error;
+use crate::error::{internal_error, wal_error};
 use crate::ids::wal_id;
 use crate::options::ChorusWalOptions;
 use crate::status::{Observer, SharedStatus};
 
-/// How long an append refused for backpressure waits before asking again.
+/// How long a batch refused for backpressure waits before asking again.
 const BACKPRESSURE_PAUSE: Duration = Duration::from_millis(1);
+
+/// What the submitting task is asked to do, in order.
+enum Submission {
+    /// Append a batch's record, which must become WAL file `wal_id`.
+    Batch {
+        wal_id: u64,
+        seq: u64,
+        record: Bytes,
+    },
+    /// Everything before was submitted: shut the log writer down.
+    Close {
+        timeout: Duration,
+        reply: oneshot::Sender<Result<(), LogError>>,
+    },
+}
 
 /// An appended record on its way to durability.
 struct Pending {
@@ -68,14 +91,14 @@ impl Unflushed {
 
 /// The [`WalWriter`] SlateDB appends to, over a started Chorus [`Writer`].
 pub(crate) struct ChorusWalWriter {
-    /// `None` once closed.
-    writer: Option<Writer>,
     status: Arc<SharedStatus>,
-    acks: Option<mpsc::UnboundedSender<Pending>>,
+    /// `None` once closed.
+    submissions: Option<mpsc::UnboundedSender<Submission>>,
     ack_task: Option<JoinHandle<()>>,
-    /// The id of the newest WAL file appended, or the newest durable one at
-    /// start.
-    last_appended: u64,
+    /// The id the next appended batch gets. Records are appended one at a
+    /// time, in order, by one task, and a refused append consumes no index,
+    /// so ids are known before the log assigns the indices.
+    next_wal_id: u64,
     unflushed: Mutex<Unflushed>,
     options: ChorusWalOptions,
 }
@@ -90,23 +113,18 @@ impl ChorusWalWriter {
         options: ChorusWalOptions,
     ) -> ChorusWalWriter {
         let (acks, pending) = mpsc::unbounded_channel();
+        let (submissions, submitted) = mpsc::unbounded_channel();
         let ack_task = tokio::spawn(acknowledge(pending, Arc::clone(&status)));
-        let last_appended = status.watch().borrow().last_flushed_wal_id;
+        tokio::spawn(submit(writer, submitted, acks, Arc::clone(&status)));
+        let next_wal_id = status.watch().borrow().last_flushed_wal_id + 1;
         ChorusWalWriter {
-            writer: Some(writer),
             status,
-            acks: Some(acks),
+            submissions: Some(submissions),
             ack_task: Some(ack_task),
-            last_appended,
+            next_wal_id,
             unflushed: Mutex::new(unflushed),
             options,
         }
-    }
-
-    /// The open writer, or why there is none.
-    fn writer(&self) -> Result<&Writer, WalError> {
-        self.status.get().map_err(WalError::from)?;
-        self.writer.as_ref().ok_or(WalError::Closed)
     }
 
     /// Closes the WAL for `error` and returns it.
@@ -114,6 +132,69 @@ impl ChorusWalWriter {
         self.status.close(error.clone());
         error
     }
+}
+
+/// Appends the submitted batches in order, holding each while the log's
+/// in-flight budget is spent, and hands their completions to the
+/// acknowledging task; shuts the log writer down when asked, or aborts it
+/// when the WAL writer is gone without closing (a crash) or the WAL closed.
+async fn submit(
+    writer: Writer,
+    mut submissions: mpsc::UnboundedReceiver<Submission>,
+    acks: mpsc::UnboundedSender<Pending>,
+    status: Arc<SharedStatus>,
+) {
+    while let Some(submission) = submissions.recv().await {
+        let (expected, seq, record) = match submission {
+            Submission::Batch {
+                wal_id,
+                seq,
+                record,
+            } => (wal_id, seq, record),
+            Submission::Close { timeout, reply } => {
+                let _ = reply.send(writer.shutdown(timeout).await);
+                return;
+            }
+        };
+        let completion = loop {
+            if status.get().is_err() {
+                writer.abort();
+                return;
+            }
+            match writer.append(record.clone()) {
+                Ok(completion) => break completion,
+                // Nothing was taken; acks or the fold will make room.
+                Err(LogError::Backpressure { .. } | LogError::ActiveSegmentFull { .. }) => {
+                    tokio::time::sleep(BACKPRESSURE_PAUSE).await;
+                }
+                Err(error) => {
+                    status.close(wal_error(error));
+                    writer.abort();
+                    return;
+                }
+            }
+        };
+        let appended = wal_id(completion.index());
+        if appended != expected {
+            status.close(internal_error(format!(
+                "WAL file {expected} was appended as record {}: another appender on this log?",
+                completion.index()
+            )));
+            writer.abort();
+            return;
+        }
+        let pending = Pending {
+            wal_id: appended,
+            seq,
+            bytes: record.len(),
+            completion,
+        };
+        if acks.send(pending).is_err() {
+            writer.abort();
+            return;
+        }
+    }
+    writer.abort();
 }
 
 /// Resolves appends in record order, marking each one's WAL file flushed;
@@ -133,43 +214,33 @@ async fn acknowledge(mut pending: mpsc::UnboundedReceiver<Pending>, status: Arc<
 #[async_trait]
 impl WalWriter for ChorusWalWriter {
     async fn append(&mut self, write_batch: &[RowEntry]) -> Result<(), WalError> {
+        self.status.get().map_err(WalError::from)?;
         let record = batch::encode(write_batch)
             .map_err(|error| self.fail(WalError::InternalError(Arc::new(error))))?;
         let seq = write_batch.iter().map(|row| row.seq).max().unwrap_or(0);
-        let completion = loop {
-            match self.writer()?.append(record.clone()) {
-                Ok(completion) => break completion,
-                // The in-flight budget is spent, or the active segment is
-                // full until a rotation lands: nothing was taken, and acks or
-                // the fold will make room.
-                Err(LogError::Backpressure { .. } | LogError::ActiveSegmentFull { .. }) => {
-                    tokio::time::sleep(BACKPRESSURE_PAUSE).await;
-                }
-                Err(error) => return Err(self.fail(wal_error(error))),
-            }
+        let wal_id = self.next_wal_id;
+        let bytes = record.len();
+        let submission = Submission::Batch {
+            wal_id,
+            seq,
+            record,
         };
-        let wal_id = wal_id(completion.index());
-        self.status.admitted(record.len());
+        match &self.submissions {
+            Some(submissions) if submissions.send(submission).is_ok() => {}
+            _ => return Err(WalError::Closed),
+        }
+        self.next_wal_id += 1;
+        self.status.admitted(bytes);
         self.unflushed
             .lock()
             .expect("unflushed lock poisoned")
-            .push(wal_id, record.len() as u64);
-        self.last_appended = wal_id;
-        let pending = Pending {
-            wal_id,
-            seq,
-            bytes: record.len(),
-            completion,
-        };
-        match self.acks.as_ref().map(|acks| acks.send(pending)) {
-            Some(Ok(())) => Ok(()),
-            _ => Err(WalError::Closed),
-        }
+            .push(wal_id, bytes as u64);
+        Ok(())
     }
 
     async fn flush(&mut self) -> Result<WalFlushResult, WalError> {
         self.status.get().map_err(WalError::from)?;
-        let wal_id = self.last_appended;
+        let wal_id = self.next_wal_id - 1;
         let mut watch = self.status.watch();
         let completion = async move {
             let status = watch
@@ -203,7 +274,7 @@ impl WalWriter for ChorusWalWriter {
     }
 
     async fn close(&mut self) -> Result<(), WalError> {
-        let Some(writer) = self.writer.take() else {
+        let Some(submissions) = self.submissions.take() else {
             return self
                 .status
                 .get()
@@ -213,19 +284,30 @@ impl WalWriter for ChorusWalWriter {
                     Some(reason) => Err(reason),
                 });
         };
-        let drained = writer.shutdown(self.options.shutdown_timeout).await;
+        let (reply, drained) = oneshot::channel();
+        let timeout = self.options.shutdown_timeout;
+        let drained = match submissions.send(Submission::Close { timeout, reply }) {
+            Ok(()) => drained.await.ok(),
+            Err(_) => None,
+        };
         // Every admitted record has resolved now: let the acknowledgements
         // finish before reporting the final status.
-        self.acks = None;
         if let Some(task) = self.ack_task.take() {
             let _ = task.await;
         }
         match drained {
-            Ok(()) => {
+            Some(Ok(())) => {
                 self.status.close(WalError::Closed);
                 Ok(())
             }
-            Err(error) => Err(self.fail(wal_error(error))),
+            Some(Err(error)) => Err(self.fail(wal_error(error))),
+            // The submitting task stopped first: the status says why.
+            None => Err(self
+                .status
+                .get()
+                .err()
+                .and_then(|status| status.closed_reason)
+                .unwrap_or(WalError::Closed)),
         }
     }
 }

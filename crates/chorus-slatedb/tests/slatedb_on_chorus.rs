@@ -3,6 +3,11 @@
 
 mod support;
 
+use std::time::Duration;
+
+use chorus::log::LogConfig;
+use chorus_slatedb::ChorusWalOptions;
+
 use chorus::blob::{Fault, FaultRule, Op, OpSet};
 use slatedb::{CloseReason, ErrorKind};
 use support::{Setup, assert_exactly, key, put_durably, value};
@@ -164,5 +169,50 @@ async fn a_fault_injected_run_loses_nothing_acknowledged() {
     }
     let db = setup.open().await.unwrap();
     assert_exactly(&db, 0..acknowledged + 10, |i| i < acknowledged).await;
+    db.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_beyond_the_logs_in_flight_budget_queue_and_all_become_durable() {
+    let setup = Setup::new(3).await;
+    // Room for about two 1 KiB batches in flight, and slow replicas: most
+    // batches wait in the WAL's queue, counted, while SlateDB goes on.
+    let options = ChorusWalOptions {
+        log: LogConfig {
+            max_inflight_bytes: 2048,
+            max_record_bytes: 2048,
+            ..LogConfig::default()
+        },
+        ..ChorusWalOptions::default()
+    };
+    for faults in &setup.faults {
+        faults.add(
+            FaultRule::new(Fault::Delay(Duration::from_millis(20))).ops(OpSet::of(&[Op::Create])),
+        );
+    }
+    let db = setup
+        .open_with_wal(support::quiet(), options)
+        .await
+        .unwrap();
+    let big = |i: u32| format!("{i:01024}").into_bytes();
+    let mut handles = Vec::new();
+    for i in 0..50 {
+        handles.push(db.put(key(i), big(i)).await.unwrap());
+    }
+    for handle in handles {
+        handle.await_durable().await.unwrap();
+    }
+    for i in 0..50 {
+        assert_eq!(db.get(key(i)).await.unwrap().as_deref(), Some(&big(i)[..]));
+    }
+    db.close().await.unwrap();
+    let db = setup.open().await.unwrap();
+    for i in 0..50 {
+        assert_eq!(
+            db.get(key(i)).await.unwrap().as_deref(),
+            Some(&big(i)[..]),
+            "key {i}"
+        );
+    }
     db.close().await.unwrap();
 }
