@@ -226,13 +226,13 @@ fn chorus_settings(args: &CompareArgs) -> Result<ChorusSettings, Error> {
     Ok(settings)
 }
 
-/// The run's settings as a row.
 /// `--warm-heap-mib`, or room for a cell's records as fragments and as
 /// sealed copies with the stores' overhead.
 fn warm_heap_mib(args: &CompareArgs) -> u64 {
     args.warm_heap_mib.unwrap_or(3 * args.max_cell_mib)
 }
 
+/// The run's settings as a row.
 fn config(args: &CompareArgs, chorus: &ChorusSettings) -> ConfigRow {
     ConfigRow {
         latency_ms: args.latency_ms,

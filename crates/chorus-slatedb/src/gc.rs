@@ -11,7 +11,6 @@
 //! for `min_age` was written at least that long ago.
 
 use std::collections::VecDeque;
-use std::ops::Bound;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -23,7 +22,7 @@ use slatedb::wal::{WalError, WalFileRange, WalGc};
 use tracing::{info, warn};
 
 use crate::error::wal_error;
-use crate::ids::wal_id;
+use crate::ids::{first_index, wal_id};
 
 /// The lowest record any of `ranges` references: the floor a truncation may
 /// raise to. `None` when nothing is referenced (then nothing is collected:
@@ -32,12 +31,7 @@ use crate::ids::wal_id;
 pub(crate) fn lowest_referenced(ranges: &[WalFileRange]) -> Option<RecordIndex> {
     ranges
         .iter()
-        .map(|range| match range.0 {
-            // File `n` is record `n - 1`.
-            Bound::Included(id) => RecordIndex(id.saturating_sub(1)),
-            Bound::Excluded(id) => RecordIndex(id),
-            Bound::Unbounded => RecordIndex(0),
-        })
+        .map(|range| first_index(range.0).unwrap_or(RecordIndex(0)))
         .min()
 }
 
@@ -170,7 +164,7 @@ mod tests {
 
     #[test]
     fn the_floor_is_the_lowest_referenced_file() {
-        use Bound::{Excluded, Included, Unbounded};
+        use std::ops::Bound::{Excluded, Included, Unbounded};
         assert_eq!(lowest_referenced(&[]), None);
         let ranges = [
             WalFileRange(Excluded(9), Unbounded),

@@ -12,7 +12,7 @@ use slatedb::wal::{WalError, WalFileRange, WalIterator, WalReader, WalRows};
 
 use crate::batch;
 use crate::error::{data_error, internal_error, wal_error};
-use crate::ids::{index_after, wal_id};
+use crate::ids::{first_index, index_after, wal_id};
 
 /// How often a tailing iterator looks for new records once caught up.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -45,15 +45,8 @@ impl ChorusWalReader {
 /// The records a range of WAL files covers: from the first index, up to an
 /// exclusive end index (`None`: no end, follow the log).
 fn record_range(range: &WalFileRange) -> Result<(RecordIndex, Option<RecordIndex>), WalError> {
-    let start = match range.0 {
-        Bound::Included(id) => RecordIndex(id.saturating_sub(1)),
-        Bound::Excluded(id) => index_after(id),
-        Bound::Unbounded => {
-            return Err(internal_error(
-                "a WAL file range must have a start".to_owned(),
-            ));
-        }
-    };
+    let start = first_index(range.0)
+        .ok_or_else(|| internal_error("a WAL file range must have a start".to_owned()))?;
     let end = match range.1 {
         Bound::Included(id) => Some(index_after(id)),
         Bound::Excluded(id) => Some(RecordIndex(id.saturating_sub(1))),

@@ -32,7 +32,12 @@ impl SharedStatus {
 
     /// The status now: `Err` once closed, as SlateDB expects.
     pub(crate) fn get(&self) -> Result<WalStatus, WalStatus> {
-        as_result(self.status.borrow().clone())
+        let status = self.status.borrow().clone();
+        if status.closed_reason.is_some() {
+            Err(status)
+        } else {
+            Ok(status)
+        }
     }
 
     /// A receiver of every change, for waiting on durability.
@@ -86,15 +91,6 @@ impl SharedStatus {
         for listener in listeners.iter() {
             listener(event.clone());
         }
-    }
-}
-
-/// `Ok` while open, `Err` with the closing reason after.
-pub(crate) fn as_result(status: WalStatus) -> Result<WalStatus, WalStatus> {
-    if status.closed_reason.is_some() {
-        Err(status)
-    } else {
-        Ok(status)
     }
 }
 
