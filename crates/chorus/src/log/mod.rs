@@ -29,6 +29,7 @@ mod reader;
 mod recovery;
 mod replay;
 mod replica;
+mod retry;
 mod seal;
 pub mod transitions;
 mod write;

@@ -25,7 +25,8 @@ use super::metrics;
 use super::quorum::{Recovered, choose_recovered, copies_needed, quorum};
 use super::replay::Replay;
 use super::replica::{FenceOutcome, Replica, first_missing};
-use super::seal::{PreparedSeal, backoff_delay, write_seal};
+use super::retry;
+use super::seal::{PreparedSeal, write_seal};
 use super::transitions::{Ownership, SealedEntry, View, claim, commit_view};
 use super::write::Writer;
 use crate::blob::BlobError;
@@ -305,24 +306,23 @@ async fn observe_segment(
 /// Attempts per recovery request before its replica counts as unobserved.
 const MAX_OBSERVE_ATTEMPTS: u32 = 4;
 
-/// Runs `request` again (after `backoff`) while it fails transiently, at most
+/// Runs a recovery request again while it fails transiently, at most
 /// [`MAX_OBSERVE_ATTEMPTS`] times in all. Only for requests that are safe to
 /// repeat: reads, and creates whose repeat reports what the first did.
-async fn retrying<T, F, Fut>(backoff: (Duration, Duration), mut request: F) -> Result<T, BlobError>
+async fn retrying<T, Fut>(
+    backoff: (Duration, Duration),
+    request: impl FnMut() -> Fut,
+) -> Result<T, BlobError>
 where
-    F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, BlobError>>,
 {
-    let mut attempt = 1;
-    loop {
-        match request().await {
-            Err(error) if error.is_transient() && attempt < MAX_OBSERVE_ATTEMPTS => {
-                tokio::time::sleep(backoff_delay(attempt, backoff.0, backoff.1)).await;
-                attempt += 1;
-            }
-            outcome => return outcome,
-        }
-    }
+    retry::retrying(
+        MAX_OBSERVE_ATTEMPTS,
+        backoff,
+        BlobError::is_transient,
+        request,
+    )
+    .await
 }
 
 /// Reads the data fragments among `present`; fences are left out, and damaged

@@ -9,6 +9,7 @@ use sha2::{Digest, Sha256};
 use super::error::LogError;
 use super::gather::gather;
 use super::replica::{Replica, SealWriteError};
+use super::retry::retrying;
 use super::transitions::SealedEntry;
 use crate::codec::{SealedSegment, object_crc32c};
 use crate::ids::{RecordIndex, SegmentId};
@@ -135,27 +136,12 @@ pub async fn write_seal(
 async fn write_one(
     replica: &Replica,
     seal: &PreparedSeal,
-    (min, max): (Duration, Duration),
+    backoff: (Duration, Duration),
 ) -> Result<(), SealWriteError> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match replica
-            .write_sealed(&seal.sealed.entry, seal.bytes.clone())
-            .await
-        {
-            Err(SealWriteError::Store(error))
-                if error.is_transient() && attempt < MAX_SEAL_ATTEMPTS =>
-            {
-                tokio::time::sleep(backoff_delay(attempt, min, max)).await;
-            }
-            outcome => return outcome,
-        }
-    }
-}
-
-/// The delay before retry `attempt` (1-based): `min` doubled per attempt, capped at `max`.
-pub fn backoff_delay(attempt: u32, min: Duration, max: Duration) -> Duration {
-    let factor = 1u32 << attempt.saturating_sub(1).min(16);
-    (min * factor).min(max)
+    let transient =
+        |error: &SealWriteError| matches!(error, SealWriteError::Store(e) if e.is_transient());
+    retrying(MAX_SEAL_ATTEMPTS, backoff, transient, || {
+        replica.write_sealed(&seal.sealed.entry, seal.bytes.clone())
+    })
+    .await
 }

@@ -23,7 +23,7 @@ use crate::log::config::LogConfig;
 use crate::log::error::{LogError, StopReason};
 use crate::log::metrics;
 use crate::log::replica::{FragmentWriteError, Replica};
-use crate::log::seal::backoff_delay;
+use crate::log::retry::backoff_delay;
 use crate::log::transitions::{Fenced, Ownership};
 use crate::register::{Manifest, ManifestStore};
 

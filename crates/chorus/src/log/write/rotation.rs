@@ -15,7 +15,8 @@ use crate::log::metrics;
 use crate::log::offload::offload;
 use crate::log::quorum::quorum;
 use crate::log::replica::Replica;
-use crate::log::seal::{PreparedSeal, backoff_delay, write_seal};
+use crate::log::retry::backoff_delay;
+use crate::log::seal::{PreparedSeal, write_seal};
 use crate::log::transitions::{Ownership, fold};
 use crate::register::{Manifest, ManifestStore, transform};
 
