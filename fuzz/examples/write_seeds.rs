@@ -11,6 +11,8 @@ use chorus::ids::{Epoch, FragmentIndex, RecordIndex, SegmentId};
 use chorus::lease::{DatabaseKey, Generation, HolderId, LeaseRecord, Term};
 use chorus::register::{Manifest, encode_document};
 use chorus::snapshot::{Head, PayloadId, PublicationSequence, PublisherId, Sha256Digest};
+use chorus_slatedb::batch::encode;
+use slatedb::{RowEntry, ValueDeletable};
 
 fn main() -> std::io::Result<()> {
     let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
@@ -32,6 +34,9 @@ fn main() -> std::io::Result<()> {
     )?;
     for (n, document) in documents().iter().enumerate() {
         write(&corpus, "decode_documents", n, document)?;
+    }
+    for (n, batch) in write_batches().iter().enumerate() {
+        write(&corpus, "decode_write_batch", n, batch)?;
     }
     println!("seeds written under {}", corpus.display());
     Ok(())
@@ -87,6 +92,49 @@ fn record_sets() -> Vec<Vec<Bytes>> {
         vec![record(b"put k v"), record(b""), record(b"del k")],
         vec![record(&[0xff; 300]), record(b"x")],
     ]
+}
+
+/// SlateDB write batches as chorus-slatedb records them: rows of each kind,
+/// an empty key, and rows with and without their optional timestamps.
+fn write_batches() -> Vec<Bytes> {
+    let row = |key: &[u8], value, seq, create_ts, expire_ts| RowEntry {
+        key: Bytes::copy_from_slice(key),
+        value,
+        seq,
+        create_ts,
+        expire_ts,
+    };
+    let batches = [
+        vec![row(b"", ValueDeletable::Tombstone, 0, None, None)],
+        vec![row(
+            b"k",
+            ValueDeletable::Value(Bytes::from_static(b"v")),
+            1,
+            None,
+            None,
+        )],
+        vec![
+            row(
+                b"a",
+                ValueDeletable::Value(Bytes::from(vec![7; 300])),
+                5,
+                Some(1_700),
+                None,
+            ),
+            row(b"b", ValueDeletable::Tombstone, 6, Some(1_701), Some(9_000)),
+            row(
+                b"c",
+                ValueDeletable::Merge(Bytes::from_static(b"+1")),
+                7,
+                None,
+                Some(-1),
+            ),
+        ],
+    ];
+    batches
+        .iter()
+        .map(|rows| encode(rows).expect("a valid batch"))
+        .collect()
 }
 
 fn data_fragment(records: &[Bytes]) -> Bytes {

@@ -2,20 +2,15 @@
 //! creates nothing), then the replica binding check, then every replica.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use chorus::blob::{DynBlobStore, StoreUrl, open_store_unprobed, probe};
-use chorus::log::gather::gather;
+use chorus::blob::{DynBlobStore, open_store_unprobed};
 use chorus::log::maintenance::first_log_object;
-use chorus::log::quorum::quorum;
+use chorus::log::probe::{PROBE_GRACE, probe_quorum};
 use chorus::log::{LogStores, Reader};
 use chorus::register::{Manifest, ManifestStore, OpenMode, check_binding, open_register};
 
 use crate::CommandError;
 use crate::config::Location;
-
-/// How long the last replicas may take to answer the probe once a quorum has.
-const PROBE_GRACE: Duration = Duration::from_secs(5);
 
 /// What a command does to the log, which decides how its replicas are opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,10 +130,12 @@ pub async fn open_log(location: &Location, access: Access) -> Result<OpenedLog, 
     check_binding(&manifest.replicas, &identities)
         .map_err(|e| format!("replicas do not match register {}: {e}", location.register))?;
     let stores = open_replicas_unprobed(location)?;
+    let replicas: Vec<_> = identities.into_iter().zip(stores).collect();
     if access == Access::Write {
-        probe_quorum(&location.replicas, &stores).await?;
+        for replica in probe_quorum(&replicas, PROBE_GRACE).await? {
+            tracing::warn!(%replica, "replica unreachable; continuing on the others");
+        }
     }
-    let replicas = identities.into_iter().zip(stores).collect();
     let stores = LogStores { replicas, register };
     check_floor(&stores, &manifest, location).await?;
     Ok(OpenedLog { stores, manifest })
@@ -174,50 +171,6 @@ async fn check_floor(
             location.register, manifest.trunc
         )
         .into());
-    }
-    Ok(())
-}
-
-/// Probes every replica; fails if one refuses conditional writes or if more
-/// than N − Q are unreachable.
-///
-/// Once a quorum has probed fine, the others get [`PROBE_GRACE`] more: a
-/// replica that hangs counts as unreachable instead of holding up the start.
-async fn probe_quorum(urls: &[StoreUrl], stores: &[DynBlobStore]) -> Result<(), CommandError> {
-    let needed = quorum(stores.len());
-    let probes = urls
-        .iter()
-        .zip(stores)
-        .map(|(url, store)| async move { (url, probe(store.as_ref()).await) });
-    let outcomes = gather(probes, PROBE_GRACE, |done| {
-        done.iter().filter(|(_, outcome)| outcome.is_ok()).count() >= needed
-    })
-    .await;
-    let mut unreachable = Vec::new();
-    for (url, outcome) in &outcomes {
-        match outcome {
-            Ok(()) => {}
-            Err(error) if error.is_transient() => unreachable.push(format!("{url}: {error}")),
-            Err(error) => return Err(format!("cannot open replica {url}: {error}").into()),
-        }
-    }
-    for url in urls {
-        if !outcomes.iter().any(|(answered, _)| *answered == url) {
-            unreachable.push(format!("{url}: no answer within {PROBE_GRACE:?}"));
-        }
-    }
-    let tolerated = stores.len() - quorum(stores.len());
-    if unreachable.len() > tolerated {
-        return Err(format!(
-            "cannot open replicas: {} of {} unreachable, at most {tolerated} may be: {}",
-            unreachable.len(),
-            stores.len(),
-            unreachable.join("; ")
-        )
-        .into());
-    }
-    for replica in unreachable {
-        tracing::warn!(%replica, "replica unreachable; continuing on the others");
     }
     Ok(())
 }

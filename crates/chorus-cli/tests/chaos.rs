@@ -24,11 +24,9 @@
 //!   sealed copies missing (a seal needs only Q replicas, so a frozen replica
 //!   misses some), which `chorus log repair` must heal: after it, verify exits 0.
 //!
-//! The moto servers' pids come from the pid files `scripts/services.sh` writes
-//! (`CHORUS_TEST_MOTO_PID_FILES`, else `.ci/state/moto-{a,b,c}.pid`); each pid
-//! is checked to be a moto server listening on its endpoint's port before it
-//! is ever signalled. A guard sends SIGCONT to every server on drop, so a
-//! panicking test leaves no server frozen.
+//! The moto servers are found and checked as in `support::moto`. A guard
+//! sends SIGCONT to every server on drop, so a panicking test leaves no
+//! server frozen.
 //!
 //! `CHORUS_CHAOS_SEED` replays a schedule (the OS timing still varies), and
 //! `CHORUS_CHAOS_CYCLES` changes the number of kill cycles.
@@ -44,6 +42,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use chorus::log::LogConfig;
 use serde_json::Value;
+use support::moto::{Frozen, MotoServer, moto_servers, send_signal};
 use tempfile::TempDir;
 
 /// Kill cycles in CI (the issue asks for at least 20).
@@ -110,101 +109,6 @@ fn chaos_cycles() -> usize {
     std::env::var("CHORUS_CHAOS_CYCLES")
         .map(|text| text.parse().expect("CHORUS_CHAOS_CYCLES is a count"))
         .unwrap_or(DEFAULT_CYCLES)
-}
-
-// ------------------------------------------------------------ services ----
-
-/// One moto server: its port and the pid of its process.
-#[derive(Debug, Clone, Copy)]
-#[allow(dead_code)] // `port` is for the report (Debug)
-struct MotoServer {
-    port: u16,
-    pid: u32,
-}
-
-/// Sends `signal` (`STOP`, `CONT`) to `pid` with the `kill` program.
-fn send_signal(pid: u32, signal: &str) -> Result<(), String> {
-    let status = Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status()
-        .map_err(|e| format!("cannot run kill: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("kill -{signal} {pid}: {status}"))
-    }
-}
-
-/// A missing service: a panic under CI, a skip (`None`) otherwise.
-fn missing_service(why: &str) -> Option<Vec<MotoServer>> {
-    if std::env::var_os("CI").is_some() {
-        panic!("chaos test services are missing under CI: {why}");
-    }
-    eprintln!("skipping: {why}; run `bash scripts/services.sh start` and source .ci/state/env");
-    None
-}
-
-/// The pid files of the moto servers, in endpoint order.
-fn moto_pid_files() -> Vec<String> {
-    match std::env::var("CHORUS_TEST_MOTO_PID_FILES") {
-        Ok(files) if !files.is_empty() => files.split(',').map(str::to_owned).collect(),
-        _ => {
-            let state = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.ci/state");
-            ["a", "b", "c"]
-                .iter()
-                .map(|zone| format!("{state}/moto-{zone}.pid"))
-                .collect()
-        }
-    }
-}
-
-/// The pid in `file` if it is a live moto server listening on `port`.
-fn moto_pid(file: &str, port: u16) -> Result<u32, String> {
-    let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
-    let pid: u32 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("{file} holds no pid: {text:?}"))?;
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map_err(|e| format!("pid {pid} from {file} is not running: {e}"))?;
-    let arguments: Vec<String> = cmdline
-        .split(|&byte| byte == 0)
-        .map(|argument| String::from_utf8_lossy(argument).into_owned())
-        .collect();
-    // scripts/serialized_moto_server.py (or moto's own moto_server).
-    let is_moto = arguments.iter().any(|a| a.contains("moto_server"));
-    let on_port = arguments
-        .windows(2)
-        .any(|w| w[0] == "-p" && w[1] == port.to_string());
-    if is_moto && on_port {
-        Ok(pid)
-    } else {
-        Err(format!(
-            "pid {pid} from {file} is not a moto server on -p {port}: {arguments:?}"
-        ))
-    }
-}
-
-/// The moto servers behind `CHORUS_TEST_S3_ENDPOINTS`, in replica order.
-fn moto_servers() -> Option<Vec<MotoServer>> {
-    let endpoints = support::service_var("CHORUS_TEST_S3_ENDPOINTS")?;
-    let files = moto_pid_files();
-    let endpoints: Vec<&str> = endpoints.split(',').collect();
-    if endpoints.len() != files.len() {
-        return missing_service(&format!("{endpoints:?} and pid files {files:?} differ"));
-    }
-    let mut servers = Vec::new();
-    for (endpoint, file) in endpoints.iter().zip(&files) {
-        let Some(port) = endpoint.rsplit(':').next().and_then(|p| p.parse().ok()) else {
-            return missing_service(&format!("endpoint {endpoint} has no port"));
-        };
-        match moto_pid(file, port) {
-            Ok(pid) => servers.push(MotoServer { port, pid }),
-            Err(why) => return missing_service(&why),
-        }
-    }
-    Some(servers)
 }
 
 // --------------------------------------------------------- the log ----
@@ -314,26 +218,6 @@ struct FreezeStats {
     /// Freezes longer than the writer's `lane_stall_timeout` (the lane is shed).
     long_freezes: usize,
     frozen_time: Duration,
-}
-
-/// A frozen server; SIGCONT on drop, so even a panic cannot leave it frozen.
-struct Frozen {
-    server: MotoServer,
-}
-
-impl Frozen {
-    fn freeze(server: MotoServer) -> Frozen {
-        send_signal(server.pid, "STOP").expect("SIGSTOP a moto server");
-        Frozen { server }
-    }
-}
-
-impl Drop for Frozen {
-    fn drop(&mut self) {
-        if let Err(e) = send_signal(self.server.pid, "CONT") {
-            eprintln!("chaos: cannot resume moto pid {}: {e}", self.server.pid);
-        }
-    }
 }
 
 impl ReplicaChaos {

@@ -1,7 +1,8 @@
 //! Where a WAL lives, in the user's terms: replica URLs and a register URL.
 
-use chorus::blob::{BlobError, StoreUrl, open_store};
+use chorus::blob::{BlobError, StoreUrl, open_store_unprobed};
 use chorus::log::LogStores;
+use chorus::log::probe::{PROBE_GRACE, ProbeError, probe_quorum};
 use chorus::register::{
     DEFAULT_WINDOW, InitError, OpenMode, RegisterError, RegisterUrl, initialize, open_register,
 };
@@ -30,7 +31,7 @@ pub enum OpenError {
         /// What failed.
         source: RegisterError,
     },
-    /// A replica could not be opened, or failed the conditional-write probe.
+    /// A replica's location could not be opened (a bad URL or directory).
     #[error("cannot open WAL replica {url}: {source}")]
     Replica {
         /// The replica's identity.
@@ -38,6 +39,10 @@ pub enum OpenError {
         /// What failed.
         source: BlobError,
     },
+    /// A replica failed the conditional-write probe, or fewer than a quorum
+    /// answered it.
+    #[error("the WAL replicas cannot take a writer: {0}")]
+    Probe(#[from] ProbeError),
     /// The register holds a log bound to other replicas, or is malformed.
     #[error("the WAL register {url} does not fit these replicas: {source}")]
     Init {
@@ -61,6 +66,10 @@ impl WalLocation {
     /// Opens the register and every replica, creating the log if the
     /// register holds none; an existing log must be bound to exactly these
     /// replicas, in this order.
+    ///
+    /// Every replica gets the conditional-write probe. A minority that is
+    /// unreachable (down, or silent for [`PROBE_GRACE`] after a quorum
+    /// answered) is logged and tolerated, as the log itself tolerates it.
     pub async fn open(&self) -> Result<LogStores, OpenError> {
         let register = open_register(&self.register, OpenMode::CreateIfMissing)
             .await
@@ -70,11 +79,14 @@ impl WalLocation {
             })?;
         let mut replicas = Vec::with_capacity(self.replicas.len());
         for url in &self.replicas {
-            let store = open_store(url).await.map_err(|source| OpenError::Replica {
+            let store = open_store_unprobed(url).map_err(|source| OpenError::Replica {
                 url: url.identity(),
                 source,
             })?;
             replicas.push((url.identity(), store));
+        }
+        for replica in probe_quorum(&replicas, PROBE_GRACE).await? {
+            tracing::warn!(%replica, "WAL replica unreachable; continuing on the others");
         }
         let identities = replicas
             .iter()

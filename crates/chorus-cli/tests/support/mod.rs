@@ -6,6 +6,9 @@
 #[path = "../../../chorus/tests/support/mod.rs"]
 mod shared;
 
+#[path = "../../../chorus/tests/support/moto.rs"]
+pub mod moto;
+
 pub mod server;
 pub mod test_s3;
 

@@ -1,7 +1,17 @@
 //! A SlateDB database whose WAL is a Chorus log over in-memory replicas,
-//! each replica behind its own fault controller.
+//! each replica behind its own fault controller; and where the test services
+//! are, shared with the other crates' tests.
 
 #![allow(dead_code)] // each test binary uses a different subset
+
+#[path = "../../../chorus/tests/support/mod.rs"]
+mod shared;
+
+#[path = "../../../chorus/tests/support/moto.rs"]
+pub mod moto;
+
+#[allow(unused_imports)] // not every test binary needs the services
+pub use shared::*;
 
 use std::sync::Arc;
 

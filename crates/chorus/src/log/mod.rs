@@ -24,6 +24,7 @@ pub mod layout;
 pub mod maintenance;
 mod metrics;
 mod offload;
+pub mod probe;
 pub mod quorum;
 mod reader;
 mod recovery;
