@@ -34,8 +34,11 @@ use crate::ids::wal_id;
 use crate::options::ChorusWalOptions;
 use crate::status::{Observer, SharedStatus};
 
-/// How long a batch refused for backpressure waits before asking again.
-const BACKPRESSURE_PAUSE: Duration = Duration::from_millis(1);
+/// The longest a batch refused for room waits before asking again. Room in
+/// the in-flight budget comes with an acknowledgement, which wakes it
+/// sooner; a full active segment empties when its fold lands, which nothing
+/// here is told of.
+const REFUSED_RETRY: Duration = Duration::from_millis(10);
 
 /// What the submitting task is asked to do, in order.
 enum Submission {
@@ -144,6 +147,7 @@ async fn submit(
     acks: mpsc::UnboundedSender<Pending>,
     status: Arc<SharedStatus>,
 ) {
+    let mut acked = status.watch();
     while let Some(submission) = submissions.recv().await {
         let (expected, seq, record) = match submission {
             Submission::Batch {
@@ -161,11 +165,15 @@ async fn submit(
                 writer.abort();
                 return;
             }
+            // Read before asking, so an ack landing in between still wakes us.
+            let flushed = acked.borrow().last_flushed_wal_id;
             match writer.append(record.clone()) {
                 Ok(completion) => break completion,
                 // Nothing was taken; acks or the fold will make room.
                 Err(LogError::Backpressure { .. } | LogError::ActiveSegmentFull { .. }) => {
-                    tokio::time::sleep(BACKPRESSURE_PAUSE).await;
+                    let more_acked = acked
+                        .wait_for(|s| s.closed_reason.is_some() || s.last_flushed_wal_id > flushed);
+                    let _ = tokio::time::timeout(REFUSED_RETRY, more_acked).await;
                 }
                 Err(error) => {
                     status.close(wal_error(error));
