@@ -226,12 +226,18 @@ async fn observe_all(
     let window = u64::from(manifest.window);
     let needed = quorum(replicas.len());
     let observations = replicas.iter().map(|replica| async move {
+        // The two segments are fenced independently, so side by side.
         let observed = async {
-            let tail = observe_segment(replica, manifest.tail, epoch, window, backoff).await?;
-            let pending = match manifest.pending {
-                Some(pending) => observe_segment(replica, pending, epoch, window, backoff).await?,
-                None => SegmentCopies::new(),
+            let tail = observe_segment(replica, manifest.tail, epoch, window, backoff);
+            let pending = async {
+                match manifest.pending {
+                    Some(pending) => {
+                        observe_segment(replica, pending, epoch, window, backoff).await
+                    }
+                    None => Ok(SegmentCopies::new()),
+                }
             };
+            let (tail, pending) = futures::try_join!(tail, pending)?;
             Ok::<_, BlobError>(Observation { tail, pending })
         };
         (replica, observed.await)
@@ -291,14 +297,13 @@ async fn observe_segment(
             }
         }
     };
-    for index in (fenced_at.0 + 1)..(fenced_at.0 + window) {
-        if present.binary_search(&FragmentIndex(index)).is_err() {
-            retrying(backoff, || {
-                replica.place_fence(segment, FragmentIndex(index), epoch)
-            })
-            .await?;
-        }
-    }
+    // The rest of the window at once: each fence's outcome (placed, or an
+    // object found) is final on its own, and the re-list below waits for all.
+    let window_fences = ((fenced_at.0 + 1)..(fenced_at.0 + window))
+        .map(FragmentIndex)
+        .filter(|index| present.binary_search(index).is_err())
+        .map(|index| retrying(backoff, move || replica.place_fence(segment, index, epoch)));
+    futures::future::try_join_all(window_fences).await?;
     let present = retrying(backoff, || replica.list_fragments(segment)).await?;
     read_data(replica, segment, &present, backoff).await
 }
