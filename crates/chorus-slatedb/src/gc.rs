@@ -9,6 +9,12 @@
 //! applied only once collections have proposed it (or a higher one) for at
 //! least `min_age`. That is at least as careful, since a file unreferenced
 //! for `min_age` was written at least that long ago.
+//!
+//! The proposals live in the collector, so a collector made for a single
+//! pass (SlateDB's `Admin::run_gc_once` builds a new one per call) has none
+//! and, with `min_age` above zero, truncates nothing: run one-off passes
+//! with `min_age` zero, or rely on the database's own collector, which
+//! lives as long as the database.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;

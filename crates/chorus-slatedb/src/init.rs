@@ -71,6 +71,12 @@ impl WriterInit for ChorusWal {
         &self,
         manifest: &mut WriterManifest,
     ) -> Result<WriterInitResult, WalError> {
+        // A stale opener must not claim the log: whoever wrote a newer
+        // manifest epoch may be serving on it, and the claim would fence it.
+        // SlateDB refreshes again after this call, but by then the harm
+        // would be done. (A newer opener racing between this refresh and
+        // the claim can still be fenced; docs/slatedb.md.)
+        manifest.refresh().await?;
         let replay_after = manifest.replay_after_wal_id();
         let recovery = self.recover().await.map_err(wal_error)?;
         let from = index_after(replay_after);

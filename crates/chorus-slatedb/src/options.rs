@@ -2,13 +2,15 @@
 
 use std::time::Duration;
 
+use chorus::codec::FRAME_HEADER_BYTES;
 use chorus::log::LogConfig;
 
 /// Settings of a [`ChorusWal`](crate::ChorusWal).
 #[derive(Debug, Clone)]
 pub struct ChorusWalOptions {
     /// The Chorus writer's configuration (fragment sizes, window pacing,
-    /// segment size, timeouts).
+    /// segment size, timeouts). Its `max_record_bytes` bounds one write
+    /// batch: a larger one stops the database with an error naming it.
     pub log: LogConfig,
     /// How long closing waits for appended batches to become durable.
     pub shutdown_timeout: Duration,
@@ -19,8 +21,14 @@ pub struct ChorusWalOptions {
 
 impl Default for ChorusWalOptions {
     fn default() -> ChorusWalOptions {
+        let log = LogConfig::default();
         ChorusWalOptions {
-            log: LogConfig::default(),
+            // SlateDB cannot split a write batch, so a record may fill a
+            // whole fragment (4 MiB) instead of the log's default 1 MiB.
+            log: LogConfig {
+                max_record_bytes: log.max_fragment_bytes - FRAME_HEADER_BYTES as u64,
+                ..log
+            },
             shutdown_timeout: Duration::from_secs(30),
             max_unflushed_bytes: 64 << 20,
         }

@@ -9,6 +9,12 @@ use tokio::sync::watch;
 
 /// The status and its listeners. The status is a watch channel so that a
 /// flush can wait for "durable up to file N" without a listener of its own.
+///
+/// Every change happens under the listeners' lock, and a change's event
+/// reaches the listeners before the watch shows it: SlateDB advances its
+/// durable sequence number in its listener, so a flush that resolved is
+/// already visible to reads that ask for remote durability, and events
+/// arrive in the order of the changes (no `WalFlushed` after `WalClosed`).
 pub(crate) struct SharedStatus {
     status: watch::Sender<WalStatus>,
     listeners: Mutex<Vec<WalStatusListener>>,
@@ -47,50 +53,52 @@ impl SharedStatus {
 
     /// A record of `bytes` was handed to the log and is not durable yet.
     pub(crate) fn admitted(&self, bytes: usize) {
-        self.status.send_modify(|status| {
+        self.change(|status| {
             status.estimated_bytes += bytes;
             status.buffered_wal_entries_count += 1;
+            None
         });
     }
 
     /// WAL file `wal_id` of `bytes`, whose rows reach sequence `seq`, is
-    /// durable: tells the listeners.
+    /// durable: tells the listeners, unless the WAL closed already.
     pub(crate) fn flushed(&self, wal_id: u64, seq: u64, bytes: usize) {
-        let mut flushed = None;
-        self.status.send_modify(|status| {
+        self.change(|status| {
             status.estimated_bytes = status.estimated_bytes.saturating_sub(bytes);
             status.buffered_wal_entries_count = status.buffered_wal_entries_count.saturating_sub(1);
             status.last_flushed_wal_id = status.last_flushed_wal_id.max(wal_id);
             status.last_flushed_seq = Some(status.last_flushed_seq.map_or(seq, |s| s.max(seq)));
-            flushed = Some(status.clone());
+            status
+                .closed_reason
+                .is_none()
+                .then(|| WalEvent::WalFlushed(status.clone()))
         });
-        if let Some(status) = flushed {
-            self.notify(WalEvent::WalFlushed(status));
-        }
     }
 
     /// The WAL closed for `reason` (`WalError::Closed` on a clean close);
     /// the first reason stands.
     pub(crate) fn close(&self, reason: WalError) {
-        let mut closed = None;
-        self.status.send_if_modified(|status| {
+        self.change(|status| {
             if status.closed_reason.is_some() {
-                return false;
+                return None;
             }
             status.closed_reason = Some(reason);
-            closed = Some(status.clone());
-            true
+            Some(WalEvent::WalClosed(status.clone()))
         });
-        if let Some(status) = closed {
-            self.notify(WalEvent::WalClosed(status));
-        }
     }
 
-    fn notify(&self, event: WalEvent) {
+    /// Applies `change` to a copy of the status; tells the listeners the
+    /// event it returns, then publishes the copy.
+    fn change(&self, change: impl FnOnce(&mut WalStatus) -> Option<WalEvent>) {
         let listeners = self.listeners.lock().expect("listener lock poisoned");
-        for listener in listeners.iter() {
-            listener(event.clone());
+        let mut status = self.status.borrow().clone();
+        let event = change(&mut status);
+        if let Some(event) = event {
+            for listener in listeners.iter() {
+                listener(event.clone());
+            }
         }
+        self.status.send_replace(status);
     }
 }
 

@@ -64,10 +64,15 @@ struct Pending {
     completion: Completion,
 }
 
-/// Bytes appended after a given WAL file: what a restart would replay.
+/// Durable bytes after a given WAL file: what a restart would replay.
+///
+/// Only acknowledged files count. SlateDB asks with the replay point of its
+/// newest frozen memtable, which is at most the last acknowledged file; were
+/// files still in flight counted too, a backlog above the bound would make
+/// every write freeze a memtable of its own.
 #[derive(Debug, Default)]
 pub(crate) struct Unflushed {
-    /// `(wal_id, bytes)` of each record not yet known to be in L0.
+    /// `(wal_id, bytes)` of each durable record not yet known to be in L0.
     records: VecDeque<(u64, u64)>,
     bytes: u64,
 }
@@ -102,7 +107,8 @@ pub(crate) struct ChorusWalWriter {
     /// time, in order, by one task, and a refused append consumes no index,
     /// so ids are known before the log assigns the indices.
     next_wal_id: u64,
-    unflushed: Mutex<Unflushed>,
+    /// Filled by the acknowledging task.
+    unflushed: Arc<Mutex<Unflushed>>,
     options: ChorusWalOptions,
 }
 
@@ -117,7 +123,12 @@ impl ChorusWalWriter {
     ) -> ChorusWalWriter {
         let (acks, pending) = mpsc::unbounded_channel();
         let (submissions, submitted) = mpsc::unbounded_channel();
-        let ack_task = tokio::spawn(acknowledge(pending, Arc::clone(&status)));
+        let unflushed = Arc::new(Mutex::new(unflushed));
+        let ack_task = tokio::spawn(acknowledge(
+            pending,
+            Arc::clone(&status),
+            Arc::clone(&unflushed),
+        ));
         tokio::spawn(submit(writer, submitted, acks, Arc::clone(&status)));
         let next_wal_id = status.watch().borrow().last_flushed_wal_id + 1;
         ChorusWalWriter {
@@ -125,7 +136,7 @@ impl ChorusWalWriter {
             submissions: Some(submissions),
             ack_task: Some(ack_task),
             next_wal_id,
-            unflushed: Mutex::new(unflushed),
+            unflushed,
             options,
         }
     }
@@ -205,12 +216,22 @@ async fn submit(
     writer.abort();
 }
 
-/// Resolves appends in record order, marking each one's WAL file flushed;
-/// the first failure closes the WAL.
-async fn acknowledge(mut pending: mpsc::UnboundedReceiver<Pending>, status: Arc<SharedStatus>) {
+/// Resolves appends in record order, counting each one's WAL file toward the
+/// replay bound and then marking it flushed; the first failure closes the WAL.
+async fn acknowledge(
+    mut pending: mpsc::UnboundedReceiver<Pending>,
+    status: Arc<SharedStatus>,
+    unflushed: Arc<Mutex<Unflushed>>,
+) {
     while let Some(record) = pending.recv().await {
         match record.completion.await {
-            Ok(_) => status.flushed(record.wal_id, record.seq, record.bytes),
+            Ok(_) => {
+                unflushed
+                    .lock()
+                    .expect("unflushed lock poisoned")
+                    .push(record.wal_id, record.bytes as u64);
+                status.flushed(record.wal_id, record.seq, record.bytes);
+            }
             Err(error) => {
                 status.close(wal_error(error));
                 return;
@@ -225,6 +246,19 @@ impl WalWriter for ChorusWalWriter {
         self.status.get().map_err(WalError::from)?;
         let record = batch::encode(write_batch)
             .map_err(|error| self.fail(WalError::InternalError(Arc::new(error))))?;
+        let max = self.options.log.max_record_bytes;
+        if record.len() as u64 > max {
+            // Refused before it is queued and without closing the WAL, so
+            // the batches before it still drain when SlateDB, which stops
+            // on any append error, closes the WAL.
+            return Err(internal_error(format!(
+                "a write batch of {} bytes (encoded) is larger than the largest Chorus \
+                 record, {max} bytes (ChorusWalOptions::log.max_record_bytes; up to 64 MiB \
+                 with max_fragment_bytes above it); the database stops writing, and the \
+                 batches before this one are kept",
+                record.len()
+            )));
+        }
         let seq = write_batch.iter().map(|row| row.seq).max().unwrap_or(0);
         let wal_id = self.next_wal_id;
         let bytes = record.len();
@@ -239,10 +273,6 @@ impl WalWriter for ChorusWalWriter {
         }
         self.next_wal_id += 1;
         self.status.admitted(bytes);
-        self.unflushed
-            .lock()
-            .expect("unflushed lock poisoned")
-            .push(wal_id, bytes as u64);
         Ok(())
     }
 
@@ -322,7 +352,89 @@ impl WalWriter for ChorusWalWriter {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use chorus::blob::ObjectStoreBlobs;
+    use chorus::blob::{DynBlobStore, Fault, FaultController, FaultRule, FaultyStore};
+    use chorus::log::{LogStores, Recovery};
+    use chorus::register::{ManifestStore, MemoryRegister, initialize};
+    use object_store::memory::InMemory;
+    use slatedb::ValueDeletable;
+
     use super::*;
+
+    /// A started WAL writer on a new log of three in-memory replicas, all
+    /// behind the returned fault controller.
+    async fn writer_on_new_log(options: ChorusWalOptions) -> (ChorusWalWriter, FaultController) {
+        let register: Arc<dyn ManifestStore> = Arc::new(MemoryRegister::new());
+        let faults = FaultController::new(1);
+        let replicas: Vec<(String, DynBlobStore)> = (0..3)
+            .map(|position| {
+                let identity = format!("memory://replica-{position}");
+                let store: DynBlobStore = Arc::new(ObjectStoreBlobs::new(
+                    Arc::new(InMemory::new()),
+                    "",
+                    identity.clone(),
+                ));
+                let faulty: DynBlobStore = Arc::new(FaultyStore::new(store, faults.clone()));
+                (identity, faulty)
+            })
+            .collect();
+        let identities = replicas
+            .iter()
+            .map(|(identity, _)| identity.clone())
+            .collect();
+        initialize(register.as_ref(), identities, 8).await.unwrap();
+        let stores = LogStores { replicas, register };
+        let recovery = Recovery::run(stores, options.log.clone()).await.unwrap();
+        let mut replay = recovery.replay(recovery.floor()).unwrap();
+        assert!(replay.next().await.unwrap().is_none(), "a new log is empty");
+        let writer = recovery.start().await.unwrap();
+        let status = SharedStatus::new(0, None);
+        let wal = ChorusWalWriter::start(writer, status, Unflushed::default(), options);
+        (wal, faults)
+    }
+
+    fn rows(bytes: usize) -> Vec<RowEntry> {
+        vec![RowEntry {
+            key: Bytes::from_static(b"k"),
+            value: ValueDeletable::Value(Bytes::from(vec![0; bytes])),
+            seq: 1,
+            create_ts: None,
+            expire_ts: None,
+        }]
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_acknowledged_bytes_ask_for_a_memtable_flush() {
+        let options = ChorusWalOptions {
+            max_unflushed_bytes: 4096,
+            ..ChorusWalOptions::default()
+        };
+        let (mut wal, replicas) = writer_on_new_log(options).await;
+        replicas.add(FaultRule::new(Fault::Delay(Duration::from_secs(2))));
+        for _ in 0..8 {
+            wal.append(&rows(1024)).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // 8 KiB in flight, none of it durable: a restart would replay none
+        // of it, and freezing a memtable per write would not help.
+        assert_eq!(
+            wal.status().unwrap().last_flushed_wal_id,
+            0,
+            "still in flight"
+        );
+        assert!(!wal.should_flush_memtable(0));
+
+        let flushed = wal.flush().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(30), flushed.completion)
+            .await
+            .expect("the batches become durable once the replicas answer")
+            .unwrap();
+        assert!(wal.should_flush_memtable(0));
+        assert!(!wal.should_flush_memtable(flushed.wal_id));
+        wal.close().await.unwrap();
+    }
 
     #[test]
     fn unflushed_bytes_count_only_files_after_the_replay_point() {

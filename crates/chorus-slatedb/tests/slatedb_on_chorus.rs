@@ -1,12 +1,16 @@
 //! SlateDB's own behaviour with its WAL on a Chorus log: durability across
-//! close, crash and reopen, fencing of an older writer, and a replica down.
+//! close, crash and reopen, fencing of an older writer (and no fencing of a
+//! newer one by a stale opener), and a replica down.
 
 mod support;
 
 use std::time::Duration;
 
 use chorus::log::LogConfig;
-use chorus_slatedb::ChorusWalOptions;
+use chorus_slatedb::{ChorusWal, ChorusWalOptions};
+use slatedb::Db;
+use slatedb::wal::{WalError, WriterInit, WriterInitResult, WriterManifest};
+use tokio::sync::oneshot;
 
 use chorus::blob::{Fault, FaultRule, Op, OpSet};
 use slatedb::{CloseReason, ErrorKind};
@@ -115,6 +119,107 @@ async fn a_second_writer_fences_the_first_whose_later_writes_never_appear() {
     assert_exactly(&third, 0..20, |_| true).await;
     assert_eq!(third.get(key(100)).await.unwrap(), None);
     third.close().await.unwrap();
+}
+
+/// A [`WriterInit`] that stops at the start of `fence_and_init`, after
+/// SlateDB wrote its manifest epoch, until the test lets it go on.
+struct Paused {
+    inner: ChorusWal,
+    reached: std::sync::Mutex<Option<oneshot::Sender<()>>>,
+    resume: tokio::sync::Mutex<Option<oneshot::Receiver<()>>>,
+}
+
+#[async_trait::async_trait]
+impl WriterInit for Paused {
+    async fn fence_and_init(
+        &self,
+        manifest: &mut WriterManifest,
+    ) -> Result<WriterInitResult, WalError> {
+        if let Some(reached) = self.reached.lock().unwrap().take() {
+            let _ = reached.send(());
+        }
+        if let Some(resume) = self.resume.lock().await.take() {
+            let _ = resume.await;
+        }
+        self.inner.fence_and_init(manifest).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_opener_leaves_the_newer_writer_alone() {
+    let setup = Setup::new(3).await;
+    let (reached, at_wal) = oneshot::channel();
+    let (go_on, resume) = oneshot::channel();
+    let paused = Paused {
+        inner: ChorusWal::new(setup.stores.clone(), ChorusWalOptions::default()),
+        reached: std::sync::Mutex::new(Some(reached)),
+        resume: tokio::sync::Mutex::new(Some(resume)),
+    };
+    let bucket = std::sync::Arc::clone(&setup.bucket);
+    let stale = tokio::spawn(async move {
+        Db::builder(support::DB_PATH, bucket)
+            .with_settings(support::quiet())
+            .with_wal_writer(Box::new(paused))
+            .build()
+            .await
+    });
+    at_wal
+        .await
+        .expect("the stale opener wrote its manifest epoch");
+
+    // A newer writer opens and serves while the first is paused.
+    let newer = setup.open().await.unwrap();
+    put_durably(&newer, 0..10).await;
+
+    go_on.send(()).unwrap();
+    let error = match stale.await.unwrap() {
+        Ok(_) => panic!("the stale opener opened"),
+        Err(error) => error,
+    };
+    assert_eq!(
+        error.kind(),
+        ErrorKind::Closed(CloseReason::Fenced),
+        "the stale opener should find itself fenced: {error}"
+    );
+    // The newer writer was not fenced by it.
+    put_durably(&newer, 10..20).await;
+    assert_exactly(&newer, 0..20, |_| true).await;
+    newer.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_over_the_record_limit_stops_the_database_and_keeps_the_rest() {
+    let setup = Setup::new(3).await;
+    let db = setup.open().await.unwrap();
+    put_durably(&db, 0..10).await;
+    // Above the Chorus log's own 1 MiB default: a batch may fill a fragment.
+    let large = vec![7u8; 3 << 20];
+    db.put(b"large", &large)
+        .await
+        .unwrap()
+        .await_durable()
+        .await
+        .unwrap();
+
+    let too_large = vec![8u8; 5 << 20];
+    let error = match db.put(b"too-large", &too_large).await {
+        Ok(handle) => handle
+            .await_durable()
+            .await
+            .expect_err("a 5 MiB batch is refused"),
+        Err(error) => error,
+    };
+    assert!(
+        error.to_string().contains("max_record_bytes"),
+        "the error should name the limit: {error}"
+    );
+    let _ = db.close().await;
+
+    let db = setup.open().await.unwrap();
+    assert_exactly(&db, 0..10, |_| true).await;
+    assert_eq!(db.get(b"large").await.unwrap().as_deref(), Some(&large[..]));
+    assert_eq!(db.get(b"too-large").await.unwrap(), None);
+    db.close().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
