@@ -29,6 +29,29 @@ pub(crate) fn wal_error(error: LogError) -> WalError {
     }
 }
 
+/// The [`WalError`] for `what`, which the log gave up on: dropped by a
+/// shutdown that reached its deadline, which is no clean close (SlateDB
+/// would take `Closed` for one); otherwise as [`wal_error`].
+pub(crate) fn shutdown_error(error: LogError, what: &str) -> WalError {
+    match error {
+        LogError::Stopped {
+            reason: StopReason::Shutdown,
+            ..
+        } => not_durable_at_close(format!(
+            "closing reached shutdown_timeout before {what} became durable"
+        )),
+        error => wal_error(error),
+    }
+}
+
+/// A [`WalError::Unavailable`] for batches closing left not durable.
+pub(crate) fn not_durable_at_close(message: String) -> WalError {
+    WalError::Unavailable(Arc::new(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        message,
+    )))
+}
+
 /// A [`WalError::DataError`] with a message.
 pub(crate) fn data_error(message: String) -> WalError {
     WalError::DataError(Arc::new(std::io::Error::new(

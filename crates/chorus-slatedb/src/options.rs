@@ -12,7 +12,10 @@ pub struct ChorusWalOptions {
     /// segment size, timeouts). Its `max_record_bytes` bounds one write
     /// batch: a larger one stops the database with an error naming it.
     pub log: LogConfig,
-    /// How long closing waits for appended batches to become durable.
+    /// How long closing the WAL waits for appended batches, queued or in
+    /// flight, to become durable; past it, the rest fail and close reports
+    /// an error naming this setting. (SlateDB's `Db::close` first flushes
+    /// the WAL without a bound of its own.)
     pub shutdown_timeout: Duration,
     /// WAL bytes after the newest memtable flush above which the WAL asks
     /// SlateDB to flush its memtable: bounds what a restart replays.

@@ -16,7 +16,7 @@
 //! uncounted in front of it.)
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -27,9 +27,10 @@ use slatedb::RowEntry;
 use slatedb::wal::{WalError, WalFlushResult, WalObserver, WalStatus, WalWriter};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::batch;
-use crate::error::{internal_error, wal_error};
+use crate::error::{internal_error, not_durable_at_close, shutdown_error, wal_error};
 use crate::ids::wal_id;
 use crate::options::ChorusWalOptions;
 use crate::status::{Observer, SharedStatus};
@@ -48,9 +49,10 @@ enum Submission {
         seq: u64,
         record: Bytes,
     },
-    /// Everything before was submitted: shut the log writer down.
+    /// Everything before was submitted: shut the log writer down, draining
+    /// until `deadline`.
     Close {
-        timeout: Duration,
+        deadline: Instant,
         reply: oneshot::Sender<Result<(), LogError>>,
     },
 }
@@ -109,6 +111,8 @@ pub(crate) struct ChorusWalWriter {
     next_wal_id: u64,
     /// Filled by the acknowledging task.
     unflushed: Arc<Mutex<Unflushed>>,
+    /// When closing gives up on batches not yet durable; set by `close`.
+    closing: Arc<OnceLock<Instant>>,
     options: ChorusWalOptions,
 }
 
@@ -129,7 +133,14 @@ impl ChorusWalWriter {
             Arc::clone(&status),
             Arc::clone(&unflushed),
         ));
-        tokio::spawn(submit(writer, submitted, acks, Arc::clone(&status)));
+        let closing = Arc::new(OnceLock::new());
+        tokio::spawn(submit(
+            writer,
+            submitted,
+            acks,
+            Arc::clone(&status),
+            Arc::clone(&closing),
+        ));
         let next_wal_id = status.watch().borrow().last_flushed_wal_id + 1;
         ChorusWalWriter {
             status,
@@ -137,8 +148,18 @@ impl ChorusWalWriter {
             ack_task: Some(ack_task),
             next_wal_id,
             unflushed,
+            closing,
             options,
         }
+    }
+
+    /// Why the WAL closed (`Closed` if it has not).
+    fn closed_reason(&self) -> WalError {
+        self.status
+            .get()
+            .err()
+            .and_then(|status| status.closed_reason)
+            .unwrap_or(WalError::Closed)
     }
 
     /// Closes the WAL for `error` and returns it.
@@ -157,6 +178,7 @@ async fn submit(
     mut submissions: mpsc::UnboundedReceiver<Submission>,
     acks: mpsc::UnboundedSender<Pending>,
     status: Arc<SharedStatus>,
+    closing: Arc<OnceLock<Instant>>,
 ) {
     let mut acked = status.watch();
     while let Some(submission) = submissions.recv().await {
@@ -166,13 +188,27 @@ async fn submit(
                 seq,
                 record,
             } => (wal_id, seq, record),
-            Submission::Close { timeout, reply } => {
+            Submission::Close { deadline, reply } => {
+                let timeout = deadline.saturating_duration_since(Instant::now());
                 let _ = reply.send(writer.shutdown(timeout).await);
                 return;
             }
         };
         let completion = loop {
             if status.get().is_err() {
+                writer.abort();
+                return;
+            }
+            // Closing waits for the queue only until its deadline: behind
+            // slow replicas, draining it could take far longer.
+            if closing
+                .get()
+                .is_some_and(|deadline| Instant::now() >= *deadline)
+            {
+                status.close(not_durable_at_close(format!(
+                    "closing reached shutdown_timeout with WAL file {expected} and the \
+                     batches after it still queued; they are not durable"
+                )));
                 writer.abort();
                 return;
             }
@@ -233,7 +269,8 @@ async fn acknowledge(
                 status.flushed(record.wal_id, record.seq, record.bytes);
             }
             Err(error) => {
-                status.close(wal_error(error));
+                let what = format!("WAL file {}", record.wal_id);
+                status.close(shutdown_error(error, &what));
                 return;
             }
         }
@@ -323,8 +360,9 @@ impl WalWriter for ChorusWalWriter {
                 });
         };
         let (reply, drained) = oneshot::channel();
-        let timeout = self.options.shutdown_timeout;
-        let drained = match submissions.send(Submission::Close { timeout, reply }) {
+        let deadline = Instant::now() + self.options.shutdown_timeout;
+        let _ = self.closing.set(deadline);
+        let drained = match submissions.send(Submission::Close { deadline, reply }) {
             Ok(()) => drained.await.ok(),
             Err(_) => None,
         };
@@ -338,14 +376,13 @@ impl WalWriter for ChorusWalWriter {
                 self.status.close(WalError::Closed);
                 Ok(())
             }
-            Some(Err(error)) => Err(self.fail(wal_error(error))),
+            Some(Err(error)) => {
+                self.status
+                    .close(shutdown_error(error, "the batches appended before it"));
+                Err(self.closed_reason())
+            }
             // The submitting task stopped first: the status says why.
-            None => Err(self
-                .status
-                .get()
-                .err()
-                .and_then(|status| status.closed_reason)
-                .unwrap_or(WalError::Closed)),
+            None => Err(self.closed_reason()),
         }
     }
 }
@@ -356,7 +393,7 @@ mod tests {
 
     use chorus::blob::ObjectStoreBlobs;
     use chorus::blob::{DynBlobStore, Fault, FaultController, FaultRule, FaultyStore};
-    use chorus::log::{LogStores, Recovery};
+    use chorus::log::{LogConfig, LogStores, Recovery};
     use chorus::register::{ManifestStore, MemoryRegister, initialize};
     use object_store::memory::InMemory;
     use slatedb::ValueDeletable;
@@ -449,5 +486,36 @@ mod tests {
         assert_eq!(unflushed.after(4), 0);
         unflushed.push(5, 1);
         assert_eq!(unflushed.after(4), 1);
+    }
+
+    /// SlateDB flushes before it closes the WAL, so this bound matters when
+    /// that flush failed or the WAL is closed on its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn closing_gives_up_on_queued_batches_at_shutdown_timeout() {
+        let options = ChorusWalOptions {
+            log: LogConfig {
+                max_inflight_bytes: 2048,
+                max_record_bytes: 2048,
+                ..LogConfig::default()
+            },
+            shutdown_timeout: Duration::from_secs(1),
+            ..ChorusWalOptions::default()
+        };
+        let (mut wal, replicas) = writer_on_new_log(options).await;
+        // A second per answer: the lanes live (below lane_stall_timeout),
+        // and the queue drains at about two batches a second.
+        replicas.add(FaultRule::new(Fault::Delay(Duration::from_secs(1))));
+        for _ in 0..30 {
+            wal.append(&rows(1024)).await.unwrap();
+        }
+        let error = tokio::time::timeout(Duration::from_secs(10), wal.close())
+            .await
+            .expect("close returns at its deadline, not when the queue drains")
+            .expect_err("batches were dropped: no clean close");
+        assert!(
+            error.to_string().contains("shutdown_timeout"),
+            "the error should say closing gave up: {error}"
+        );
+        assert!(wal.status().unwrap_err().last_flushed_wal_id < 30);
     }
 }
