@@ -15,7 +15,7 @@ use slatedb::wal::{WalAdmin, WalError, WalGc};
 
 use crate::error::{internal_error, wal_error};
 use crate::gc::ChorusWalGc;
-use crate::ids::index_after;
+use crate::ids::{index_after, wal_id};
 
 /// SlateDB's WAL admin on a Chorus log: give it to
 /// [`slatedb::admin::AdminBuilder::with_wal_admin`].
@@ -31,16 +31,23 @@ impl ChorusWalAdmin {
     }
 }
 
-/// Whether the records `[first, end)` and the retained ones `[floor,
-/// committed)` have none in common.
-fn disjoint(
+/// Whether the records `[first, end)` hold any, given the retained ones
+/// `[floor, committed)`. `Err(floor)` when part of a non-empty range lies
+/// below the floor: those records are gone, so nobody can tell (as with
+/// SlateDB's own WAL, whose deleted files cannot be inspected either).
+fn holds_records(
     first: RecordIndex,
     end: RecordIndex,
     floor: RecordIndex,
     committed: RecordIndex,
-) -> bool {
-    let empty = end <= first || committed <= floor;
-    empty || end <= floor || committed <= first
+) -> Result<bool, RecordIndex> {
+    if end <= first {
+        return Ok(false);
+    }
+    if first < floor {
+        return Err(floor);
+    }
+    Ok(first < committed)
 }
 
 #[async_trait]
@@ -104,12 +111,14 @@ impl WalAdmin for ChorusWalAdmin {
             .await
             .map_err(wal_error)?;
         // WAL files (after, last_seen] are records [after, last_seen).
-        Ok(disjoint(
+        holds_records(
             index_after(replay_after_wal_id),
             RecordIndex(wal_id_last_seen),
             manifest.trunc,
             committed,
-        ))
+        )
+        .map(|holds| !holds)
+        .map_err(|floor| WalError::WalTruncated(wal_id(floor)))
     }
 
     async fn clone_wal(
@@ -131,16 +140,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_range_is_empty_when_it_misses_the_retained_records() {
+    fn a_range_holds_records_where_it_meets_the_retained_ones() {
         let r = RecordIndex;
         // Retained: [10, 20).
-        assert!(disjoint(r(0), r(10), r(10), r(20)));
-        assert!(!disjoint(r(0), r(11), r(10), r(20)));
-        assert!(!disjoint(r(19), r(25), r(10), r(20)));
-        assert!(disjoint(r(20), r(25), r(10), r(20)));
-        // An empty range, or an empty log, holds nothing.
-        assert!(disjoint(r(15), r(15), r(10), r(20)));
-        assert!(disjoint(r(15), r(12), r(10), r(20)));
-        assert!(disjoint(r(0), r(30), r(20), r(20)));
+        assert_eq!(holds_records(r(10), r(11), r(10), r(20)), Ok(true));
+        assert_eq!(holds_records(r(19), r(25), r(10), r(20)), Ok(true));
+        assert_eq!(holds_records(r(20), r(25), r(10), r(20)), Ok(false));
+        // An empty range holds nothing, wherever it is.
+        assert_eq!(holds_records(r(15), r(15), r(10), r(20)), Ok(false));
+        assert_eq!(holds_records(r(5), r(5), r(10), r(20)), Ok(false));
+        assert_eq!(holds_records(r(15), r(12), r(10), r(20)), Ok(false));
+        // Truncated records cannot be inspected.
+        assert_eq!(holds_records(r(0), r(10), r(10), r(20)), Err(r(10)));
+        assert_eq!(holds_records(r(9), r(30), r(10), r(20)), Err(r(10)));
+        assert_eq!(holds_records(r(0), r(30), r(20), r(20)), Err(r(20)));
+        // A log truncated to its end holds nothing from there on.
+        assert_eq!(holds_records(r(20), r(30), r(20), r(20)), Ok(false));
     }
 }
