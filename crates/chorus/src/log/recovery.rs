@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 
 use super::LogStores;
 use super::config::LogConfig;
@@ -34,8 +34,9 @@ use crate::codec::Fragment;
 use crate::ids::{Epoch, FragmentIndex, OwnerId, RecordIndex, SegmentId};
 use crate::register::{Manifest, check_binding, transform};
 
-/// Fragment reads in flight per replica while observing a segment.
-const READ_CONCURRENCY: usize = 32;
+/// Fence creates, and fragment reads, in flight per replica and segment
+/// while observing it.
+const REQUEST_CONCURRENCY: usize = 32;
 
 /// A recovered log, ready to replay and then [`start`](Recovery::start) writing.
 #[derive(Debug)]
@@ -297,13 +298,17 @@ async fn observe_segment(
             }
         }
     };
-    // The rest of the window at once: each fence's outcome (placed, or an
-    // object found) is final on its own, and the re-list below waits for all.
-    let window_fences = ((fenced_at.0 + 1)..(fenced_at.0 + window))
+    // The rest of the window concurrently: each fence's outcome (placed, or
+    // an object found) is final on its own, and the re-list below waits for
+    // all. Bounded like the reads, since a window may be 64 wide.
+    let missing = ((fenced_at.0 + 1)..(fenced_at.0 + window))
         .map(FragmentIndex)
-        .filter(|index| present.binary_search(index).is_err())
-        .map(|index| retrying(backoff, move || replica.place_fence(segment, index, epoch)));
-    futures::future::try_join_all(window_fences).await?;
+        .filter(|index| present.binary_search(index).is_err());
+    futures::stream::iter(missing)
+        .map(|index| retrying(backoff, move || replica.place_fence(segment, index, epoch)))
+        .buffer_unordered(REQUEST_CONCURRENCY)
+        .try_collect::<Vec<_>>()
+        .await?;
     let present = retrying(backoff, || replica.list_fragments(segment)).await?;
     read_data(replica, segment, &present, backoff).await
 }
@@ -344,7 +349,7 @@ async fn read_data(
             let read = retrying(backoff, || replica.read_fragment(segment, index)).await;
             (index, read)
         })
-        .buffered(READ_CONCURRENCY);
+        .buffered(REQUEST_CONCURRENCY);
     let mut reads = std::pin::pin!(reads);
     let mut copies = SegmentCopies::new();
     while let Some((index, read)) = reads.next().await {
