@@ -1,31 +1,72 @@
 //! The replay stream of a recovery (docs/protocol.md, Recovering, step 6):
 //! every record from a checkpoint to the recovered end, read from sealed
 //! segments.
+//!
+//! Segments are read ahead, in order, while the caller applies the current
+//! one: a replay is otherwise one round trip per segment. How far ahead is
+//! bounded by bytes ([`READ_AHEAD_BYTES`]), judged by the size of the last
+//! segment read, so small segments are fetched many at a time and large ones
+//! one at a time.
 
 use std::collections::VecDeque;
+use std::fmt;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::FuturesOrdered;
 
 use super::error::LogError;
 use super::replica::{ReadSealedError, Replica};
 use crate::ids::RecordIndex;
 use crate::register::{DirectoryEntry, Manifest, ManifestStore};
 
+/// Bytes of segments read ahead of the one being returned, at most (one
+/// segment is always read, whatever its size).
+pub const READ_AHEAD_BYTES: u64 = 64 << 20;
+
+/// Most segment reads in flight at once, however small the segments.
+const MAX_READ_AHEAD: usize = 8;
+
+/// How many segment reads to keep in flight after one of `last_bytes`.
+fn read_ahead(last_bytes: u64) -> usize {
+    let segments = READ_AHEAD_BYTES / last_bytes.max(1);
+    usize::try_from(segments).map_or(MAX_READ_AHEAD, |n| n.clamp(1, MAX_READ_AHEAD))
+}
+
+/// One segment's read: its entry and its records.
+type SegmentRead =
+    Pin<Box<dyn Future<Output = Result<(DirectoryEntry, Vec<Bytes>), LogError>> + Send>>;
+
 /// Records from a checkpoint to the end of the recovered log, in index order.
-#[derive(Debug)]
 pub struct Replay {
-    replicas: Vec<Replica>,
+    replicas: Arc<[Replica]>,
     /// Read again only to tell a truncation from damage.
     register: Arc<dyn ManifestStore>,
-    /// Directory entries still to read, with their ends.
-    segments: VecDeque<(DirectoryEntry, RecordIndex)>,
+    /// Directory entries not yet being read.
+    segments: VecDeque<DirectoryEntry>,
+    /// Segment reads in flight, in directory order.
+    reads: FuturesOrdered<SegmentRead>,
+    /// How many reads to keep in flight.
+    read_ahead: usize,
     /// Records of the current segment not yet returned.
     buffered: VecDeque<(RecordIndex, Bytes)>,
     next: RecordIndex,
     end: RecordIndex,
     finished: Arc<AtomicBool>,
+}
+
+impl fmt::Debug for Replay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Replay")
+            .field("next", &self.next)
+            .field("end", &self.end)
+            .field("reads_in_flight", &self.reads.len())
+            .field("segments_left", &self.segments.len())
+            .finish()
+    }
 }
 
 impl Replay {
@@ -48,13 +89,16 @@ impl Replay {
             .segments
             .iter()
             .enumerate()
-            .map(|(position, entry)| (*entry, manifest.entry_end(position)))
-            .filter(|(_, entry_end)| *entry_end > checkpoint)
+            .filter(|(position, _)| manifest.entry_end(*position) > checkpoint)
+            .map(|(_, entry)| *entry)
             .collect();
         Ok(Replay {
-            replicas,
+            replicas: replicas.into(),
             register,
             segments,
+            reads: FuturesOrdered::new(),
+            // Until a segment's size is known, one read ahead.
+            read_ahead: 1,
             buffered: VecDeque::new(),
             next: checkpoint,
             end,
@@ -70,11 +114,12 @@ impl Replay {
     /// The next record, or `None` at the end (which allows `start`).
     pub async fn next(&mut self) -> Result<Option<(RecordIndex, Bytes)>, LogError> {
         loop {
+            self.read_ahead();
             if let Some((index, record)) = self.buffered.pop_front() {
                 self.next = RecordIndex(index.0 + 1);
                 return Ok(Some((index, record)));
             }
-            let Some((entry, _)) = self.segments.pop_front() else {
+            let Some(read) = self.reads.next().await else {
                 if self.next != self.end {
                     return Err(LogError::corrupt(
                         "replay",
@@ -87,9 +132,9 @@ impl Replay {
                 self.finished.store(true, Ordering::Release);
                 return Ok(None);
             };
-            let records =
-                read_sealed_or_truncated(&self.replicas, self.register.as_ref(), &entry, self.next)
-                    .await?;
+            let (entry, records) = read?;
+            let bytes = records.iter().map(|record| record.len() as u64).sum();
+            self.read_ahead = read_ahead(bytes);
             let skip = self.next.0.saturating_sub(entry.base.0) as usize;
             self.buffered = records
                 .into_iter()
@@ -97,6 +142,25 @@ impl Replay {
                 .skip(skip)
                 .map(|(offset, record)| (RecordIndex(entry.base.0 + offset as u64), record))
                 .collect();
+        }
+    }
+
+    /// Starts segment reads until `read_ahead` are in flight.
+    fn read_ahead(&mut self) {
+        while self.reads.len() < self.read_ahead {
+            let Some(entry) = self.segments.pop_front() else {
+                return;
+            };
+            // Where this replay will stand when it reaches the segment: its
+            // base, or the checkpoint inside the first one.
+            let from = entry.base.max(self.next);
+            let replicas = Arc::clone(&self.replicas);
+            let register = Arc::clone(&self.register);
+            self.reads.push_back(Box::pin(async move {
+                let records =
+                    read_sealed_or_truncated(&replicas, register.as_ref(), &entry, from).await?;
+                Ok((entry, records))
+            }));
         }
     }
 }
@@ -164,4 +228,29 @@ pub(super) async fn read_sealed_from_any(
         format!("sealed segment {}", entry.id),
         format!("no replica has a valid copy: {}", failures.join("; ")),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_ahead_by_bytes_between_one_and_eight_segments() {
+        const MIB: u64 = 1 << 20;
+        assert_eq!(read_ahead(64 * MIB), 1);
+        assert_eq!(
+            read_ahead(1024 * MIB),
+            1,
+            "a segment is read whatever its size"
+        );
+        assert_eq!(read_ahead(32 * MIB), 2);
+        assert_eq!(read_ahead(16 * MIB), 4);
+        assert_eq!(read_ahead(8 * MIB), 8);
+        assert_eq!(read_ahead(MIB), 8);
+        assert_eq!(
+            read_ahead(0),
+            8,
+            "an empty segment says nothing about the next"
+        );
+    }
 }
