@@ -6,8 +6,10 @@ use chorus::log::{ErrorKind, LogError, StopReason};
 use slatedb::wal::WalError;
 
 /// The [`WalError`] SlateDB should see for a log error: a newer epoch is
-/// `Fenced` (SlateDB closes the database as fenced), a lost quorum or a
-/// transient store failure is `Unavailable`, damage is `DataError`.
+/// `Fenced` (SlateDB closes the database as fenced); a lost quorum or any
+/// store or register failure is `Unavailable` (as SlateDB's own WAL reports
+/// its object store's errors); damage is `DataError`, which SlateDB takes
+/// for corruption; the rest is `InternalError`.
 pub(crate) fn wal_error(error: LogError) -> WalError {
     if error.fenced_by().is_some() {
         return WalError::Fenced;
@@ -21,11 +23,10 @@ pub(crate) fn wal_error(error: LogError) -> WalError {
             reason: StopReason::Poisoned { .. },
             ..
         } => WalError::Unavailable(Arc::new(error)),
-        _ => match error.kind() {
-            ErrorKind::Retry => WalError::Unavailable(Arc::new(error)),
-            ErrorKind::GiveUp => WalError::DataError(Arc::new(error)),
-            ErrorKind::Reopen | ErrorKind::FixInput => WalError::InternalError(Arc::new(error)),
-        },
+        LogError::Corrupt { .. } | LogError::Manifest(_) => WalError::DataError(Arc::new(error)),
+        LogError::Store(_) | LogError::Register(_) => WalError::Unavailable(Arc::new(error)),
+        _ if error.kind() == ErrorKind::Retry => WalError::Unavailable(Arc::new(error)),
+        _ => WalError::InternalError(Arc::new(error)),
     }
 }
 
@@ -63,4 +64,50 @@ pub(crate) fn data_error(message: String) -> WalError {
 /// A [`WalError::InternalError`] with a message.
 pub(crate) fn internal_error(message: String) -> WalError {
     WalError::InternalError(Arc::new(std::io::Error::other(message)))
+}
+
+#[cfg(test)]
+mod tests {
+    use chorus::blob::{BlobError, Op};
+
+    use super::*;
+
+    fn kind(error: LogError) -> &'static str {
+        match wal_error(error) {
+            WalError::Fenced => "fenced",
+            WalError::Closed => "closed",
+            WalError::Unavailable(_) => "unavailable",
+            WalError::DataError(_) => "data",
+            WalError::InternalError(_) => "internal",
+            _ => "other",
+        }
+    }
+
+    #[test]
+    fn only_damage_reads_as_corruption() {
+        let backend = BlobError::Backend {
+            store: "s3://bucket".into(),
+            op: Op::Get,
+            key: "k".into(),
+            source: "access denied".into(),
+        };
+        assert_eq!(kind(LogError::Store(Arc::new(backend))), "unavailable");
+        let corrupt = LogError::Corrupt {
+            what: "sealed segment 1-0".into(),
+            detail: "crc32c mismatch".into(),
+        };
+        assert_eq!(kind(corrupt), "data");
+        assert_eq!(
+            kind(LogError::NoQuorum {
+                observed: 1,
+                quorum: 2,
+                detail: String::new()
+            }),
+            "unavailable"
+        );
+        assert_eq!(
+            kind(LogError::Transition("register contended".into())),
+            "internal"
+        );
+    }
 }
