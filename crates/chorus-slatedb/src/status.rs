@@ -7,38 +7,43 @@ use std::sync::{Arc, Mutex};
 use slatedb::wal::{WalError, WalEvent, WalObserver, WalStatus, WalStatusListener};
 use tokio::sync::watch;
 
-/// The status and its listeners. The status is a watch channel so that a
-/// flush can wait for "durable up to file N" without a listener of its own.
+/// The status and its listeners.
 ///
-/// Every change happens under the listeners' lock, and a change's event
-/// reaches the listeners before the watch shows it: SlateDB advances its
-/// durable sequence number in its listener, so a flush that resolved is
-/// already visible to reads that ask for remote durability, and events
-/// arrive in the order of the changes (no `WalFlushed` after `WalClosed`).
+/// A change goes, in this order, to the status SlateDB reads
+/// ([`SharedStatus::get`]), to the listeners, and to a watch channel on
+/// which flushes wait for "durable up to file N". SlateDB advances its
+/// durable sequence number in its listener, and takes the replay point of a
+/// memtable it freezes from the status; so once a flush or a durable put
+/// resolved, both already show it. Changes happen one at a time under the
+/// listeners' lock, so events arrive in order (no `WalFlushed` after
+/// `WalClosed`).
 pub(crate) struct SharedStatus {
-    status: watch::Sender<WalStatus>,
+    current: Mutex<WalStatus>,
+    published: watch::Sender<WalStatus>,
     listeners: Mutex<Vec<WalStatusListener>>,
 }
 
 impl SharedStatus {
     /// A WAL whose files up to `last_flushed_wal_id` are durable.
     pub(crate) fn new(last_flushed_wal_id: u64, last_flushed_seq: Option<u64>) -> Arc<Self> {
-        let (status, _) = watch::channel(WalStatus {
+        let status = WalStatus {
             closed_reason: None,
             estimated_bytes: 0,
             last_flushed_wal_id,
             last_flushed_seq,
             buffered_wal_entries_count: 0,
-        });
+        };
+        let (published, _) = watch::channel(status.clone());
         Arc::new(SharedStatus {
-            status,
+            current: Mutex::new(status),
+            published,
             listeners: Mutex::default(),
         })
     }
 
     /// The status now: `Err` once closed, as SlateDB expects.
     pub(crate) fn get(&self) -> Result<WalStatus, WalStatus> {
-        let status = self.status.borrow().clone();
+        let status = self.current().clone();
         if status.closed_reason.is_some() {
             Err(status)
         } else {
@@ -48,7 +53,11 @@ impl SharedStatus {
 
     /// A receiver of every change, for waiting on durability.
     pub(crate) fn watch(&self) -> watch::Receiver<WalStatus> {
-        self.status.subscribe()
+        self.published.subscribe()
+    }
+
+    fn current(&self) -> std::sync::MutexGuard<'_, WalStatus> {
+        self.current.lock().expect("status lock poisoned")
     }
 
     /// A record of `bytes` was handed to the log and is not durable yet.
@@ -87,18 +96,21 @@ impl SharedStatus {
         });
     }
 
-    /// Applies `change` to a copy of the status; tells the listeners the
-    /// event it returns, then publishes the copy.
+    /// Applies `change` to the status, tells the listeners the event it
+    /// returns, then wakes the waiters.
     fn change(&self, change: impl FnOnce(&mut WalStatus) -> Option<WalEvent>) {
         let listeners = self.listeners.lock().expect("listener lock poisoned");
-        let mut status = self.status.borrow().clone();
-        let event = change(&mut status);
+        let (status, event) = {
+            let mut current = self.current();
+            let event = change(&mut current);
+            (current.clone(), event)
+        };
         if let Some(event) = event {
             for listener in listeners.iter() {
                 listener(event.clone());
             }
         }
-        self.status.send_replace(status);
+        self.published.send_replace(status);
     }
 }
 
