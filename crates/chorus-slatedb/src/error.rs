@@ -6,10 +6,11 @@ use chorus::log::{ErrorKind, LogError, StopReason};
 use slatedb::wal::WalError;
 
 /// The [`WalError`] SlateDB should see for a log error: a newer epoch is
-/// `Fenced` (SlateDB closes the database as fenced); a lost quorum or any
-/// store or register failure is `Unavailable` (as SlateDB's own WAL reports
-/// its object store's errors); damage is `DataError`, which SlateDB takes
-/// for corruption; the rest is `InternalError`.
+/// `Fenced` (SlateDB closes the database as fenced); a lost quorum, a
+/// writer poisoned by it, or a store or register error the log returns
+/// directly is `Unavailable` (as SlateDB's own WAL reports its object
+/// store's errors); damage is `DataError`, which SlateDB takes for
+/// corruption; the rest is `InternalError`.
 pub(crate) fn wal_error(error: LogError) -> WalError {
     if error.fenced_by().is_some() {
         return WalError::Fenced;

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chorus::log::{ErrorKind, LogError, LogStores, Recovery};
+use chorus::log::{ErrorKind, LogStores, Recovery};
 use slatedb::wal::{WalError, WalIterator, WalRows, WriterInit, WriterInitResult, WriterManifest};
 
 use crate::batch;
@@ -48,10 +48,17 @@ impl ChorusWal {
     /// Runs recovery, again after a transient failure: one unavailable
     /// replica answer too many fails a recovery, and a database open should
     /// not fail for that.
-    async fn recover(&self) -> Result<Recovery, LogError> {
+    ///
+    /// Before each attempt SlateDB's manifest is read again: every attempt
+    /// claims a new Chorus epoch, and a stale opener must not claim the log,
+    /// since whoever wrote a newer manifest epoch may be serving on it and
+    /// the claim would fence it. (SlateDB refreshes again after
+    /// `fence_and_init`, but by then the harm would be done.)
+    async fn recover(&self, manifest: &mut WriterManifest) -> Result<Recovery, WalError> {
         let mut backoff = RECOVERY_BACKOFF;
         let mut attempt = 1;
         loop {
+            manifest.refresh().await?;
             match Recovery::run(self.stores.clone(), self.options.log.clone()).await {
                 Err(error) if error.kind() == ErrorKind::Retry && attempt < RECOVERY_ATTEMPTS => {
                     tracing::warn!(attempt, %error, "WAL recovery failed transiently; retrying");
@@ -59,7 +66,7 @@ impl ChorusWal {
                     backoff *= 2;
                     attempt += 1;
                 }
-                outcome => return outcome,
+                outcome => return outcome.map_err(wal_error),
             }
         }
     }
@@ -71,14 +78,8 @@ impl WriterInit for ChorusWal {
         &self,
         manifest: &mut WriterManifest,
     ) -> Result<WriterInitResult, WalError> {
-        // A stale opener must not claim the log: whoever wrote a newer
-        // manifest epoch may be serving on it, and the claim would fence it.
-        // SlateDB refreshes again after this call, but by then the harm
-        // would be done. (A newer opener racing between this refresh and
-        // the claim can still be fenced; docs/slatedb.md.)
-        manifest.refresh().await?;
+        let recovery = self.recover(manifest).await?;
         let replay_after = manifest.replay_after_wal_id();
-        let recovery = self.recover().await.map_err(wal_error)?;
         let from = index_after(replay_after);
         if from < recovery.floor() {
             return Err(data_error(format!(

@@ -17,8 +17,9 @@ pub struct ChorusWalOptions {
     /// an error naming this setting. (SlateDB's `Db::close` first flushes
     /// the WAL without a bound of its own.)
     pub shutdown_timeout: Duration,
-    /// WAL bytes after the newest memtable flush above which the WAL asks
-    /// SlateDB to flush its memtable: bounds what a restart replays.
+    /// Acknowledged WAL bytes after the newest frozen memtable at or above
+    /// which the WAL asks SlateDB to flush its memtable: bounds what a
+    /// restart replays.
     pub max_unflushed_bytes: u64,
 }
 

@@ -16,7 +16,8 @@ use tokio::sync::watch;
 /// memtable it freezes from the status; so once a flush or a durable put
 /// resolved, both already show it. Changes happen one at a time under the
 /// listeners' lock, so events arrive in order (no `WalFlushed` after
-/// `WalClosed`).
+/// `WalClosed`); a listener must therefore not call back into the WAL
+/// (SlateDB's only records the durable sequence number and the status).
 pub(crate) struct SharedStatus {
     current: Mutex<WalStatus>,
     published: watch::Sender<WalStatus>,

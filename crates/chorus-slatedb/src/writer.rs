@@ -304,12 +304,14 @@ impl WalWriter for ChorusWalWriter {
             seq,
             record,
         };
+        // Counted before it is sent: its acknowledgement, which uncounts it,
+        // may arrive before `send` returns.
+        self.status.admitted(bytes);
         match &self.submissions {
             Some(submissions) if submissions.send(submission).is_ok() => {}
             _ => return Err(WalError::Closed),
         }
         self.next_wal_id += 1;
-        self.status.admitted(bytes);
         Ok(())
     }
 
@@ -368,13 +370,21 @@ impl WalWriter for ChorusWalWriter {
         };
         // Every admitted record has resolved now: let the acknowledgements
         // finish before reporting the final status.
-        if let Some(task) = self.ack_task.take() {
-            let _ = task.await;
+        if let Some(task) = self.ack_task.take()
+            && let Err(error) = task.await
+        {
+            self.status.close(internal_error(format!(
+                "the WAL's acknowledging task failed: {error}"
+            )));
         }
         match drained {
+            // Everything drained; unless something closed the WAL first.
             Some(Ok(())) => {
                 self.status.close(WalError::Closed);
-                Ok(())
+                match self.closed_reason() {
+                    WalError::Closed => Ok(()),
+                    reason => Err(reason),
+                }
             }
             Some(Err(error)) => {
                 self.status
@@ -449,12 +459,14 @@ mod tests {
             ..ChorusWalOptions::default()
         };
         let (mut wal, replicas) = writer_on_new_log(options).await;
-        replicas.add(FaultRule::new(Fault::Delay(Duration::from_secs(2))));
+        // Every request fails (and is retried) until the outage ends, so
+        // nothing can be acknowledged meanwhile, however slow the machine.
+        replicas.set_outage(true);
         for _ in 0..8 {
             wal.append(&rows(1024)).await.unwrap();
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
-        // 8 KiB in flight, none of it durable: a restart would replay none
+        // 8 KiB appended, none of it durable: a restart would replay none
         // of it, and freezing a memtable per write would not help.
         assert_eq!(
             wal.status().unwrap().last_flushed_wal_id,
@@ -464,6 +476,7 @@ mod tests {
         assert!(!wal.should_flush_memtable(0));
 
         let flushed = wal.flush().await.unwrap();
+        replicas.set_outage(false);
         tokio::time::timeout(Duration::from_secs(30), flushed.completion)
             .await
             .expect("the batches become durable once the replicas answer")
@@ -503,7 +516,8 @@ mod tests {
         };
         let (mut wal, replicas) = writer_on_new_log(options).await;
         // A second per answer: the lanes live (below lane_stall_timeout),
-        // and the queue drains at about two batches a second.
+        // and with room for one batch in flight (an encoded batch is a
+        // little over 1 KiB) the queue drains at about one a second.
         replicas.add(FaultRule::new(Fault::Delay(Duration::from_secs(1))));
         for _ in 0..30 {
             wal.append(&rows(1024)).await.unwrap();
@@ -516,6 +530,7 @@ mod tests {
             error.to_string().contains("shutdown_timeout"),
             "the error should say closing gave up: {error}"
         );
-        assert!(wal.status().unwrap_err().last_flushed_wal_id < 30);
+        // About one batch became durable in the second closing waited.
+        assert!(wal.status().unwrap_err().last_flushed_wal_id <= 5);
     }
 }
