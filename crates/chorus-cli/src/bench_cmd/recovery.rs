@@ -331,6 +331,9 @@ struct Built {
     memories: Vec<Arc<InMemory>>,
     register: Arc<dyn ManifestStore>,
     log_bytes: u64,
+    /// The segment size it was written with, which recovery is configured
+    /// with too (replay reads ahead by it), as a deployment's would be.
+    segment_bytes: u64,
 }
 
 impl Built {
@@ -380,6 +383,7 @@ impl Built {
             memories,
             register: stores.register,
             log_bytes: records * args.record_bytes as u64,
+            segment_bytes: cell.segment_bytes,
         })
     }
 
@@ -424,7 +428,11 @@ impl Built {
         self.check_length("reader", read_bytes)?;
 
         let started = Instant::now();
-        let recovery = Recovery::run(stores, LogConfig::default()).await?;
+        let config = LogConfig {
+            max_segment_bytes: self.segment_bytes,
+            ..LogConfig::default()
+        };
+        let recovery = Recovery::run(stores, config).await?;
         let recovered = started.elapsed();
         let started = Instant::now();
         let replayed_bytes = replay_all(&recovery).await?;

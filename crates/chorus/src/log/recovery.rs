@@ -166,6 +166,7 @@ impl Recovery {
             Arc::clone(&self.stores.register),
             &self.manifest,
             checkpoint,
+            self.config.max_segment_bytes,
             Arc::clone(&self.replayed),
         )
     }

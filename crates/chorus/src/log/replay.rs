@@ -2,11 +2,12 @@
 //! every record from a checkpoint to the recovered end, read from sealed
 //! segments.
 //!
-//! Segments are read ahead, in order, while the caller applies the current
-//! one: a replay is otherwise one round trip per segment. How far ahead is
-//! bounded by bytes ([`READ_AHEAD_BYTES`]), judged by the size of the last
-//! segment read, so small segments are fetched many at a time and large ones
-//! one at a time.
+//! Segments are read ahead, in order, each read a task of its own, so they
+//! proceed while the caller applies the current segment: a replay is
+//! otherwise one round trip per segment. How far ahead is bounded by bytes
+//! ([`READ_AHEAD_BYTES`]), judged by the larger of the configured segment
+//! size and the largest segment read so far, so small segments are fetched
+//! many at a time and large ones one at a time.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -17,28 +18,55 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
+use tokio::task::JoinHandle;
 
 use super::error::LogError;
 use super::replica::{ReadSealedError, Replica};
 use crate::ids::RecordIndex;
 use crate::register::{DirectoryEntry, Manifest, ManifestStore};
 
-/// Bytes of segments read ahead of the one being returned, at most (one
-/// segment is always read, whatever its size).
+/// Bytes of segments read ahead of the one being returned, at most while no
+/// segment is larger than the log's configured segment size (one segment is
+/// always read ahead, whatever its size).
 pub const READ_AHEAD_BYTES: u64 = 64 << 20;
 
 /// Most segment reads in flight at once, however small the segments.
 const MAX_READ_AHEAD: usize = 8;
 
-/// How many segment reads to keep in flight after one of `last_bytes`.
-fn read_ahead(last_bytes: u64) -> usize {
-    let segments = READ_AHEAD_BYTES / last_bytes.max(1);
+/// How many segment reads to keep in flight when segments may be as large
+/// as `segment_bytes`.
+fn read_ahead(segment_bytes: u64) -> usize {
+    let segments = READ_AHEAD_BYTES / segment_bytes.max(1);
     usize::try_from(segments).map_or(MAX_READ_AHEAD, |n| n.clamp(1, MAX_READ_AHEAD))
 }
 
-/// One segment's read: its entry and its records.
-type SegmentRead =
-    Pin<Box<dyn Future<Output = Result<(DirectoryEntry, Vec<Bytes>), LogError>> + Send>>;
+/// What one segment's read yields: its entry and its records.
+type SegmentRecords = Result<(DirectoryEntry, Vec<Bytes>), LogError>;
+
+/// A segment read running as a task; aborted when dropped, so a replay
+/// dropped midway leaves no reads behind.
+struct SegmentRead(JoinHandle<SegmentRecords>);
+
+impl Future for SegmentRead {
+    type Output = SegmentRecords;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<SegmentRecords> {
+        // A read is aborted only when dropped, so a join error is a panic
+        // in the read: raise it here, as an unspawned read would have.
+        Pin::new(&mut self.0).poll(cx).map(|joined| {
+            joined.unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic()))
+        })
+    }
+}
+
+impl Drop for SegmentRead {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// Records from a checkpoint to the end of the recovered log, in index order.
 pub struct Replay {
@@ -49,8 +77,9 @@ pub struct Replay {
     segments: VecDeque<DirectoryEntry>,
     /// Segment reads in flight, in directory order.
     reads: FuturesOrdered<SegmentRead>,
-    /// How many reads to keep in flight.
-    read_ahead: usize,
+    /// The largest segment the reads may bring: the configured segment size
+    /// or the largest read so far, whichever is larger.
+    segment_bytes: u64,
     /// Records of the current segment not yet returned.
     buffered: VecDeque<(RecordIndex, Bytes)>,
     next: RecordIndex,
@@ -75,6 +104,7 @@ impl Replay {
         register: Arc<dyn ManifestStore>,
         manifest: &Manifest,
         checkpoint: RecordIndex,
+        max_segment_bytes: u64,
         finished: Arc<AtomicBool>,
     ) -> Result<Replay, LogError> {
         let end = manifest.tail_base;
@@ -97,8 +127,7 @@ impl Replay {
             register,
             segments,
             reads: FuturesOrdered::new(),
-            // Until a segment's size is known, one read ahead.
-            read_ahead: 1,
+            segment_bytes: max_segment_bytes,
             buffered: VecDeque::new(),
             next: checkpoint,
             end,
@@ -134,7 +163,7 @@ impl Replay {
             };
             let (entry, records) = read?;
             let bytes = records.iter().map(|record| record.len() as u64).sum();
-            self.read_ahead = read_ahead(bytes);
+            self.segment_bytes = self.segment_bytes.max(bytes);
             let skip = self.next.0.saturating_sub(entry.base.0) as usize;
             self.buffered = records
                 .into_iter()
@@ -145,9 +174,10 @@ impl Replay {
         }
     }
 
-    /// Starts segment reads until `read_ahead` are in flight.
+    /// Starts segment reads until as many are in flight as the read-ahead
+    /// budget allows.
     fn read_ahead(&mut self) {
-        while self.reads.len() < self.read_ahead {
+        while self.reads.len() < read_ahead(self.segment_bytes) {
             let Some(entry) = self.segments.pop_front() else {
                 return;
             };
@@ -156,11 +186,11 @@ impl Replay {
             let from = entry.base.max(self.next);
             let replicas = Arc::clone(&self.replicas);
             let register = Arc::clone(&self.register);
-            self.reads.push_back(Box::pin(async move {
+            self.reads.push_back(SegmentRead(tokio::spawn(async move {
                 let records =
                     read_sealed_or_truncated(&replicas, register.as_ref(), &entry, from).await?;
                 Ok((entry, records))
-            }));
+            })));
         }
     }
 }
@@ -235,7 +265,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reads_ahead_by_bytes_between_one_and_eight_segments() {
+    fn reads_ahead_by_segment_size_between_one_and_eight_segments() {
         const MIB: u64 = 1 << 20;
         assert_eq!(read_ahead(64 * MIB), 1);
         assert_eq!(
