@@ -50,12 +50,12 @@ enum Submission {
         record: Bytes,
     },
     /// Everything before was submitted: shut the log writer down, draining
-    /// until `deadline`.
-    Close {
-        deadline: Instant,
-        reply: oneshot::Sender<Result<(), LogError>>,
-    },
+    /// until the deadline `close` set.
+    Close { reply: CloseReply },
 }
+
+/// Where the submitting task answers a close: the log writer's shutdown.
+type CloseReply = oneshot::Sender<Result<(), LogError>>;
 
 /// An appended record on its way to durability.
 struct Pending {
@@ -169,17 +169,41 @@ impl ChorusWalWriter {
     }
 }
 
-/// Appends the submitted batches in order, holding each while the log's
-/// in-flight budget is spent, and hands their completions to the
-/// acknowledging task; shuts the log writer down when asked, or aborts it
-/// when the WAL writer is gone without closing (a crash) or the WAL closed.
+/// The submitting task: feeds the submitted batches to the log writer, then
+/// shuts the writer down when asked to close (draining until the deadline
+/// `close` set), or aborts it when the WAL must stop.
 async fn submit(
     writer: Writer,
-    mut submissions: mpsc::UnboundedReceiver<Submission>,
+    submissions: mpsc::UnboundedReceiver<Submission>,
     acks: mpsc::UnboundedSender<Pending>,
     status: Arc<SharedStatus>,
     closing: Arc<OnceLock<Instant>>,
 ) {
+    match feed(&writer, submissions, acks, &status, &closing).await {
+        Some(reply) => {
+            let deadline = *closing
+                .get()
+                .expect("close sets its deadline before asking");
+            let timeout = deadline.saturating_duration_since(Instant::now());
+            let _ = reply.send(writer.shutdown(timeout).await);
+        }
+        None => writer.abort(),
+    }
+}
+
+/// Appends the submitted batches in order, holding each while the log's
+/// in-flight budget is spent, and hands their completions to the
+/// acknowledging task. Returns the reply channel of a close request, or
+/// `None` when the WAL must stop: it closed, closing reached its deadline,
+/// the log refused a batch, or the WAL writer is gone without closing (a
+/// crash).
+async fn feed(
+    writer: &Writer,
+    mut submissions: mpsc::UnboundedReceiver<Submission>,
+    acks: mpsc::UnboundedSender<Pending>,
+    status: &SharedStatus,
+    closing: &OnceLock<Instant>,
+) -> Option<CloseReply> {
     let mut acked = status.watch();
     while let Some(submission) = submissions.recv().await {
         let (expected, seq, record) = match submission {
@@ -188,16 +212,11 @@ async fn submit(
                 seq,
                 record,
             } => (wal_id, seq, record),
-            Submission::Close { deadline, reply } => {
-                let timeout = deadline.saturating_duration_since(Instant::now());
-                let _ = reply.send(writer.shutdown(timeout).await);
-                return;
-            }
+            Submission::Close { reply } => return Some(reply),
         };
         let completion = loop {
             if status.get().is_err() {
-                writer.abort();
-                return;
+                return None;
             }
             // Closing waits for the queue only until its deadline: behind
             // slow replicas, draining it could take far longer.
@@ -209,8 +228,7 @@ async fn submit(
                     "closing reached shutdown_timeout with WAL file {expected} and the \
                      batches after it still queued; they are not durable"
                 )));
-                writer.abort();
-                return;
+                return None;
             }
             // Read before asking, so an ack landing in between still wakes us.
             let flushed = acked.borrow().last_flushed_wal_id;
@@ -224,8 +242,7 @@ async fn submit(
                 }
                 Err(error) => {
                     status.close(wal_error(error));
-                    writer.abort();
-                    return;
+                    return None;
                 }
             }
         };
@@ -235,8 +252,7 @@ async fn submit(
                 "WAL file {expected} was appended as record {}: another appender on this log?",
                 completion.index()
             )));
-            writer.abort();
-            return;
+            return None;
         }
         let pending = Pending {
             wal_id: appended,
@@ -244,12 +260,9 @@ async fn submit(
             bytes: record.len(),
             completion,
         };
-        if acks.send(pending).is_err() {
-            writer.abort();
-            return;
-        }
+        acks.send(pending).ok()?;
     }
-    writer.abort();
+    None
 }
 
 /// Resolves appends in record order, counting each one's WAL file toward the
@@ -362,9 +375,10 @@ impl WalWriter for ChorusWalWriter {
                 });
         };
         let (reply, drained) = oneshot::channel();
-        let deadline = Instant::now() + self.options.shutdown_timeout;
-        let _ = self.closing.set(deadline);
-        let drained = match submissions.send(Submission::Close { deadline, reply }) {
+        let _ = self
+            .closing
+            .set(Instant::now() + self.options.shutdown_timeout);
+        let drained = match submissions.send(Submission::Close { reply }) {
             Ok(()) => drained.await.ok(),
             Err(_) => None,
         };
