@@ -25,7 +25,12 @@
 //! ```
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use chorus::ids::RecordIndex;
+use slatedb::wal::{WalError, WalRows};
 use slatedb::{RowEntry, ValueDeletable};
+
+use crate::error::data_error;
+use crate::ids::wal_id;
 
 const MAGIC: &[u8; 4] = b"CSWB";
 const VERSION: u16 = 1;
@@ -201,6 +206,21 @@ pub fn decode(record: &Bytes) -> Result<Vec<RowEntry>, BatchError> {
         });
     }
     Ok(rows)
+}
+
+/// Record `index` as the WAL file it is, in SlateDB's terms; a record that
+/// does not decode is a `DataError` naming the file and the record.
+pub(crate) fn wal_file(index: RecordIndex, record: &Bytes) -> Result<WalRows, WalError> {
+    let rows = decode(record).map_err(|error| {
+        data_error(format!(
+            "WAL file {} (record {index}): {error}",
+            wal_id(index)
+        ))
+    })?;
+    Ok(WalRows {
+        rows,
+        last_consumed_wal_file_id: wal_id(index),
+    })
 }
 
 /// Encoded bytes of `row`.

@@ -101,18 +101,10 @@ impl WriterInit for ChorusWal {
         let mut unflushed = Unflushed::default();
         let mut last_seq = None;
         while let Some((index, record)) = replay.next().await.map_err(wal_error)? {
-            let rows = batch::decode(&record).map_err(|error| {
-                data_error(format!(
-                    "WAL file {} (record {index}): {error}",
-                    wal_id(index)
-                ))
-            })?;
-            unflushed.push(wal_id(index), record.len() as u64);
-            last_seq = rows.iter().map(|row| row.seq).max().or(last_seq);
-            batches.push_back(WalRows {
-                rows,
-                last_consumed_wal_file_id: wal_id(index),
-            });
+            let file = batch::wal_file(index, &record)?;
+            unflushed.push(file.last_consumed_wal_file_id, record.len() as u64);
+            last_seq = file.rows.iter().map(|row| row.seq).max().or(last_seq);
+            batches.push_back(file);
         }
         // The recovered end is durable: every WAL file up to it is flushed.
         let status = SharedStatus::new(recovery.end().0, last_seq);

@@ -11,7 +11,7 @@ use chorus::log::{LogError, LogStores, Reader};
 use slatedb::wal::{WalError, WalFileRange, WalIterator, WalReader, WalRows};
 
 use crate::batch;
-use crate::error::{data_error, internal_error, wal_error};
+use crate::error::{internal_error, wal_error};
 use crate::ids::{first_index, index_after, wal_id};
 
 /// How often a tailing iterator looks for new records once caught up.
@@ -95,16 +95,7 @@ impl WalIterator for Tail {
         let Some((index, bytes)) = record else {
             return Ok(None);
         };
-        let rows = batch::decode(&bytes).map_err(|error| {
-            data_error(format!(
-                "WAL file {} (record {index}): {error}",
-                wal_id(index)
-            ))
-        })?;
-        Ok(Some(WalRows {
-            rows,
-            last_consumed_wal_file_id: wal_id(index),
-        }))
+        batch::wal_file(index, &bytes).map(Some)
     }
 }
 
