@@ -3,7 +3,9 @@
 
 use chorus::blob::{DynBlobStore, open_store, open_store_unprobed};
 use chorus::clock::{Clock, SystemClock};
-use chorus::lease::{HolderId, LeaseConfig, LeaseRecord, LeaseStore, ReleaseOutcome};
+use chorus::lease::{
+    HolderId, LeaseConfig, LeaseError, LeaseRecord, LeaseStore, LiveLease, ReleaseOutcome,
+};
 use serde_json::json;
 
 use crate::CommandError;
@@ -36,18 +38,27 @@ pub struct ReleaseArgs {
     #[command(flatten)]
     database: DatabaseArgs,
 
-    /// The holder whose lease to release, as it acquired it. Required: a
-    /// default identity (`<hostname>-<pid>`) would name this very process,
-    /// never the one holding the lease.
-    #[arg(long, env = "CHORUS_HOLDER", required = true)]
+    /// The holder whose lease to release, as it acquired it. Required, and
+    /// never taken from the environment: a default would name this very
+    /// process, or the `chorus serve` on this host.
+    #[arg(long, required = true)]
     holder: String,
+
+    /// Release the lease even while it is live. Only when its process is
+    /// known to be gone: a live process keeps serving until its own deadline,
+    /// while a standby takes over at once.
+    #[arg(long)]
+    force: bool,
 }
 
-/// Who the CLI acts as when it takes or releases a lease.
+/// Who the CLI acts as when it takes a lease (`snapshot publish`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct HolderArgs {
-    /// Lease holder identity [default: <hostname>-<pid>].
-    #[arg(long, env = "CHORUS_HOLDER")]
+    /// Lease holder id this command acts as [default: <hostname>-<pid>].
+    /// Its own variable, not `CHORUS_HOLDER` (which names a `chorus serve`
+    /// process); either way the command is a process of its own and never
+    /// takes over a live lease, whatever the holder id.
+    #[arg(long, env = "CHORUS_CLI_HOLDER")]
     pub holder: Option<String>,
 }
 
@@ -64,7 +75,7 @@ impl HolderArgs {
 
 /// The host name from the kernel or the environment, `localhost` if neither
 /// says (no extra dependency for one string).
-fn hostname() -> String {
+pub fn hostname() -> String {
     let from_kernel = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
     let name = from_kernel
         .or_else(|| std::env::var("HOSTNAME").ok())
@@ -163,6 +174,7 @@ fn status_json(
         json!({
             "state": state(record, now_ms),
             "holder_id": record.holder_id.as_str(),
+            "incarnation": record.incarnation.map(|i| i.to_string()),
             "term": record.term.0,
             "generation": record.generation.0,
             "acquired_at_ms": record.acquired_at_ms,
@@ -196,6 +208,11 @@ fn status_text(location: &DatabaseLocation, record: Option<&LeaseRecord>, now_ms
     };
     line("lease", detail);
     line("holder", record.holder_id.to_string());
+    let incarnation = record.incarnation.map(|i| i.to_string());
+    line(
+        "incarnation",
+        incarnation.unwrap_or_else(|| "none (an older build's lease)".to_owned()),
+    );
     line("term", record.term.to_string());
     line("generation", record.generation.to_string());
     line(
@@ -216,11 +233,32 @@ async fn release(args: ReleaseArgs) -> Result<(), CommandError> {
     let holder = HolderId::new(&args.holder).map_err(|e| format!("holder: {e}"))?;
     let store = open_for_write(&location).await?;
     let leases = lease_store(store, &location, LeaseConfig::default())?;
-    let outcome = leases
-        .release_holder(&holder)
-        .await
-        .map_err(|e| format!("cannot release lease: {e}"))?;
+    let live = if args.force {
+        LiveLease::Release
+    } else {
+        LiveLease::Refuse
+    };
     let database = &location.database;
+    let outcome = match leases.release_holder(&holder, live).await {
+        Ok(outcome) => outcome,
+        Err(LeaseError::Held {
+            holder: current,
+            expires_in,
+            ..
+        }) if current == holder => {
+            return Err(format!(
+                "cannot release lease: it is live: database={database} holder={holder} \
+                 expires_in_ms={}; its process releases it when it shuts down, or it expires \
+                 on its own; pass --force only if that process is known to be gone",
+                expires_in.as_millis()
+            )
+            .into());
+        }
+        Err(error) => return Err(format!("cannot release lease: {error}").into()),
+    };
+    if args.force && matches!(outcome, ReleaseOutcome::Released(_)) {
+        tracing::warn!(%holder, "released a lease with --force");
+    }
     match outcome {
         ReleaseOutcome::Released(record) => outln!(
             "released lease: database={database} holder={holder} generation={}",

@@ -24,7 +24,7 @@ use tokio::sync::watch;
 
 use crate::CommandError;
 use crate::config::{DatabaseArgs, DatabaseLocation, Location, StoreArgs};
-use crate::lease_cmd::open_for_write;
+use crate::lease_cmd::{hostname, open_for_write};
 use crate::log_cmd::create_log;
 use crate::open::{Access, open_log};
 use crate::output::outln;
@@ -50,13 +50,16 @@ pub struct ServeArgs {
     listen: SocketAddr,
 
     /// This instance's URL as clients and other instances reach it
-    /// [default: http://<listen address>].
+    /// [default: http://<listen address>, or http://<hostname>:<port> when
+    /// listening on an unspecified address such as 0.0.0.0].
     #[arg(long, env = "CHORUS_ADVERTISE_URL")]
     advertise_url: Option<String>,
 
-    /// Lease holder id; must name one live process at a time. A standby
-    /// redirects writers to the holder id, so the default is the advertised
-    /// URL [default: the advertised URL].
+    /// Lease holder id: the name this instance's slot goes by in the lease,
+    /// in status and in the `primary` a standby names to writers (so the
+    /// default is the advertised URL). Two processes may share one safely:
+    /// each writes a random incarnation into the lease, and only the process
+    /// that acquired a live lease holds it [default: the advertised URL].
     #[arg(long, env = "CHORUS_HOLDER")]
     holder: Option<String>,
 
@@ -73,8 +76,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_interval_secs: u64,
 
-    /// Take the lease over even while another holder's is live (a higher
-    /// term fences it). Only when that holder is known to be gone.
+    /// Take the lease over even while another process holds it (a higher
+    /// term fences it), on this process's first acquisition only. Only when
+    /// that process is known to be gone: until its own deadline it still
+    /// believes it may serve.
     #[arg(long)]
     force: bool,
 
@@ -142,12 +147,14 @@ impl Resolved {
         runtime
     }
 
-    /// The advertised URL: the flag, or `http://` and the bound address.
+    /// The advertised URL: the flag, or `http://` and the bound address, or
+    /// for an unspecified address (0.0.0.0, ::), which names no host, this
+    /// host's name and the bound port.
     fn advertise_url(&self, bound: SocketAddr) -> String {
         self.service
             .advertise_url
             .clone()
-            .unwrap_or_else(|| format!("http://{bound}"))
+            .unwrap_or_else(|| default_advertise_url(bound, &hostname()))
     }
 }
 
@@ -211,6 +218,17 @@ impl ServeArgs {
             return print_config(&resolved);
         }
         serve(resolved).await
+    }
+}
+
+/// `http://<bound>`, or `http://<host>:<port>` when `bound` is unspecified:
+/// every process listening on 0.0.0.0:7070 would otherwise advertise (and,
+/// by default, hold the lease as) the same `http://0.0.0.0:7070`.
+fn default_advertise_url(bound: SocketAddr, host: &str) -> String {
+    if bound.ip().is_unspecified() {
+        format!("http://{host}:{}", bound.port())
+    } else {
+        format!("http://{bound}")
     }
 }
 
@@ -373,4 +391,19 @@ async fn wait_for_signals(first: tokio::sync::oneshot::Sender<()>) {
         _ = interrupt.recv() => {}
     }
     std::process::exit(130);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_advertised_url_never_names_an_unspecified_address() {
+        let url = |addr: &str| default_advertise_url(addr.parse().unwrap(), "node-7");
+        assert_eq!(url("127.0.0.1:7070"), "http://127.0.0.1:7070");
+        assert_eq!(url("[::1]:7071"), "http://[::1]:7071");
+        assert_eq!(url("10.0.0.5:80"), "http://10.0.0.5:80");
+        assert_eq!(url("0.0.0.0:7070"), "http://node-7:7070");
+        assert_eq!(url("[::]:7072"), "http://node-7:7072");
+    }
 }

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use chorus::blob::DynBlobStore;
 use chorus::clock::SystemClock;
 use chorus::ids::RecordIndex;
-use chorus::lease::{LeaseConfig, LeaseHolder, Term};
+use chorus::lease::{Contender, LeaseConfig, LeaseHolder, Term};
 use chorus::snapshot::{
     ClaimOutcome, DEFAULT_KEEP_PAYLOADS, Head, NewSnapshot, SnapshotConfig, SnapshotStore,
     StoredPayload,
@@ -256,18 +256,12 @@ async fn publish(args: PublishArgs) -> Result<(), CommandError> {
         .map_err(|e| format!("cannot read {}: {e}", args.file.display()))?;
     let store = open_for_write(&location).await?;
     let leases = lease_store(store.clone(), &location, lease_config(args.lease_ttl_secs))?;
-    let term = match args.term {
-        Some(term) => Term(term),
-        None => leases
-            .read()
-            .await
-            .map_err(|e| format!("cannot read lease: {e}"))?
-            .map_or(Term::FIRST, |record| record.term),
+    let contender = Contender::new(holder);
+    let acquired = match args.term {
+        Some(term) => leases.acquire(&contender, Term(term)).await,
+        None => leases.acquire_at_stored_term(&contender).await,
     };
-    let lease = leases
-        .acquire(holder, term)
-        .await
-        .map_err(|e| format!("cannot publish snapshot: {e}"))?;
+    let lease = acquired.map_err(|e| format!("cannot publish snapshot: {e}"))?;
     let snapshot = NewSnapshot {
         bytes: Bytes::from(bytes),
         wal_index: RecordIndex(args.wal_index),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use chorus::blob::{StoreUrl, open_store};
 use chorus::clock::SystemClock;
-use chorus::lease::{DatabaseKey, HolderId, LeaseConfig, LeaseHolder, LeaseStore, Term};
+use chorus::lease::{Contender, DatabaseKey, HolderId, LeaseConfig, LeaseHolder, LeaseStore, Term};
 use serde_json::Value;
 use support::{current_version, local_key_dir, local_object_exists};
 use tempfile::TempDir;
@@ -295,7 +295,7 @@ fn hold_lease(store: &StoreUrl, holder: &str) -> LeaseHolder {
         let database = DatabaseKey::new("default").unwrap();
         LeaseStore::new(store, database, config, SystemClock::shared())
             .unwrap()
-            .acquire(HolderId::new(holder).unwrap(), Term(1))
+            .acquire(&Contender::new(HolderId::new(holder).unwrap()), Term(1))
             .await
             .unwrap()
     })
@@ -344,10 +344,62 @@ fn writers_are_refused_while_held(dir: &Path, location: &[&str]) {
         stderr(&nameless)
     );
 
-    // The named holder may release it; then publishing works.
+    // The same holder id is another process all the same: a command run
+    // with the serving process's holder id (as `--holder` or through the
+    // server's own CHORUS_HOLDER) cannot take its live lease.
+    let as_holder = with(
+        location,
+        &[
+            "snapshot",
+            "publish",
+            "--file",
+            file.to_str().unwrap(),
+            "--wal-index",
+            "1",
+            "--holder",
+            "other-node",
+        ],
+    );
+    assert_fails_with(
+        &chorus(dir, &as_holder),
+        &[&["cannot publish snapshot"], &held[..]].concat(),
+    );
+    let mut through_env = support::chorus_command(dir);
+    through_env.args(with(
+        location,
+        &[
+            "snapshot",
+            "publish",
+            "--file",
+            file.to_str().unwrap(),
+            "--wal-index",
+            "1",
+        ],
+    ));
+    through_env.env("CHORUS_HOLDER", "other-node");
+    assert_fails_with(
+        &through_env.output().expect("chorus runs"),
+        &[&["cannot publish snapshot"], &held[..]].concat(),
+    );
+    // A live lease is not released for its holder by name either...
+    assert_fails_with(
+        &chorus(
+            dir,
+            &with(location, &["lease", "release", "--holder", "other-node"]),
+        ),
+        &[
+            "cannot release lease: it is live",
+            "holder=other-node",
+            "pass --force only if that process is known to be gone",
+        ],
+    );
+    // ...unless the operator says its process is gone; then publishing works.
     let released = assert_succeeds(&chorus(
         dir,
-        &with(location, &["lease", "release", "--holder", "other-node"]),
+        &with(
+            location,
+            &["lease", "release", "--holder", "other-node", "--force"],
+        ),
     ));
     assert!(
         released.starts_with("released lease: database=default holder=other-node"),

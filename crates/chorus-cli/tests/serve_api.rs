@@ -293,3 +293,28 @@ fn print_config_shows_the_merged_configuration_with_secrets_redacted() {
         "printing creates nothing"
     );
 }
+
+/// Regression: every instance listening on 0.0.0.0:7070 advertised, and by
+/// default held the lease as, `http://0.0.0.0:7070`.
+#[test]
+fn the_default_holder_id_never_names_an_unspecified_address() {
+    let dir = TempDir::new().unwrap();
+    for listen in ["0.0.0.0:7171", "[::]:7171"] {
+        let output = support::chorus_command(dir.path())
+            .args(["serve", "--print-config", "--listen", listen])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        let config: Value = serde_json::from_slice(&output.stdout).unwrap();
+        let holder = config["holder"].as_str().unwrap();
+        assert!(
+            holder.starts_with("http://") && holder.ends_with(":7171"),
+            "{config}"
+        );
+        assert!(
+            !holder.contains("0.0.0.0") && !holder.contains("[::]"),
+            "{config}"
+        );
+        assert_eq!(config["advertise_url"], holder, "{config}");
+    }
+}

@@ -43,6 +43,7 @@ fn runtime_json(status: &RuntimeStatus, wall_ms: u64) -> Map<String, Value> {
     let lease = status.lease.as_ref().map(|lease| {
         json!({
             "holder": lease.holder_id.as_str(),
+            "incarnation": lease.incarnation.map(|i| i.to_string()),
             "term": lease.term.0,
             "generation": lease.generation.0,
             "released": lease.released,
@@ -66,6 +67,7 @@ fn runtime_json(status: &RuntimeStatus, wall_ms: u64) -> Map<String, Value> {
     let fields = json!({
         "role": status.role.as_str(),
         "holder": status.holder.as_str(),
+        "incarnation": status.incarnation.to_string(),
         "applied_index": status.applied_index.0,
         "writer": writer,
         "lease": lease,

@@ -4,7 +4,10 @@
 //! A few processes, each with its own skewed wall clock and its own fault
 //! controller, contend for one writer lease and publish snapshots through
 //! `HEAD.json` in one fault-injecting in-memory store. Each boot follows the
-//! runtime's order: observe HEAD, acquire the lease, claim HEAD. Processes
+//! runtime's order: observe HEAD, acquire the lease, claim HEAD. One boot in
+//! three takes the holder id every process may share (`shared`), so distinct
+//! processes contend under one holder id and only their incarnations tell
+//! them apart; the others take a holder id of their own. Processes
 //! refresh, publish, release and crash at random; clocks are skewed within
 //! the lease's safety margin (or, in one seed in ten, beyond it).
 //!
@@ -13,7 +16,7 @@
 //! - **L1, exclusivity**: while every two wall clocks are within the safety
 //!   margin of each other, at most one holder believes it may write.
 //! - **L2, lease history**: the lease document's fencing token never
-//!   decreases, and one generation never changes holder.
+//!   decreases, and one generation never changes holder or incarnation.
 //! - **S1, HEAD history**: every change of HEAD bumps its publication
 //!   sequence, and its lease token never decreases.
 //! - **S2, HEAD's payload**: HEAD names a payload that exists, with the size
@@ -34,8 +37,8 @@ use chorus::blob::{DynBlobStore, FaultController};
 use chorus::clock::{Clock, DynClock};
 use chorus::ids::RecordIndex;
 use chorus::lease::{
-    DatabaseKey, FencingToken, Generation, HolderId, LeaseConfig, LeaseError, LeaseHolder,
-    LeaseRecord, LeaseStore, Term,
+    Contender, DatabaseKey, FencingToken, Generation, HolderId, Incarnation, LeaseConfig,
+    LeaseError, LeaseHolder, LeaseRecord, LeaseStore, Term,
 };
 use chorus::snapshot::{
     Head, NewSnapshot, PublicationStore, Sha256Digest, SnapshotConfig, SnapshotError,
@@ -290,8 +293,13 @@ impl<'a> LeasePhase<'a> {
         };
         let slot = &mut self.processes[process];
         slot.incarnation += 1;
-        let holder =
-            HolderId::new(&format!("p{process}-{}", slot.incarnation)).expect("a valid holder id");
+        let name = if self.rng.random_ratio(1, 3) {
+            "shared".to_owned()
+        } else {
+            format!("p{process}-{}", slot.incarnation)
+        };
+        let holder = HolderId::new(&name).expect("a valid holder id");
+        let contender = Contender::with_incarnation(holder, Incarnation(self.rng.random()));
         let (leases, snapshots) = (slot.leases.clone(), slot.snapshots.clone());
         let initial = self.snapshot_bytes(process);
         let publisher = chorus::snapshot::PublisherId(self.rng.random());
@@ -300,7 +308,7 @@ impl<'a> LeasePhase<'a> {
             if let Err(error) = publication.observe_for_boot().await {
                 return TaskEnd::Booted(Err(format!("observe: {error}")));
             }
-            let lease = match leases.acquire(holder, term).await {
+            let lease = match leases.acquire(&contender, term).await {
                 Ok(lease) => lease,
                 Err(error) => return TaskEnd::Booted(Err(format!("acquire: {error}"))),
             };
@@ -573,7 +581,7 @@ pub(crate) struct LeaseChecker {
     snapshots: SnapshotStore,
     payloads: String,
     lease: Option<LeaseRecord>,
-    generations: BTreeMap<Generation, HolderId>,
+    generations: BTreeMap<Generation, (HolderId, Option<Incarnation>)>,
     head: Option<Head>,
     payload_bytes: BTreeMap<String, Bytes>,
     acquired: Vec<FencingToken>,
@@ -656,14 +664,15 @@ impl LeaseChecker {
                 record.token()
             ));
         }
-        let holder = self
+        let acquirer = (record.holder_id.clone(), record.incarnation);
+        let first = self
             .generations
             .entry(record.generation)
-            .or_insert_with(|| record.holder_id.clone());
-        if *holder != record.holder_id {
+            .or_insert_with(|| acquirer.clone());
+        if *first != acquirer {
             return Err(format!(
-                "lease history: generation {} changed holder from {holder} to {}",
-                record.generation, record.holder_id
+                "lease history: generation {} changed hands from {} ({:?}) to {} ({:?})",
+                record.generation, first.0, first.1, acquirer.0, acquirer.1
             ));
         }
         self.lease = Some(record);

@@ -22,7 +22,8 @@ use chorus::blob::{
 use chorus::clock::ManualClock;
 use chorus::ids::RecordIndex;
 use chorus::lease::{
-    DatabaseKey, Generation, HolderId, LeaseConfig, LeaseError, LeaseHolder, LeaseStore, Term,
+    Contender, DatabaseKey, Generation, HolderId, Incarnation, LeaseConfig, LeaseError,
+    LeaseHolder, LeaseStore, Term,
 };
 use chorus::snapshot::{
     ClaimOutcome, FenceReason, NewSnapshot, PublicationSequence, PublicationStore, SnapshotConfig,
@@ -48,6 +49,12 @@ fn holder(id: &str) -> HolderId {
     HolderId::new(id).unwrap()
 }
 
+/// The process named `id`: the same incarnation on every call.
+fn contender(id: &str) -> Contender {
+    let incarnation = id.bytes().fold(1u128, |sum, b| sum * 131 + u128::from(b));
+    Contender::with_incarnation(holder(id), Incarnation(incarnation))
+}
+
 fn clock() -> Arc<ManualClock> {
     ManualClock::shared(START_MS)
 }
@@ -63,7 +70,7 @@ fn leases(store: &DynBlobStore, clock: &Arc<ManualClock>) -> LeaseStore {
 
 async fn acquire(store: &DynBlobStore, clock: &Arc<ManualClock>, id: &str) -> LeaseHolder {
     leases(store, clock)
-        .acquire(holder(id), Term(1))
+        .acquire(&contender(id), Term(1))
         .await
         .unwrap()
 }
@@ -186,8 +193,8 @@ mod lease_cases {
             let tasks: Vec<_> = (0..RACERS)
                 .map(|racer| {
                     let leases = leases(&store, &clock);
-                    let id = holder(&format!("racer-{round}-{racer}"));
-                    tokio::spawn(async move { leases.acquire(id, Term(1)).await })
+                    let id = contender(&format!("racer-{round}-{racer}"));
+                    tokio::spawn(async move { leases.acquire(&id, Term(1)).await })
                 })
                 .collect();
             let mut winners = Vec::new();
@@ -211,7 +218,9 @@ mod lease_cases {
         let clock = clock();
         let a = acquire(&store, &clock, "a").await;
         clock.advance(TTL - Duration::from_millis(1));
-        let early = leases(&store, &clock).acquire(holder("b"), Term(1)).await;
+        let early = leases(&store, &clock)
+            .acquire(&contender("b"), Term(1))
+            .await;
         assert!(matches!(early, Err(LeaseError::Held { .. })), "{early:?}");
         clock.advance(Duration::from_millis(1));
         let b = acquire(&store, &clock, "b").await;
@@ -224,12 +233,58 @@ mod lease_cases {
         );
     }
 
+    /// Two processes started under one holder id (a copied config, two
+    /// containers listening on 0.0.0.0): however they race, one holds the
+    /// lease and the other waits for it to expire; the holder's refreshes
+    /// keep working.
+    pub async fn one_holder_id_in_two_processes_never_both_hold(store: DynBlobStore) {
+        let clock = clock();
+        for round in 0..RACE_ROUNDS {
+            let id = holder(&format!("shared-{round}"));
+            let racers: Vec<Contender> = (0..RACERS).map(|_| Contender::new(id.clone())).collect();
+            let tasks: Vec<_> = racers
+                .iter()
+                .map(|racer| {
+                    let (leases, racer) = (leases(&store, &clock), racer.clone());
+                    tokio::spawn(async move { leases.acquire_at_stored_term(&racer).await })
+                })
+                .collect();
+            let mut winners = Vec::new();
+            for task in tasks {
+                match task.await.unwrap() {
+                    Ok(lease) => winners.push(lease),
+                    Err(LeaseError::Held { .. } | LeaseError::LostRace { .. }) => {}
+                    Err(other) => panic!("unexpected acquire error: {other}"),
+                }
+            }
+            assert_eq!(winners.len(), 1, "round {round}: {} winners", winners.len());
+            let winner = winners.pop().unwrap();
+            for racer in racers
+                .iter()
+                .filter(|r| r.incarnation() != winner.incarnation())
+            {
+                let late = leases(&store, &clock).acquire_at_stored_term(racer).await;
+                assert!(matches!(late, Err(LeaseError::Held { .. })), "{late:?}");
+            }
+            winner.refresh().await.unwrap();
+            let winning = racers
+                .iter()
+                .find(|r| r.incarnation() == winner.incarnation());
+            let again = leases(&store, &clock)
+                .acquire_at_stored_term(winning.unwrap())
+                .await
+                .expect("the winning process re-acquires its own live lease");
+            assert!(again.generation() > winner.generation());
+            again.release().await.unwrap();
+        }
+    }
+
     pub async fn release_keeps_generations_increasing(store: DynBlobStore) {
         let clock = clock();
         let leases = leases(&store, &clock);
         let mut last = Generation(0);
         for (turn, id) in ["a", "b", "a", "a"].into_iter().enumerate() {
-            let lease = leases.acquire(holder(id), Term(1)).await.unwrap();
+            let lease = leases.acquire(&contender(id), Term(1)).await.unwrap();
             assert!(
                 lease.generation() > last,
                 "turn {turn}: generation went back"
@@ -246,9 +301,9 @@ mod lease_cases {
     pub async fn lower_term_is_fenced_even_after_expiry(store: DynBlobStore) {
         let clock = clock();
         let leases = leases(&store, &clock);
-        let _newer = leases.acquire(holder("a"), Term(2)).await.unwrap();
+        let _newer = leases.acquire(&contender("a"), Term(2)).await.unwrap();
         clock.advance(TTL * 3);
-        let fenced = leases.acquire(holder("b"), Term(1)).await;
+        let fenced = leases.acquire(&contender("b"), Term(1)).await;
         assert!(
             matches!(
                 fenced,
@@ -260,15 +315,15 @@ mod lease_cases {
             ),
             "{fenced:?}"
         );
-        let same_holder_lower_term = leases.acquire(holder("a"), Term(1)).await;
+        let same_holder_lower_term = leases.acquire(&contender("a"), Term(1)).await;
         assert!(matches!(
             same_holder_lower_term,
             Err(LeaseError::Fenced { .. })
         ));
-        let higher = leases.acquire(holder("c"), Term(3)).await.unwrap();
+        let higher = leases.acquire(&contender("c"), Term(3)).await.unwrap();
         assert_eq!(higher.generation(), Generation(2));
         higher.release().await.unwrap();
-        let after_release = leases.acquire(holder("b"), Term(2)).await;
+        let after_release = leases.acquire(&contender("b"), Term(2)).await;
         assert!(
             matches!(after_release, Err(LeaseError::Fenced { .. })),
             "{after_release:?}"
@@ -299,16 +354,16 @@ mod lease_cases {
     pub async fn take_over_fences_a_live_holder(store: DynBlobStore) {
         let clock = clock();
         let leases = leases(&store, &clock);
-        let a = leases.acquire(holder("a"), Term(1)).await.unwrap();
+        let a = leases.acquire(&contender("a"), Term(1)).await.unwrap();
         let snapshots = snapshots(&store, &clock);
         let mut a_publication = boot(&snapshots, &a, "a-initial").await;
-        let refused = leases.acquire(holder("b"), Term(1)).await;
+        let refused = leases.acquire(&contender("b"), Term(1)).await;
         assert!(
             matches!(refused, Err(LeaseError::Held { .. })),
             "{refused:?}"
         );
 
-        let b = leases.take_over(holder("b")).await.unwrap();
+        let b = leases.take_over(&contender("b")).await.unwrap();
         assert_eq!(b.term(), Term(2), "a take-over bumps the term");
         assert_eq!(b.generation(), a.generation().next().unwrap());
         assert!(b.may_write_now());
@@ -341,7 +396,7 @@ mod lease_cases {
 
         // Even once the take-over's lease expired, the old term stays fenced.
         clock.advance(TTL * 2);
-        let old_term = leases.acquire(holder("a"), Term(1)).await;
+        let old_term = leases.acquire(&contender("a"), Term(1)).await;
         assert!(
             matches!(
                 old_term,
@@ -353,7 +408,7 @@ mod lease_cases {
             ),
             "{old_term:?}"
         );
-        let next = leases.acquire(holder("a"), Term(2)).await.unwrap();
+        let next = leases.acquire(&contender("a"), Term(2)).await.unwrap();
         assert_eq!(next.generation(), Generation(3));
 
         // On a database without a lease, a take-over is a first acquisition.
@@ -364,7 +419,7 @@ mod lease_cases {
             clock.clone(),
         )
         .unwrap();
-        let first = fresh.take_over(holder("c")).await.unwrap();
+        let first = fresh.take_over(&contender("c")).await.unwrap();
         assert_eq!((first.term(), first.generation()), (Term(1), Generation(1)));
     }
 
@@ -380,7 +435,7 @@ mod lease_cases {
             let contender_leases = leases(&store, &contender_clock);
             let term = Term(1);
             let a = holder_leases
-                .acquire(holder(&format!("holder-{round}")), term)
+                .acquire(&contender(&format!("holder-{round}")), term)
                 .await
                 .unwrap();
             let mut b = None;
@@ -391,7 +446,7 @@ mod lease_cases {
                 }
                 if b.is_none() {
                     match contender_leases
-                        .acquire(holder(&format!("contender-{round}")), term)
+                        .acquire(&contender(&format!("contender-{round}")), term)
                         .await
                     {
                         Ok(lease) => b = Some(lease),
@@ -839,6 +894,7 @@ macro_rules! backend {
                 expired_lease_is_taken_over_with_next_generation
             );
             case!(lease_cases, release_keeps_generations_increasing);
+            case!(lease_cases, one_holder_id_in_two_processes_never_both_hold);
             case!(lease_cases, lower_term_is_fenced_even_after_expiry);
             case!(lease_cases, refresh_after_takeover_is_stale);
             case!(lease_cases, take_over_fences_a_live_holder);

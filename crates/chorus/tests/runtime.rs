@@ -22,7 +22,9 @@ use chorus::blob::{
 use chorus::clock::SystemClock;
 use chorus::ids::RecordIndex;
 use chorus::kv::{Applied, Command, Condition, KvState, Operation};
-use chorus::lease::{DatabaseKey, HolderId, LeaseConfig, LeaseRecord, LeaseStore};
+use chorus::lease::{
+    Contender, DatabaseKey, HolderId, Incarnation, LeaseConfig, LeaseRecord, LeaseStore,
+};
 use chorus::log::{LogConfig, LogError, LogStores, Reader};
 use chorus::register::{FaultyRegister, ManifestStore};
 use chorus::runtime::{
@@ -781,19 +783,26 @@ async fn standby_that_booted_before_the_first_head_takes_over_warm() {
     let db = Db::new().await;
     let primary_node = db.node(1);
     // "a" holds the lease and its first boot has not installed HEAD yet.
+    let incarnation = Incarnation::random();
     let booting = primary_node
         .stores
         .leases
-        .acquire(holder("a"), chorus::lease::Term::FIRST)
+        .acquire(
+            &Contender::with_incarnation(holder("a"), incarnation),
+            chorus::lease::Term::FIRST,
+        )
         .await
         .unwrap();
     let standby = db.node(2).start(config("b", 1000));
     wait_role(&standby, Role::Standby).await;
     assert!(db.head().await.is_none());
 
-    // "a" boots (over its own lease: a restart) and serves; the standby
-    // tails its log from the empty state.
-    let primary = primary_node.start(config("a", 1000));
+    // "a" boots (the same process, over its own lease) and serves; the
+    // standby tails its log from the empty state.
+    let primary = primary_node.start(RuntimeConfig {
+        incarnation: Some(incarnation),
+        ..config("a", 1000)
+    });
     wait_primary(&primary).await;
     drop(booting);
     for sequence in 0..6 {
@@ -823,4 +832,79 @@ async fn standby_that_booted_before_the_first_head_takes_over_warm() {
         standby.status()
     );
     standby.shutdown().await.unwrap();
+}
+
+/// Regression: a second process under the holder id of a live primary took
+/// its lease at once (the same holder id counted as "own"), and the first
+/// kept answering current reads with what the second had overwritten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_with_the_same_holder_id_stands_by_until_the_first_releases() {
+    let db = Db::new().await;
+    let first = db.node(1).start(config("shared-host", 1000));
+    wait_primary(&first).await;
+    put(&first, "k", "one").await;
+    let first_incarnation = first.status().incarnation;
+
+    let second = db.node(2).start(config("shared-host", 1000));
+    wait_role(&second, Role::Standby).await;
+    assert_ne!(second.status().incarnation, first_incarnation);
+    assert_not_primary(
+        write(&second, &put_command("k", "two", Condition::None)).await,
+        Role::Standby,
+        "shared-host",
+    );
+    // Several lease lifetimes later the first still holds it, unchanged.
+    let generation = db.lease().await.generation;
+    tokio::time::sleep(TTL * 2).await;
+    assert!(first.is_primary_and_sure(), "{:?}", first.status());
+    assert_eq!(second.status().role, Role::Standby);
+    let lease = db.lease().await;
+    assert_eq!(lease.incarnation, Some(first_incarnation));
+    assert_eq!(lease.generation, generation, "the lease changed hands");
+    let (value, _) = read(&first, |state| state.get(b"k").cloned()).await;
+    assert_eq!(value.unwrap().value, Bytes::from_static(b"one"));
+
+    first.shutdown().await.unwrap();
+    wait_primary(&second).await;
+    assert_eq!(
+        db.lease().await.incarnation,
+        Some(second.status().incarnation)
+    );
+    put(&second, "k", "two").await;
+    second.shutdown().await.unwrap();
+}
+
+/// `force` takes a live lease over on the first boot only: a later reboot
+/// of the same runtime (here after its lease was taken over in turn) waits
+/// like any contender instead of fencing the new holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_takes_a_live_lease_over_on_the_first_boot_only() {
+    let db = Db::new().await;
+    let first = db.node(1).start(config("a", 1000));
+    wait_primary(&first).await;
+    let forced = db.node(2).start(RuntimeConfig {
+        force: true,
+        ..config("b", 1000)
+    });
+    wait_primary(&forced).await;
+    let taken = db.lease().await;
+    assert_eq!(taken.holder_id.as_str(), "b");
+    assert_eq!(taken.term.0, 2, "a take-over bumps the term");
+    // "a" finds its lease gone and stands by; then "a" is forced back in by a
+    // third process, and "b", which lost the lease, must not force again.
+    wait_role(&first, Role::Standby).await;
+    first.shutdown().await.unwrap();
+    let third = db.node(3).start(RuntimeConfig {
+        force: true,
+        ..config("c", 1000)
+    });
+    wait_primary(&third).await;
+    wait_role(&forced, Role::Standby).await;
+    tokio::time::sleep(TTL).await;
+    assert_eq!(forced.status().role, Role::Standby, "{:?}", forced.status());
+    let lease = db.lease().await;
+    assert_eq!((lease.holder_id.as_str(), lease.term.0), ("c", 3));
+    third.shutdown().await.unwrap();
+    wait_primary(&forced).await;
+    forced.shutdown().await.unwrap();
 }

@@ -19,7 +19,7 @@ use std::process::Command;
 pub use shared::*;
 
 /// Every environment variable `chorus` reads its configuration from.
-const CONFIG_VARIABLES: [&str; 7] = [
+const CONFIG_VARIABLES: [&str; 8] = [
     "CHORUS_REPLICAS",
     "CHORUS_REGISTER",
     "CHORUS_DATA_DIR",
@@ -27,6 +27,7 @@ const CONFIG_VARIABLES: [&str; 7] = [
     "CHORUS_SNAPSHOT_STORE",
     "CHORUS_DB",
     "CHORUS_HOLDER",
+    "CHORUS_CLI_HOLDER",
 ];
 
 /// The `chorus` binary under test, run in `dir`, taking its configuration from

@@ -74,7 +74,7 @@ impl RuntimePhase<'_> {
         loop {
             for node in 0..self.nodes.len() {
                 if self.nodes[node].process.is_none() {
-                    self.boot(node, false);
+                    self.boot(node, false, false);
                 }
             }
             self.tick().await?;

@@ -8,8 +8,10 @@
 //! The schedule: key-value writes through `Runtime::write` (puts of unique
 //! keys with `Condition::Absent`, and compare-and-set increments of one
 //! counter key prepared with `KvState::check` against the applied state),
-//! crashes (`Runtime::abort`) and fresh processes (a new holder id, or the
-//! crashed one's: a restart), graceful shutdowns (`Runtime::shutdown`, of
+//! crashes (`Runtime::abort`) and fresh processes (a new holder id, the
+//! crashed one's: a restart, or the holder id of a process alive on another
+//! node: two processes that share one, told apart only by the random
+//! incarnation each writes into the lease), graceful shutdowns (`Runtime::shutdown`, of
 //! primaries with writes in flight too), zombies (a node cut off
 //! from its log, its lease store or both, for a while, then healed), store
 //! faults on any view or on the shared stores, replica outages, clock skew
@@ -72,7 +74,7 @@ use bytes::Bytes;
 use chorus::blob::FaultController;
 use chorus::ids::RecordIndex;
 use chorus::kv::{Applied, Condition, KvState};
-use chorus::lease::{DatabaseKey, HolderId};
+use chorus::lease::{DatabaseKey, HolderId, Incarnation};
 use chorus::runtime::{Role, Runtime, RuntimeConfig, RuntimeStores};
 use chorus::snapshot::{Head, SnapshotConfig};
 use rand::rngs::StdRng;
@@ -316,6 +318,8 @@ enum Action {
     Boot {
         node: usize,
         restart: bool,
+        /// Take the holder id of a process alive on another node.
+        share: bool,
     },
     Crash(usize),
     Shutdown(usize),
@@ -569,7 +573,15 @@ impl<'a> RuntimePhase<'a> {
             options.push((2, Action::Crash(node)));
         } else {
             let restart = self.rng.random_bool(0.3);
-            options.push((10, Action::Boot { node, restart }));
+            let share = !restart && self.rng.random_bool(0.2);
+            options.push((
+                10,
+                Action::Boot {
+                    node,
+                    restart,
+                    share,
+                },
+            ));
         }
         if self.nodes[node].isolated.is_some() {
             options.push((2, Action::Heal(node)));
@@ -605,7 +617,11 @@ impl<'a> RuntimePhase<'a> {
                     self.write(node);
                 }
             }
-            Action::Boot { node, restart } => self.boot(node, restart),
+            Action::Boot {
+                node,
+                restart,
+                share,
+            } => self.boot(node, restart, share),
             Action::Crash(node) => self.crash(node),
             Action::Shutdown(node) => self.shutdown(node),
             Action::Isolate { node, scope, steps } => {
@@ -640,21 +656,32 @@ impl<'a> RuntimePhase<'a> {
     }
 
     /// Starts a process on `node`: under the last crashed process's holder
-    /// id (a restart: it takes its own lease over at once) or a new one.
-    fn boot(&mut self, node: usize, restart: bool) {
-        let slot = &mut self.nodes[node];
-        if slot.process.is_some() {
+    /// id (a restart: a new process all the same, so it waits out its
+    /// predecessor's lease), under the holder id of a process alive on
+    /// another node (`share`), or under a new one. Its incarnation is drawn
+    /// from the run's seed.
+    fn boot(&mut self, node: usize, restart: bool, share: bool) {
+        if self.nodes[node].process.is_some() {
             return;
         }
-        let holder = match slot.restartable.clone().filter(|_| restart) {
-            Some(holder) => holder,
-            None => {
+        let shared = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(other, _)| share && *other != node)
+            .find_map(|(_, other)| other.process.as_ref().map(|p| p.holder.clone()));
+        let incarnation = Incarnation(self.rng.random());
+        let slot = &mut self.nodes[node];
+        let holder = match (slot.restartable.clone().filter(|_| restart), shared) {
+            (Some(holder), _) | (None, Some(holder)) => holder,
+            (None, None) => {
                 slot.incarnation += 1;
                 HolderId::new(&format!("n{node}-{}", slot.incarnation)).expect("a valid holder id")
             }
         };
         let config = RuntimeConfig {
             holder: holder.clone(),
+            incarnation: Some(incarnation),
             ..self.settings.runtime.clone()
         };
         let runtime = Kv::start(slot.stores.clone(), config).expect("valid runtime settings");

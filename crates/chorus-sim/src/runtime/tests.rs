@@ -5,7 +5,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use chorus::ids::RecordIndex;
 use chorus::kv::{Condition, KvState};
-use chorus::lease::{DatabaseKey, Generation, HolderId, LeaseRecord, Term};
+use chorus::lease::{DatabaseKey, Generation, HolderId, Incarnation, LeaseRecord, Term};
 use chorus::runtime::{Phase, RuntimeError};
 use chorus::snapshot::{Head, PayloadId, PublicationSequence, PublisherId, Sha256Digest};
 
@@ -119,6 +119,7 @@ fn lease(holder: &str, generation: u64, released: bool) -> LeaseRecord {
     LeaseRecord {
         database_key: DatabaseKey::new("simkv").unwrap(),
         holder_id: HolderId::new(holder).unwrap(),
+        incarnation: Some(Incarnation(generation.into())),
         term: Term(1),
         generation: Generation(generation),
         acquired_at_ms: 0,

@@ -5,6 +5,8 @@
 //! Every document carries a checksum of its fields
 //! ([`document_checksum`](crate::codec::document_checksum)).
 
+use std::ops::RangeInclusive;
+
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
@@ -56,21 +58,24 @@ pub(crate) struct Fields {
     document: &'static str,
     key: String,
     map: Map<String, Value>,
+    /// The document's format, once checked.
+    format: u64,
 }
 
 impl Fields {
     /// Parses `bytes` as a JSON object of at most [`MAX_DOCUMENT_BYTES`], in
-    /// format `supported`, with an intact checksum.
+    /// one of the `supported` formats, with an intact checksum.
     pub(crate) fn parse(
         document: &'static str,
         key: &str,
         bytes: &Bytes,
-        supported: u64,
+        supported: RangeInclusive<u64>,
     ) -> Result<Fields, DocumentError> {
         let mut fields = Fields {
             document,
             key: key.to_owned(),
             map: Map::new(),
+            format: 0,
         };
         if bytes.len() > MAX_DOCUMENT_BYTES {
             let reason = format!("size_bytes={} exceeds {MAX_DOCUMENT_BYTES}", bytes.len());
@@ -81,8 +86,13 @@ impl Fields {
             Ok(_) => return Err(fields.invalid("document", "not a JSON object")),
             Err(error) => return Err(fields.invalid("document", format!("not JSON: {error}"))),
         }
-        let claimed = fields.map.get("format").map(Value::to_string);
-        let supported_text = supported.to_string();
+        // A claimed format is worth naming only when this build cannot read it.
+        let claimed = fields
+            .map
+            .get("format")
+            .filter(|format| !format.as_u64().is_some_and(|f| supported.contains(&f)))
+            .map(Value::to_string);
+        let supported_text = formats_text(&supported);
         let unsupported_or = |reason: String| {
             checksum_failure("format", claimed.as_deref(), &supported_text, reason)
         };
@@ -99,8 +109,13 @@ impl Fields {
             );
             return Err(fields.invalid(CHECKSUM_FIELD, unsupported_or(reason)));
         }
-        fields.format(supported)?;
+        fields.format = fields.format(&supported)?;
         Ok(fields)
+    }
+
+    /// The document's format (one of those `parse` was given).
+    pub(crate) fn format_version(&self) -> u64 {
+        self.format
     }
 
     /// An error about `field` of this document.
@@ -149,13 +164,16 @@ impl Fields {
             .ok_or_else(|| self.invalid(field, format!("expected true or false, found {value}")))
     }
 
-    /// The `format` field, which must equal `supported`.
-    fn format(&mut self, supported: u64) -> Result<(), DocumentError> {
+    /// The `format` field, which must be one of `supported`.
+    fn format(&mut self, supported: &RangeInclusive<u64>) -> Result<u64, DocumentError> {
         match self.u64("format")? {
-            found if found == supported => Ok(()),
+            found if supported.contains(&found) => Ok(found),
             found => Err(self.invalid(
                 "format",
-                format!("unsupported format={found} (this build reads {supported})"),
+                format!(
+                    "unsupported format={found} (this build reads {})",
+                    formats_text(supported)
+                ),
             )),
         }
     }
@@ -166,6 +184,15 @@ impl Fields {
             None => Ok(()),
             Some(unknown) => Err(self.invalid("document", format!("unknown field {unknown:?}"))),
         }
+    }
+}
+
+/// `1`, or `1-2` for a range of formats.
+fn formats_text(formats: &RangeInclusive<u64>) -> String {
+    if formats.start() == formats.end() {
+        formats.start().to_string()
+    } else {
+        format!("{}-{}", formats.start(), formats.end())
     }
 }
 
@@ -194,7 +221,7 @@ mod tests {
             }
             _ => Bytes::copy_from_slice(text.as_bytes()),
         };
-        Fields::parse("test", "db/doc.json", &bytes, 1)
+        Fields::parse("test", "db/doc.json", &bytes, 1..=1)
     }
 
     #[test]
@@ -203,15 +230,15 @@ mod tests {
         let text = String::from_utf8(bytes.to_vec()).unwrap();
         let compact: Value = serde_json::from_str(&text).unwrap();
         let relaid = Bytes::from(serde_json::to_vec(&compact).unwrap());
-        Fields::parse("test", "k", &relaid, 1).expect("whitespace is not content");
+        Fields::parse("test", "k", &relaid, 1..=1).expect("whitespace is not content");
         let damaged = text.replace("1700000000000", "1700000090000");
-        let error = Fields::parse("test", "k", &Bytes::from(damaged), 1)
+        let error = Fields::parse("test", "k", &Bytes::from(damaged), 1..=1)
             .err()
             .expect("a changed digit is caught");
         assert_eq!(error.field(), CHECKSUM_FIELD);
         assert!(error.to_string().contains("checksum mismatch"), "{error}");
         let unsigned = text.replace(CHECKSUM_FIELD, "other");
-        let error = Fields::parse("test", "k", &Bytes::from(unsigned), 1)
+        let error = Fields::parse("test", "k", &Bytes::from(unsigned), 1..=1)
             .err()
             .expect("a document without its checksum is refused");
         assert_eq!(error.field(), CHECKSUM_FIELD);
@@ -225,7 +252,7 @@ mod tests {
         for bit in 0..bytes.len() * 8 {
             let mut flipped = bytes.to_vec();
             flipped[bit / 8] ^= 1 << (bit % 8);
-            let Ok(mut parsed) = Fields::parse("test", "k", &Bytes::from(flipped), 1) else {
+            let Ok(mut parsed) = Fields::parse("test", "k", &Bytes::from(flipped), 1..=1) else {
                 continue;
             };
             // Parsed (so in format 1): the flip only touched layout; every
@@ -274,7 +301,7 @@ mod tests {
     #[test]
     fn another_format_is_named_even_when_its_checksum_does_not_fit() {
         let newer = encode(serde_json::json!({"format": 2, "s": "x"}));
-        let error = Fields::parse("test", "k", &newer, 1).err().unwrap();
+        let error = Fields::parse("test", "k", &newer, 1..=1).err().unwrap();
         assert_eq!(error.field(), "format");
         assert!(
             error
@@ -283,21 +310,23 @@ mod tests {
         );
         let text = String::from_utf8(newer.to_vec()).unwrap();
         let unchecked = Bytes::from(text.replace(CHECKSUM_FIELD, "other"));
-        let error = Fields::parse("test", "k", &unchecked, 1).err().unwrap();
+        let error = Fields::parse("test", "k", &unchecked, 1..=1).err().unwrap();
         let message = error.to_string();
         assert!(
             message.contains("unsupported format: field=format value=2 supported=1, or missing"),
             "{message}"
         );
         let changed = Bytes::from(text.replace("\"x\"", "\"y\""));
-        let error = Fields::parse("test", "k", &changed, 1).err().unwrap();
+        let error = Fields::parse("test", "k", &changed, 1..=1).err().unwrap();
         let message = error.to_string();
         assert!(
             message.contains("value=2 supported=1, or checksum mismatch"),
             "{message}"
         );
         let formatless = encode(serde_json::json!({"s": "x"}));
-        let error = Fields::parse("test", "k", &formatless, 1).err().unwrap();
+        let error = Fields::parse("test", "k", &formatless, 1..=1)
+            .err()
+            .unwrap();
         assert!(
             error.to_string().ends_with("field=format: missing"),
             "{error}"

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use crate::blob::{BlobError, Version};
 
 use super::{
-    DatabaseKey, FencingToken, Generation, HolderId, LeaseError, LeaseRecord, LeaseStore, Term,
-    error,
+    DatabaseKey, FencingToken, Generation, HolderId, Incarnation, LeaseError, LeaseRecord,
+    LeaseStore, Term, error,
 };
 
 /// Rounds of one refresh or release: a round is one CAS (itself retried on
@@ -32,8 +32,9 @@ enum Purpose {
 #[derive(Debug)]
 pub struct LeaseHolder {
     leases: LeaseStore,
-    /// The incarnation: what this holder's documents all share.
+    /// The acquisition: what this holder's documents all share.
     holder_id: HolderId,
+    incarnation: Incarnation,
     term: Term,
     generation: Generation,
     state: Mutex<HeldState>,
@@ -65,6 +66,9 @@ impl LeaseHolder {
         let deadline = started + leases.config().write_window();
         LeaseHolder {
             holder_id: record.holder_id.clone(),
+            incarnation: record
+                .incarnation
+                .expect("an acquisition writes its incarnation"),
             term: record.term,
             generation: record.generation,
             leases,
@@ -91,6 +95,11 @@ impl LeaseHolder {
     /// Who holds it.
     pub fn holder_id(&self) -> &HolderId {
         &self.holder_id
+    }
+
+    /// The incarnation of the process that acquired it.
+    pub fn incarnation(&self) -> Incarnation {
+        self.incarnation
     }
 
     /// The holder's term.
@@ -243,9 +252,9 @@ impl LeaseHolder {
         }
     }
 
-    /// Whether `found` was written by this incarnation (live or released).
+    /// Whether `found` was written by this acquisition (live or released).
     fn is_incarnation(&self, found: &LeaseRecord) -> bool {
-        found.holder_id == self.holder_id
+        found.is_held_by(&self.holder_id, self.incarnation)
             && found.term == self.term
             && found.generation == self.generation
     }

@@ -2,7 +2,10 @@
 //! `<db>/lease.json` in any CAS-capable [`BlobStore`](crate::blob::BlobStore).
 //!
 //! - [`LeaseStore::acquire`] creates the document if absent, or CASes over a
-//!   released, expired or own lease with generation + 1. A live foreign lease is
+//!   released, expired or own lease with generation + 1. "Own" means written
+//!   by the same [`Contender`]: holder id *and* incarnation, a random id per
+//!   process, so two processes that share a holder id never both hold it. A
+//!   live lease of another process is
 //!   [`LeaseError::Held`]; a stored term above the contender's is
 //!   [`LeaseError::Fenced`] even when expired; a lost CAS is
 //!   [`LeaseError::LostRace`].
@@ -44,11 +47,41 @@ pub use error::LeaseError;
 pub use holder::{LeaseHolder, MAX_REFRESH_ROUNDS};
 pub use record::{LEASE_FORMAT, LeaseRecord, lease_key};
 pub use types::{
-    DatabaseKey, FencingToken, Generation, HolderId, MAX_DATABASE_KEY_BYTES, MAX_HOLDER_ID_BYTES,
-    NameError, Term,
+    Contender, DatabaseKey, FencingToken, Generation, HolderId, Incarnation,
+    MAX_DATABASE_KEY_BYTES, MAX_HOLDER_ID_BYTES, NameError, Term,
 };
 
 pub(crate) use document::{Fields, encode};
+
+/// Whether [`LeaseStore::release_holder`] may release a live lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LiveLease {
+    /// Refuse: only an expired lease is released.
+    Refuse,
+    /// Release it: its process is known to be gone.
+    Release,
+}
+
+/// Which term an acquisition asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TermChoice {
+    /// The contender's own term.
+    Given(Term),
+    /// The stored lease's term, [`Term::FIRST`] if there is none.
+    Stored,
+    /// One above the stored lease's term: a take-over.
+    AboveStored,
+}
+
+impl TermChoice {
+    fn term(self, stored: Option<Term>) -> Term {
+        match self {
+            TermChoice::Given(term) => term,
+            TermChoice::Stored => stored.unwrap_or(Term::FIRST),
+            TermChoice::AboveStored => Term(stored.map_or(0, |term| term.0).saturating_add(1)),
+        }
+    }
+}
 
 /// What [`LeaseStore::release_holder`] found and did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,46 +161,63 @@ impl LeaseStore {
         }
     }
 
-    /// Acquires the lease for `holder` under `term` (at least [`Term::FIRST`]):
-    /// one read, then create-if-absent or a CAS. Succeeds over no lease, a
-    /// released or expired lease, or `holder`'s own live lease (a restart);
-    /// always with the stored generation + 1.
-    pub async fn acquire(&self, holder: HolderId, term: Term) -> Result<LeaseHolder, LeaseError> {
-        let result = self.try_acquire(holder, Some(term)).await;
+    /// Acquires the lease for `contender` under `term` (at least
+    /// [`Term::FIRST`]): one read, then create-if-absent or a CAS. Succeeds
+    /// over no lease, a released or expired lease, or this very
+    /// incarnation's live lease (a reboot inside the process); always with
+    /// the stored generation + 1. Another process's live lease is
+    /// [`LeaseError::Held`], even under the same holder id.
+    pub async fn acquire(
+        &self,
+        contender: &Contender,
+        term: Term,
+    ) -> Result<LeaseHolder, LeaseError> {
+        let result = self.try_acquire(contender, TermChoice::Given(term)).await;
         error::record("acquire", &result);
         result
     }
 
-    /// Takes the lease over for `holder` even while another holder's lease is
-    /// live, under the stored term + 1, so the previous holder is fenced: its
-    /// refresh finds the lease changed ([`LeaseError::Stale`]), and it can no
-    /// longer publish. Until its own deadline passes it still believes it may
-    /// write, so use this only for a holder known to be gone.
-    pub async fn take_over(&self, holder: HolderId) -> Result<LeaseHolder, LeaseError> {
-        let result = self.try_acquire(holder, None).await;
+    /// [`acquire`](LeaseStore::acquire) under the stored lease's term (or
+    /// [`Term::FIRST`] if there is none), read in the same call: for a
+    /// contender that follows whatever term the deployment set, so a take-over
+    /// under a higher term between two reads is a [`LeaseError::Held`] (wait),
+    /// never a [`LeaseError::Fenced`].
+    pub async fn acquire_at_stored_term(
+        &self,
+        contender: &Contender,
+    ) -> Result<LeaseHolder, LeaseError> {
+        let result = self.try_acquire(contender, TermChoice::Stored).await;
+        error::record("acquire", &result);
+        result
+    }
+
+    /// Takes the lease over for `contender` even while another process's
+    /// lease is live, under the stored term + 1, so the previous holder is
+    /// fenced: its refresh finds the lease changed ([`LeaseError::Stale`]),
+    /// and it can no longer publish. Until its own deadline passes it still
+    /// believes it may write (and serve reads), so use this only for a holder
+    /// known to be gone.
+    pub async fn take_over(&self, contender: &Contender) -> Result<LeaseHolder, LeaseError> {
+        let result = self.try_acquire(contender, TermChoice::AboveStored).await;
         error::record("take_over", &result);
         result
     }
 
-    /// Acquires under `term`, or takes over under the stored term + 1 (`None`).
     async fn try_acquire(
         &self,
-        holder: HolderId,
-        term: Option<Term>,
+        contender: &Contender,
+        choice: TermChoice,
     ) -> Result<LeaseHolder, LeaseError> {
         let current = self.read_versioned().await?;
         let stored = current.as_ref().map(|(record, _)| record);
-        let taking_over = term.is_none();
-        let term = match term {
-            Some(term) => term,
-            None => Term(stored.map_or(0, |record| record.term.0).saturating_add(1)),
-        };
+        let term = choice.term(stored.map(|record| record.term));
         assert!(term >= Term::FIRST, "lease terms start at 1");
         // The deadline counts from before the wall reading that sets the expiry,
         // so the holder never believes in more time than the document grants.
         let started = self.clock.now();
         let wall_ms = self.clock.wall_ms();
-        let next = self.next_acquisition(stored, holder, term, wall_ms, taking_over)?;
+        let taking_over = choice == TermChoice::AboveStored;
+        let next = self.next_acquisition(stored, contender, term, wall_ms, taking_over)?;
         let written = match &current {
             None => create_resolving(self.store.as_ref(), &self.key, next.encode()).await,
             Some((_, version)) => self.write(version, &next).await,
@@ -183,12 +233,12 @@ impl LeaseStore {
         }
     }
 
-    /// The record an acquisition by `holder` writes over `current`, or why
-    /// not. A take-over (under a higher term) skips the contender checks.
+    /// The record an acquisition by `contender` writes over `current`, or
+    /// why not. A take-over (under a higher term) skips the contender checks.
     fn next_acquisition(
         &self,
         current: Option<&LeaseRecord>,
-        holder: HolderId,
+        contender: &Contender,
         term: Term,
         wall_ms: u64,
         taking_over: bool,
@@ -197,7 +247,7 @@ impl LeaseStore {
             None => Generation::FIRST,
             Some(current) => {
                 if !taking_over {
-                    self.check_contender(current, &holder, term, wall_ms)?;
+                    self.check_contender(current, contender, term, wall_ms)?;
                 }
                 current.generation.next().ok_or_else(|| {
                     DocumentError::new("lease", &self.key, "generation", "cannot be incremented")
@@ -206,7 +256,8 @@ impl LeaseStore {
         };
         Ok(LeaseRecord {
             database_key: self.database.clone(),
-            holder_id: holder,
+            holder_id: contender.holder().clone(),
+            incarnation: Some(contender.incarnation()),
             term,
             generation,
             acquired_at_ms: wall_ms,
@@ -215,11 +266,13 @@ impl LeaseStore {
         })
     }
 
-    /// Refuses a contender with a lower term (always) or facing a live foreign lease.
+    /// Refuses a contender with a lower term (always) or facing a live lease
+    /// of another process: another holder id, or the same one written by
+    /// another incarnation.
     fn check_contender(
         &self,
         current: &LeaseRecord,
-        holder: &HolderId,
+        contender: &Contender,
         term: Term,
         wall_ms: u64,
     ) -> Result<(), LeaseError> {
@@ -230,20 +283,32 @@ impl LeaseStore {
                 stored_term: current.term,
             });
         }
-        if current.holder_id != *holder && current.is_live(wall_ms) {
-            return Err(LeaseError::Held {
-                database: self.database.clone(),
-                holder: current.holder_id.clone(),
-                expires_in: current.expires_in(wall_ms),
-            });
+        let own = current.is_held_by(contender.holder(), contender.incarnation());
+        if !own && current.is_live(wall_ms) {
+            return Err(self.held(current, wall_ms));
         }
         Ok(())
     }
 
-    /// Releases the lease iff `holder` holds it (live or expired), keeping its
-    /// generation: for operators and tools that act for a holder by name.
-    /// [`LeaseError::Held`] if another holder's lease is live.
-    pub async fn release_holder(&self, holder: &HolderId) -> Result<ReleaseOutcome, LeaseError> {
+    fn held(&self, current: &LeaseRecord, wall_ms: u64) -> LeaseError {
+        LeaseError::Held {
+            database: self.database.clone(),
+            holder: current.holder_id.clone(),
+            expires_in: current.expires_in(wall_ms),
+        }
+    }
+
+    /// Releases `holder`'s lease on its behalf, keeping its generation: for
+    /// operators and tools that act for a holder by name. An expired lease of
+    /// `holder` is released; a live one only with [`LiveLease::Release`],
+    /// since its process may still be serving (it believes in its lease
+    /// until its own deadline), else [`LeaseError::Held`]. Another holder's
+    /// live lease is always [`LeaseError::Held`].
+    pub async fn release_holder(
+        &self,
+        holder: &HolderId,
+        live: LiveLease,
+    ) -> Result<ReleaseOutcome, LeaseError> {
         let Some((current, version)) = self.read_versioned().await? else {
             return Ok(ReleaseOutcome::NotHeld(None));
         };
@@ -251,9 +316,15 @@ impl LeaseStore {
         if current.released {
             return Ok(ReleaseOutcome::NotHeld(Some(current)));
         }
+        let live_lease = current.is_live(wall_ms);
         if current.holder_id != *holder {
-            self.check_contender(&current, holder, current.term, wall_ms)?;
+            if live_lease {
+                return Err(self.held(&current, wall_ms));
+            }
             return Ok(ReleaseOutcome::NotHeld(Some(current)));
+        }
+        if live_lease && live == LiveLease::Refuse {
+            return Err(self.held(&current, wall_ms));
         }
         let released = current.released_at(wall_ms);
         match self.write(&version, &released).await {

@@ -6,10 +6,15 @@ use bytes::Bytes;
 use serde_json::json;
 
 use super::document::{self, DocumentError, Fields};
-use super::{DatabaseKey, FencingToken, Generation, HolderId, Term};
+use super::{DatabaseKey, FencingToken, Generation, HolderId, Incarnation, Term};
 
-/// The lease document format this build writes and reads.
-pub const LEASE_FORMAT: u64 = 1;
+/// The lease document format this build writes. Format 2 added
+/// `incarnation`; this build still reads format 1 (written by older builds),
+/// whose leases no process of this build counts as its own.
+pub const LEASE_FORMAT: u64 = 2;
+
+/// The oldest lease document format this build reads.
+const OLDEST_LEASE_FORMAT: u64 = 1;
 
 /// The key of a database's lease document: `<db>/lease.json`.
 pub fn lease_key(database: &DatabaseKey) -> String {
@@ -23,6 +28,8 @@ pub struct LeaseRecord {
     pub database_key: DatabaseKey,
     /// Who acquired it (and, once released, who released it).
     pub holder_id: HolderId,
+    /// The process that acquired it; `None` in a format-1 document.
+    pub incarnation: Option<Incarnation>,
     /// The holder's term.
     pub term: Term,
     /// The acquisition's generation; kept by refresh and release.
@@ -55,11 +62,19 @@ impl LeaseRecord {
         Duration::from_millis(self.expires_at_ms.saturating_sub(wall_ms))
     }
 
-    /// Whether `other` is the same incarnation: same holder, term and generation.
+    /// Whether `other` is the same acquisition: same holder, incarnation,
+    /// term and generation.
     pub fn same_incarnation(&self, other: &LeaseRecord) -> bool {
         self.holder_id == other.holder_id
+            && self.incarnation == other.incarnation
             && self.term == other.term
             && self.generation == other.generation
+    }
+
+    /// Whether this lease was acquired by `incarnation` (never true of a
+    /// format-1 document, which names no incarnation).
+    pub fn is_held_by(&self, holder: &HolderId, incarnation: Incarnation) -> bool {
+        self.holder_id == *holder && self.incarnation == Some(incarnation)
     }
 
     /// This lease extended to `wall_ms + ttl`.
@@ -79,10 +94,12 @@ impl LeaseRecord {
         }
     }
 
-    /// Encodes the document.
+    /// Encodes the document: in format 2, or in format 1 for a record that
+    /// came from a format-1 document (an older build's lease released by
+    /// this one keeps its format).
     pub fn encode(&self) -> Bytes {
-        document::encode(json!({
-            "format": LEASE_FORMAT,
+        let mut document = json!({
+            "format": OLDEST_LEASE_FORMAT,
             "database_key": self.database_key.as_str(),
             "holder_id": self.holder_id.as_str(),
             "term": self.term.0,
@@ -90,7 +107,12 @@ impl LeaseRecord {
             "acquired_at_ms": self.acquired_at_ms,
             "expires_at_ms": self.expires_at_ms,
             "released": self.released,
-        }))
+        });
+        if let Some(incarnation) = self.incarnation {
+            document["format"] = LEASE_FORMAT.into();
+            document["incarnation"] = incarnation.to_string().into();
+        }
+        document::encode(document)
     }
 
     /// Decodes and validates the lease document of `database` stored at `key`.
@@ -99,7 +121,7 @@ impl LeaseRecord {
         key: &str,
         bytes: &Bytes,
     ) -> Result<LeaseRecord, DocumentError> {
-        let mut fields = Fields::parse("lease", key, bytes, LEASE_FORMAT)?;
+        let mut fields = Fields::parse("lease", key, bytes, OLDEST_LEASE_FORMAT..=LEASE_FORMAT)?;
         let database_key = fields.string("database_key")?;
         if database_key != database.as_str() {
             let reason = format!("names database={database_key:?}, expected {database}");
@@ -108,9 +130,20 @@ impl LeaseRecord {
         let holder_id = fields.string("holder_id")?;
         let holder_id =
             HolderId::new(&holder_id).map_err(|e| fields.invalid("holder_id", e.to_string()))?;
+        let incarnation = match fields.format_version() {
+            OLDEST_LEASE_FORMAT => None,
+            _ => {
+                let text = fields.string("incarnation")?;
+                let incarnation = text
+                    .parse::<Incarnation>()
+                    .map_err(|e| fields.invalid("incarnation", e.to_string()))?;
+                Some(incarnation)
+            }
+        };
         let record = LeaseRecord {
             database_key: database.clone(),
             holder_id,
+            incarnation,
             term: Term(fields.positive("term")?),
             generation: Generation(fields.positive("generation")?),
             acquired_at_ms: fields.u64("acquired_at_ms")?,
@@ -135,6 +168,7 @@ mod tests {
         LeaseRecord {
             database_key: DatabaseKey::new("db").unwrap(),
             holder_id: HolderId::new("node-a").unwrap(),
+            incarnation: Some(Incarnation(0x5eed)),
             term: Term(2),
             generation: Generation(7),
             acquired_at_ms: 1_000,
@@ -165,6 +199,29 @@ mod tests {
     }
 
     #[test]
+    fn a_format_1_document_is_read_with_no_incarnation_and_kept_in_format_1() {
+        // The bytes an older build wrote, with the checksum it computed.
+        let legacy = crate::lease::document::encode(json!({
+            "format": 1, "database_key": "db", "holder_id": "node-a", "term": 2,
+            "generation": 7, "acquired_at_ms": 1_000, "expires_at_ms": 11_000,
+            "released": false,
+        }));
+        let record = decode(&legacy).unwrap();
+        assert_eq!(record.incarnation, None);
+        assert_eq!(record.generation, Generation(7));
+        let holder = HolderId::new("node-a").unwrap();
+        assert!(!record.is_held_by(&holder, Incarnation(0)));
+        assert_eq!(record.encode(), legacy, "re-encoded as it was written");
+        let released = record.released_at(5_000);
+        assert_eq!(decode(&released.encode()).unwrap(), released);
+        // A format-2 document must name its incarnation.
+        let mut missing: serde_json::Value = serde_json::from_slice(&legacy).unwrap();
+        missing["format"] = json!(2);
+        let missing = crate::lease::document::encode(missing);
+        assert_eq!(decode(&missing).unwrap_err().field(), "incarnation");
+    }
+
+    #[test]
     fn liveness_follows_the_wall_clock() {
         let record = record();
         assert!(record.is_live(10_999));
@@ -186,6 +243,8 @@ mod tests {
             ("database_key", json!("other"), "database_key"),
             ("holder_id", json!("two words"), "holder_id"),
             ("holder_id", json!(5), "holder_id"),
+            ("incarnation", json!("5eed"), "incarnation"),
+            ("incarnation", json!(5), "incarnation"),
             ("term", json!(0), "term"),
             ("generation", json!("7"), "generation"),
             ("expires_at_ms", json!(-1), "expires_at_ms"),

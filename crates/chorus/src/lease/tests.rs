@@ -37,6 +37,13 @@ fn holder(id: &str) -> HolderId {
     HolderId::new(id).unwrap()
 }
 
+/// The process named `id`: the same incarnation every call, as one
+/// process's runtime keeps one contender for its lifetime.
+fn contender(id: &str) -> Contender {
+    let incarnation = id.bytes().fold(1u128, |sum, b| sum * 131 + u128::from(b));
+    Contender::with_incarnation(holder(id), Incarnation(incarnation))
+}
+
 /// A store whose faults the test controls, plus the controller.
 async fn faulty() -> (DynBlobStore, FaultController) {
     let controller = FaultController::new(11);
@@ -49,7 +56,7 @@ async fn the_deadline_is_ttl_minus_margin_from_before_the_write() {
     let clock = ManualClock::shared(START_MS);
     let store = memory().await;
     let lease = leases(&store, &clock)
-        .acquire(holder("a"), Term(1))
+        .acquire(&contender("a"), Term(1))
         .await
         .unwrap();
     let start = clock.now();
@@ -75,7 +82,7 @@ async fn refresh_retries_transient_errors() {
     let clock = ManualClock::shared(START_MS);
     let (store, controller) = faulty().await;
     let lease = leases(&store, &clock)
-        .acquire(holder("a"), Term(1))
+        .acquire(&contender("a"), Term(1))
         .await
         .unwrap();
     // More failures than one round's read-back resolver absorbs.
@@ -96,7 +103,7 @@ async fn a_lost_refresh_response_is_settled_by_reading_back() {
     let clock = ManualClock::shared(START_MS);
     let (store, controller) = faulty().await;
     let lease = leases(&store, &clock)
-        .acquire(holder("a"), Term(1))
+        .acquire(&contender("a"), Term(1))
         .await
         .unwrap();
     controller.add(
@@ -122,7 +129,7 @@ async fn a_failed_refresh_keeps_the_old_deadline() {
     let clock = ManualClock::shared(START_MS);
     let (store, controller) = faulty().await;
     let lease = leases(&store, &clock)
-        .acquire(holder("a"), Term(1))
+        .acquire(&contender("a"), Term(1))
         .await
         .unwrap();
     let start = clock.now();
@@ -144,7 +151,7 @@ async fn every_store_call_is_bounded_by_the_timeout() {
     controller.add(FaultRule::new(Fault::Delay(Duration::from_secs(60))));
     let started = tokio::time::Instant::now();
     let error = leases(&store, &clock)
-        .acquire(holder("a"), Term(1))
+        .acquire(&contender("a"), Term(1))
         .await
         .unwrap_err();
     assert!(error.is_transient(), "{error}");
@@ -161,12 +168,12 @@ async fn held_reports_the_holder_and_time_left_by_the_contenders_clock() {
     let clock = ManualClock::shared(START_MS);
     let store = memory().await;
     let _a = leases(&store, &clock)
-        .acquire(holder("a"), Term(1))
+        .acquire(&contender("a"), Term(1))
         .await
         .unwrap();
     clock.advance(Duration::from_secs(4));
     let error = leases(&store, &clock)
-        .acquire(holder("b"), Term(1))
+        .acquire(&contender("b"), Term(1))
         .await
         .unwrap_err();
     let LeaseError::Held {
@@ -192,11 +199,11 @@ async fn reacquiring_an_own_live_lease_bumps_the_generation_and_stales_the_old_h
     let clock = ManualClock::shared(START_MS);
     let store = memory().await;
     let first = leases(&store, &clock)
-        .acquire(holder("a"), Term(1))
+        .acquire(&contender("a"), Term(1))
         .await
         .unwrap();
     let second = leases(&store, &clock)
-        .acquire(holder("a"), Term(1))
+        .acquire(&contender("a"), Term(1))
         .await
         .unwrap();
     assert_eq!(second.generation(), Generation(2));
@@ -213,7 +220,7 @@ async fn release_stops_writing_is_idempotent_and_refresh_after_it_is_stale() {
     let clock = ManualClock::shared(START_MS);
     let store = memory().await;
     let lease = leases(&store, &clock)
-        .acquire(holder("a"), Term(1))
+        .acquire(&contender("a"), Term(1))
         .await
         .unwrap();
     lease.release().await.unwrap();
@@ -228,33 +235,127 @@ async fn release_stops_writing_is_idempotent_and_refresh_after_it_is_stale() {
 }
 
 #[tokio::test]
-async fn release_holder_acts_only_for_the_named_holder() {
+async fn another_process_with_the_same_holder_id_waits_for_expiry() {
+    let clock = ManualClock::shared(START_MS);
+    let store = memory().await;
+    let first = Contender::new(holder("shared-host"));
+    let second = Contender::new(holder("shared-host"));
+    let a = leases(&store, &clock)
+        .acquire(&first, Term(1))
+        .await
+        .unwrap();
+    let refused = leases(&store, &clock)
+        .acquire(&second, Term(1))
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, LeaseError::Held { .. }), "{refused}");
+    let refused = leases(&store, &clock)
+        .acquire_at_stored_term(&second)
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, LeaseError::Held { .. }), "{refused}");
+    assert!(a.may_write_now());
+    a.refresh()
+        .await
+        .expect("the first process keeps its lease");
+    // Expired, it is anyone's; the first process's refresh then finds it lost.
+    clock.advance(Duration::from_secs(11));
+    let b = leases(&store, &clock)
+        .acquire_at_stored_term(&second)
+        .await
+        .unwrap();
+    assert_eq!(b.incarnation(), second.incarnation());
+    assert!(matches!(a.refresh().await, Err(LeaseError::Stale { .. })));
+}
+
+#[tokio::test]
+async fn acquire_at_stored_term_follows_a_take_over_instead_of_being_fenced() {
+    let clock = ManualClock::shared(START_MS);
+    let store = memory().await;
+    let leases = leases(&store, &clock);
+    let a = leases
+        .acquire_at_stored_term(&contender("a"))
+        .await
+        .unwrap();
+    assert_eq!(a.term(), Term::FIRST);
+    let b = leases.take_over(&contender("b")).await.unwrap();
+    assert_eq!(b.term(), Term(2));
+    b.release().await.unwrap();
+    // A contender that read term 1 before the take-over would be fenced by
+    // `acquire(.., Term(1))`; at the stored term it simply acquires.
+    assert!(matches!(
+        leases.acquire(&contender("a"), Term(1)).await,
+        Err(LeaseError::Fenced { .. })
+    ));
+    let again = leases
+        .acquire_at_stored_term(&contender("a"))
+        .await
+        .unwrap();
+    assert_eq!(again.term(), Term(2));
+}
+
+#[tokio::test]
+async fn release_holder_acts_only_for_the_named_holder_and_spares_a_live_lease() {
     let clock = ManualClock::shared(START_MS);
     let store = memory().await;
     let leases = leases(&store, &clock);
     assert_eq!(
-        leases.release_holder(&holder("a")).await.unwrap(),
+        leases
+            .release_holder(&holder("a"), LiveLease::Refuse)
+            .await
+            .unwrap(),
         ReleaseOutcome::NotHeld(None)
     );
-    let a = leases.acquire(holder("a"), Term(1)).await.unwrap();
-    let refused = leases.release_holder(&holder("b")).await.unwrap_err();
+    let a = leases.acquire(&contender("a"), Term(1)).await.unwrap();
+    for live in [LiveLease::Refuse, LiveLease::Release] {
+        let refused = leases.release_holder(&holder("b"), live).await.unwrap_err();
+        assert!(matches!(refused, LeaseError::Held { .. }), "{refused}");
+    }
+    // Its own live lease is refused too, unless the caller says its process is gone.
+    let refused = leases
+        .release_holder(&holder("a"), LiveLease::Refuse)
+        .await
+        .unwrap_err();
     assert!(matches!(refused, LeaseError::Held { .. }), "{refused}");
     assert!(a.may_write_now());
-    let ReleaseOutcome::Released(released) = leases.release_holder(&holder("a")).await.unwrap()
+    a.refresh()
+        .await
+        .expect("the refused release changed nothing");
+    let ReleaseOutcome::Released(released) = leases
+        .release_holder(&holder("a"), LiveLease::Release)
+        .await
+        .unwrap()
     else {
         panic!("expected a release");
     };
     assert!(released.released && released.generation == a.generation());
     assert!(matches!(a.refresh().await, Err(LeaseError::Stale { .. })));
     assert!(matches!(
-        leases.release_holder(&holder("a")).await.unwrap(),
+        leases
+            .release_holder(&holder("a"), LiveLease::Refuse)
+            .await
+            .unwrap(),
         ReleaseOutcome::NotHeld(Some(_))
     ));
-    // Another holder's expired lease is not ours to release, nor is it an error.
-    let _b = leases.acquire(holder("b"), Term(1)).await.unwrap();
+    // An expired lease of the named holder is released without being asked twice.
+    let expired = leases.acquire(&contender("a"), Term(1)).await.unwrap();
     clock.advance(Duration::from_secs(11));
     assert!(matches!(
-        leases.release_holder(&holder("a")).await.unwrap(),
+        leases
+            .release_holder(&holder("a"), LiveLease::Refuse)
+            .await
+            .unwrap(),
+        ReleaseOutcome::Released(_)
+    ));
+    drop(expired);
+    // Another holder's expired lease is not ours to release, nor is it an error.
+    let _b = leases.acquire(&contender("b"), Term(1)).await.unwrap();
+    clock.advance(Duration::from_secs(11));
+    assert!(matches!(
+        leases
+            .release_holder(&holder("a"), LiveLease::Refuse)
+            .await
+            .unwrap(),
         ReleaseOutcome::NotHeld(Some(_))
     ));
 }
@@ -271,6 +372,7 @@ async fn a_malformed_lease_document_is_reported_and_left_alone() {
     let good = LeaseRecord {
         database_key: DatabaseKey::new("db").unwrap(),
         holder_id: holder("b"),
+        incarnation: Some(Incarnation(1)),
         term: Term(1),
         generation: Generation(1),
         acquired_at_ms: START_MS,
@@ -291,7 +393,7 @@ async fn a_malformed_lease_document_is_reported_and_left_alone() {
             .await
             .unwrap();
         let error = leases(&store, &clock)
-            .acquire(holder("a"), Term(1))
+            .acquire(&contender("a"), Term(1))
             .await
             .unwrap_err();
         let LeaseError::Document(ref document) = error else {
@@ -322,13 +424,13 @@ async fn skew_beyond_the_margin_breaks_the_time_based_exclusion() {
     let contender_clock = ManualClock::shared(START_MS + 3_000);
     let store = memory().await;
     let a = leases(&store, &holder_clock)
-        .acquire(holder("a"), Term(1))
+        .acquire(&contender("a"), Term(1))
         .await
         .unwrap();
     holder_clock.advance(Duration::from_millis(7_500));
     contender_clock.advance(Duration::from_millis(7_500));
     let b = leases(&store, &contender_clock)
-        .acquire(holder("b"), Term(1))
+        .acquire(&contender("b"), Term(1))
         .await
         .unwrap();
     assert!(a.may_write_now() && b.may_write_now());

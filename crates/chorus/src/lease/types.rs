@@ -121,6 +121,87 @@ impl FromStr for HolderId {
     }
 }
 
+/// One process's lifetime as a lease contender: a random 128-bit id drawn
+/// when the process (its runtime) starts and written into every lease
+/// document it writes. A live lease is re-acquired without waiting only by
+/// the incarnation that wrote it, so two processes that share a holder id
+/// never hold the lease at once. Written as 32 lowercase hex digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Incarnation(pub u128);
+
+impl Incarnation {
+    /// A fresh random incarnation.
+    pub fn random() -> Incarnation {
+        Incarnation(rand::random())
+    }
+}
+
+impl fmt::Display for Incarnation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl FromStr for Incarnation {
+    type Err = NameError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let invalid = || NameError::new("incarnation", s, "expected 32 lowercase hex digits");
+        let hex = s.len() == 32
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if !hex {
+            return Err(invalid());
+        }
+        u128::from_str_radix(s, 16)
+            .map(Incarnation)
+            .map_err(|_| invalid())
+    }
+}
+
+/// Who contends for a lease: the holder id it is known by (a deployment
+/// slot, shown to operators and clients) and the incarnation of the process
+/// behind it. Make one per process and keep it: every acquisition by the
+/// same `Contender` is the same incarnation, so a reboot inside the process
+/// re-acquires its own live lease at once, while another process with the
+/// same holder id waits for the lease to expire.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Contender {
+    holder: HolderId,
+    incarnation: Incarnation,
+}
+
+impl Contender {
+    /// `holder` with a fresh random incarnation.
+    pub fn new(holder: HolderId) -> Contender {
+        Contender::with_incarnation(holder, Incarnation::random())
+    }
+
+    /// `holder` with a chosen incarnation (simulations, tests).
+    pub fn with_incarnation(holder: HolderId, incarnation: Incarnation) -> Contender {
+        Contender {
+            holder,
+            incarnation,
+        }
+    }
+
+    /// The holder id.
+    pub fn holder(&self) -> &HolderId {
+        &self.holder
+    }
+
+    /// The incarnation.
+    pub fn incarnation(&self) -> Incarnation {
+        self.incarnation
+    }
+}
+
+impl fmt::Display for Contender {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (incarnation {})", self.holder, self.incarnation)
+    }
+}
+
 /// The contender's term: chosen by whoever deploys the contender (a
 /// configuration or deployment number), never lowered. A contender whose term is
 /// below the stored one is fenced for good, even when the lease has expired.
@@ -207,6 +288,23 @@ mod tests {
         for bad in ["", "two words", "tab\there", "ü", &"x".repeat(257)] {
             assert!(HolderId::new(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn incarnations_are_32_hex_digits() {
+        let incarnation = Incarnation(0xabc);
+        let text = incarnation.to_string();
+        assert_eq!(text, format!("{:0>32}", "abc"));
+        assert_eq!(text.parse::<Incarnation>().unwrap(), incarnation);
+        for bad in ["", "abc", &"A".repeat(32), &"g".repeat(32), &"0".repeat(33)] {
+            assert!(bad.parse::<Incarnation>().is_err(), "{bad:?} accepted");
+        }
+        assert_ne!(Incarnation::random(), Incarnation::random());
+        let holder = HolderId::new("node-a").unwrap();
+        let a = Contender::new(holder.clone());
+        let b = Contender::new(holder);
+        assert_eq!(a.holder(), b.holder());
+        assert_ne!(a, b, "two processes with one holder id are two contenders");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use crate::lease::{HolderId, LeaseStore};
+use crate::lease::{HolderId, Incarnation, LeaseStore};
 use crate::log::{LogConfig, LogStores};
 use crate::snapshot::{DEFAULT_KEEP_PAYLOADS, SnapshotStore};
 
@@ -22,10 +22,19 @@ pub struct RuntimeStores {
 /// a service on object storage; see each field for its trade-off.
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
-    /// This process's name in the lease. Two live processes must never share
-    /// one: a process that acquires a lease in its own name takes it over at
-    /// once (a restart), without waiting for it to expire.
+    /// This process's name in the lease: the deployment slot it fills, shown
+    /// in status and named to clients a standby redirects. Safety does not
+    /// rest on it being unique: the runtime adds a random incarnation to the
+    /// lease it writes, and only that incarnation re-acquires a live lease
+    /// without waiting (a reboot after a lost lease or failed writer);
+    /// another process, even under the same holder id, waits for expiry.
     pub holder: HolderId,
+    /// The incarnation the runtime writes into the lease; `None` (the
+    /// default) draws a random one at start. Set it only to make a run
+    /// reproducible (simulations, tests): two processes given the same
+    /// incarnation are one contender to the lease, which is the very
+    /// confusion the incarnation exists to prevent.
+    pub incarnation: Option<Incarnation>,
     /// The log's write-path settings.
     pub log: LogConfig,
     /// Publish a snapshot once this many records were applied since the last
@@ -35,8 +44,11 @@ pub struct RuntimeConfig {
     pub snapshot_interval: Duration,
     /// Snapshot payloads retention keeps (HEAD's is always kept).
     pub keep_payloads: NonZeroUsize,
-    /// Take the lease over even while another holder's lease is live (a
-    /// higher term fences it). For an operator who knows the holder is gone.
+    /// Take the lease over even while another process's lease is live (a
+    /// higher term fences it), on the runtime's first acquisition only; a
+    /// later reboot waits like any contender. For an operator who knows the
+    /// holder is gone: until its own deadline passes, that holder still
+    /// believes it may serve.
     pub force: bool,
     /// How often a caught-up standby polls the log for new records.
     pub standby_poll_interval: Duration,
@@ -57,6 +69,7 @@ impl RuntimeConfig {
     pub fn new(holder: HolderId) -> RuntimeConfig {
         RuntimeConfig {
             holder,
+            incarnation: None,
             log: LogConfig::default(),
             snapshot_every_records: 100_000,
             snapshot_interval: Duration::from_secs(300),

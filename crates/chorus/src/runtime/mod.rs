@@ -28,6 +28,7 @@ mod primary;
 mod standby;
 mod status;
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -42,7 +43,7 @@ pub use status::RuntimeStatus;
 
 use self::core::Core;
 use crate::ids::RecordIndex;
-use crate::lease::LeaseHolder;
+use crate::lease::{Contender, Incarnation, LeaseHolder};
 use crate::log::{Completion, LogError, StopReason, Writer};
 use status::Info;
 
@@ -74,6 +75,12 @@ struct WritePath<O> {
 struct Shared<M: StateMachine> {
     stores: RuntimeStores,
     config: RuntimeConfig,
+    /// This runtime's identity in the lease: the configured holder id and a
+    /// random incarnation drawn at start, kept for the runtime's lifetime.
+    contender: Contender,
+    /// Whether the next acquisition still takes the lease over
+    /// ([`RuntimeConfig::force`]); cleared by the first that succeeds.
+    force_pending: AtomicBool,
     core: Mutex<Core<M>>,
     write_path: Mutex<Option<WritePath<M::Output>>>,
     info: Mutex<Info>,
@@ -160,9 +167,13 @@ impl<M: StateMachine> Runtime<M> {
         config.validate().map_err(|e| {
             RuntimeError::new(Phase::ObserveHead, format!("invalid config: {e}"), false)
         })?;
+        let incarnation = config.incarnation.unwrap_or_else(Incarnation::random);
+        let contender = Contender::with_incarnation(config.holder.clone(), incarnation);
         let shared = Arc::new(Shared {
             core: Mutex::new(Core::new(config.history_records)),
-            info: Mutex::new(Info::new(config.holder.clone())),
+            info: Mutex::new(Info::new(contender.clone())),
+            force_pending: AtomicBool::new(config.force),
+            contender,
             write_path: Mutex::new(None),
             applied: watch::Sender::new(RecordIndex(0)),
             stop: watch::Sender::new(false),

@@ -2,6 +2,7 @@
 //! task, snapshots and the way out (shutdown, lost lease, failed writer).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,7 +13,7 @@ use super::error::{Phase, Role, RuntimeError};
 use super::machine::{Checkpoint, StateMachine};
 use super::{InFlight, Shared, WritePath, Written, timed};
 use crate::ids::RecordIndex;
-use crate::lease::{LeaseError, LeaseHolder, Term};
+use crate::lease::{LeaseError, LeaseHolder, LeaseRecord};
 use crate::log::{LogError, Recovery, StopReason, Writer};
 use crate::snapshot::{Head, NewSnapshot, PublicationStore, SnapshotError};
 
@@ -160,22 +161,26 @@ pub(super) async fn restore_head<M: StateMachine>(
     Ok(())
 }
 
-/// Acquires the lease, or `None` while another holder's lease is live.
+/// Acquires the lease, or `None` while another process's lease is live.
+/// `force` takes a live lease over, on this runtime's first acquisition only:
+/// a later reboot (after a lost lease or a failed writer) must not fence
+/// whichever process took over meanwhile.
 async fn acquire<M: StateMachine>(shared: &Shared<M>) -> Result<Option<LeaseHolder>, RuntimeError> {
     let leases = &shared.stores.leases;
-    let holder = shared.config.holder.clone();
-    let current = leases
-        .read()
-        .await
-        .map_err(|e| lease_error(Phase::AcquireLease, e))?;
-    let acquired = if shared.config.force {
-        tracing::warn!("taking the lease over (--force)");
-        leases.take_over(holder).await
+    let contender = &shared.contender;
+    let forcing = shared.force_pending.load(Ordering::Acquire);
+    let acquired = if forcing {
+        let previous = leases.read().await.ok().flatten();
+        let taken = leases.take_over(contender).await;
+        if let Ok(lease) = &taken {
+            shared.force_pending.store(false, Ordering::Release);
+            let previous = previous.map_or_else(|| "none".to_owned(), |p| describe(&p));
+            tracing::warn!(%contender, token = %lease.token(), %previous, "took the lease over (--force); the previous holder is fenced");
+        }
+        taken
     } else {
-        let term = current.as_ref().map_or(Term::FIRST, |lease| lease.term);
-        leases.acquire(holder, term).await
+        leases.acquire_at_stored_term(contender).await
     };
-    shared.info().lease = current;
     match acquired {
         Ok(lease) => {
             shared.info().lease = Some(lease.record());
@@ -184,12 +189,31 @@ async fn acquire<M: StateMachine>(shared: &Shared<M>) -> Result<Option<LeaseHold
         Err(LeaseError::Held {
             holder, expires_in, ..
         }) => {
-            tracing::info!(%holder, expires_in_ms = expires_in.as_millis() as u64, "lease held by another process");
+            let expires_in_ms = expires_in.as_millis() as u64;
+            if holder == *contender.holder() {
+                tracing::warn!(%holder, expires_in_ms, "lease held by another process with this holder id (a second instance, or this host's previous process that did not release it); standing by until it expires");
+            } else {
+                tracing::info!(%holder, expires_in_ms, "lease held by another process");
+            }
+            shared.info().lease = leases.read().await.ok().flatten();
             Ok(None)
         }
         Err(LeaseError::LostRace { .. }) => Ok(None),
         Err(error) => Err(lease_error(Phase::AcquireLease, error)),
     }
+}
+
+/// A lease document for a log line: holder, incarnation, token, state.
+fn describe(lease: &LeaseRecord) -> String {
+    let incarnation = lease
+        .incarnation
+        .map_or_else(|| "unknown".to_owned(), |i| i.to_string());
+    let state = if lease.released { "released" } else { "held" };
+    format!(
+        "holder={} incarnation={incarnation} token={} {state}",
+        lease.holder_id,
+        lease.token()
+    )
 }
 
 /// Stamps HEAD with the lease; on the very first boot installs the current

@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::config::RuntimeConfig;
 use super::error::{Phase, Role};
 use crate::ids::{Epoch, RecordIndex};
-use crate::lease::{HolderId, LeaseRecord};
+use crate::lease::{Contender, HolderId, Incarnation, LeaseRecord};
 use crate::log::WriterStatus;
 use crate::snapshot::Head;
 
@@ -16,6 +16,8 @@ pub struct RuntimeStatus {
     pub role: Role,
     /// This process's holder id.
     pub holder: HolderId,
+    /// This process's incarnation (random, drawn at start).
+    pub incarnation: Incarnation,
     /// Every record below this index is applied here.
     pub applied_index: RecordIndex,
     /// The primary's writer: epoch, next index and what is in flight.
@@ -49,7 +51,7 @@ pub struct RuntimeStatus {
 #[derive(Debug)]
 pub(super) struct Info {
     pub(super) role: Role,
-    pub(super) holder: HolderId,
+    pub(super) contender: Contender,
     pub(super) lease: Option<LeaseRecord>,
     pub(super) head: Option<Head>,
     pub(super) last_snapshot_index: Option<RecordIndex>,
@@ -61,10 +63,10 @@ pub(super) struct Info {
 }
 
 impl Info {
-    pub(super) fn new(holder: HolderId) -> Info {
+    pub(super) fn new(contender: Contender) -> Info {
         Info {
             role: Role::Booting,
-            holder,
+            contender,
             lease: None,
             head: None,
             last_snapshot_index: None,
@@ -102,7 +104,8 @@ impl Info {
     ) -> RuntimeStatus {
         RuntimeStatus {
             role: self.role,
-            holder: self.holder.clone(),
+            holder: self.contender.holder().clone(),
+            incarnation: self.contender.incarnation(),
             applied_index,
             writer,
             lease: self.lease.clone(),

@@ -330,7 +330,7 @@ impl Head {
 
     /// Decodes and validates the HEAD of `database` stored at `key`.
     pub fn decode(database: &DatabaseKey, key: &str, bytes: &Bytes) -> Result<Head, DocumentError> {
-        let mut fields = Fields::parse("HEAD", key, bytes, HEAD_FORMAT)?;
+        let mut fields = Fields::parse("HEAD", key, bytes, HEAD_FORMAT..=HEAD_FORMAT)?;
         let database_key = fields.string("database_key")?;
         if database_key != database.as_str() {
             let reason = format!("names database={database_key:?}, expected {database}");

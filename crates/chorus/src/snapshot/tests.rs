@@ -17,7 +17,7 @@ use crate::blob::{
 };
 use crate::clock::ManualClock;
 use crate::ids::RecordIndex;
-use crate::lease::{HolderId, LeaseConfig, LeaseHolder, LeaseStore, Term};
+use crate::lease::{Contender, HolderId, Incarnation, LeaseConfig, LeaseHolder, LeaseStore, Term};
 
 const START_MS: u64 = 1_700_000_000_000;
 
@@ -39,10 +39,17 @@ fn snapshots(store: &DynBlobStore, clock: &Arc<ManualClock>) -> SnapshotStore {
     )
 }
 
+/// The process named `id`: the same incarnation on every call, so a second
+/// acquisition is that process re-acquiring its own live lease.
+fn contender(id: &str) -> Contender {
+    let incarnation = id.bytes().fold(1u128, |sum, b| sum * 131 + u128::from(b));
+    Contender::with_incarnation(HolderId::new(id).unwrap(), Incarnation(incarnation))
+}
+
 async fn acquire(store: &DynBlobStore, clock: &Arc<ManualClock>, id: &str) -> LeaseHolder {
     LeaseStore::new(store.clone(), db(), LeaseConfig::default(), clock.clone())
         .unwrap()
-        .acquire(HolderId::new(id).unwrap(), Term(1))
+        .acquire(&contender(id), Term(1))
         .await
         .unwrap()
 }
