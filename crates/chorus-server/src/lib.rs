@@ -12,6 +12,7 @@ pub mod auth;
 pub mod encoding;
 pub mod error;
 pub mod kv;
+pub mod listener;
 pub mod status;
 pub mod stream;
 
@@ -49,6 +50,8 @@ pub struct ServiceConfig {
     pub max_body_bytes: usize,
     /// Bound on a request until its answer starts (`503` after).
     pub request_timeout: Duration,
+    /// Bounds on connections: how many at once, header read time, drain.
+    pub connections: listener::ConnectionLimits,
     /// This instance's URL as clients reach it (shown in status).
     pub advertise_url: Option<String>,
     /// Whether `/readyz` is 200 on a caught-up standby too.
@@ -158,16 +161,16 @@ async fn observe(request: Request, next: Next) -> Response {
     response
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves, then finishes the
-/// requests in flight (event streams end when `AppState::shutdown` turns).
+/// Serves `app` on `listener` within its connection limits until
+/// `shutdown` resolves, then finishes the requests in flight for at most
+/// the shutdown grace (event streams end when `AppState::shutdown` turns).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Arc<AppState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(app))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let limits = app.config.connections;
+    listener::serve(listener, router(app), limits, shutdown).await
 }
 
 /// Installs the Prometheus recorder as the process's `metrics` recorder, so
