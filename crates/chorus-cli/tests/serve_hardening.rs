@@ -1,7 +1,8 @@
 //! `chorus serve` against hostile and broken clients, through the real
 //! binary and raw sockets: slow and silent connections, a stalled watch
-//! reader at shutdown, half-closed requests and SIGHUP. Each test is named
-//! after what it regresses.
+//! reader at shutdown, half-closed requests, invented methods, requests
+//! without `Host`, oversized bodies announced with `Expect: 100-continue`,
+//! timeouts and SIGHUP. Each test is named after what it regresses.
 
 mod support;
 
@@ -52,6 +53,14 @@ fn read_until_closed(stream: &mut TcpStream) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// Sends `request` as is on a new connection and returns all the server
+/// answered before it closed the connection.
+fn exchange(endpoint: &Endpoint, request: &str) -> String {
+    let mut stream = connect(endpoint);
+    stream.write_all(request.as_bytes()).unwrap();
+    read_until_closed(&mut stream)
+}
+
 /// The status code of a raw answer (0 when there was none).
 fn status_of(answer: &str) -> u16 {
     answer
@@ -65,6 +74,17 @@ fn status_of(answer: &str) -> u16 {
 fn json_of(answer: &str) -> Value {
     let body = answer.split_once("\r\n\r\n").map_or("", |(_, body)| body);
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {answer:?}"))
+}
+
+/// A header of a raw answer (the first of that name).
+fn header_of<'a>(answer: &'a str, name: &str) -> Option<&'a str> {
+    let head = answer
+        .split_once("\r\n\r\n")
+        .map_or(answer, |(head, _)| head);
+    head.lines().skip(1).find_map(|line| {
+        let (found, value) = line.split_once(':')?;
+        found.eq_ignore_ascii_case(name).then(|| value.trim())
+    })
 }
 
 /// `chorus lease status --json` on the embedded default under `dir/data`.
@@ -344,4 +364,105 @@ fn sighup_stops_gracefully_and_releases_the_lease() {
     server.put_ok("a", "1");
     server.signal("HUP");
     assert_stopped_and_released(&mut server, &dir, "SIGHUP");
+}
+
+// ------------------------------------------------------------ answers ----
+
+/// A request timeout is the documented JSON 503 with `Retry-After`, says
+/// whether the write may have committed (here not: its body never
+/// arrived), and is counted in `chorus_http_*`.
+#[test]
+fn a_request_timeout_is_a_json_503_with_retry_after_counted_in_metrics() {
+    let dir = TempDir::new().unwrap();
+    let server = started(&launch(&dir).args(["--request-timeout-secs", "1"]));
+    let endpoint = server.endpoint();
+    let mut stream = connect(&endpoint);
+    stream
+        .write_all(b"PUT /v1/kv/slow HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n1")
+        .unwrap();
+    let answer = read_until_closed(&mut stream);
+    assert_eq!(status_of(&answer), 503, "{answer:?}");
+    assert!(header_of(&answer, "retry-after").is_some(), "{answer:?}");
+    let body = json_of(&answer);
+    assert_eq!(body["may_have_committed"], false, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("timeout"),
+        "{body}"
+    );
+    assert_eq!(
+        endpoint.get("slow").status,
+        404,
+        "the write was not applied"
+    );
+    let metrics = endpoint
+        .send(endpoint.request(Method::GET, "/metrics"))
+        .text();
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line.starts_with("chorus_http_requests_total")
+                && line.contains("status=\"503\"")
+                && line.contains("method=\"PUT\"")),
+        "{metrics}"
+    );
+}
+
+/// Invented methods, sent before any auth, share the label `other`: they
+/// no longer create a series each.
+#[test]
+fn invented_methods_share_one_metric_label() {
+    let dir = TempDir::new().unwrap();
+    let server = started(&launch(&dir).token("s3cret"));
+    let endpoint = server.endpoint();
+    for index in 0..20 {
+        let answer = exchange(
+            &endpoint,
+            &format!("INVENTED{index} /v1/kv/a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+        );
+        assert_ne!(status_of(&answer), 0, "{answer:?}");
+    }
+    let metrics = endpoint
+        .send(endpoint.request(Method::GET, "/metrics"))
+        .text();
+    assert!(!metrics.contains("INVENTED"), "{metrics}");
+    assert!(metrics.contains("method=\"other\""), "{metrics}");
+}
+
+/// An HTTP/1.1 request without `Host` is refused (RFC 9112 §3.2), with the
+/// documented JSON error.
+#[test]
+fn a_request_without_host_is_400() {
+    let dir = TempDir::new().unwrap();
+    let server = started(&launch(&dir));
+    let answer = exchange(
+        &server.endpoint(),
+        "GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status_of(&answer), 400, "{answer:?}");
+    assert!(
+        json_of(&answer)["error"].as_str().unwrap().contains("host"),
+        "{answer}"
+    );
+}
+
+/// A body announced over the limit with `Expect: 100-continue` is refused at
+/// once with 413: the client is not invited to send it.
+#[test]
+fn an_announced_body_over_the_limit_is_413_without_100_continue() {
+    let dir = TempDir::new().unwrap();
+    let server = started(&launch(&dir).args(["--max-body-bytes", "1024"]));
+    let mut stream = connect(&server.endpoint());
+    stream
+        .write_all(
+            b"PUT /v1/kv/big HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\nExpect: 100-continue\r\n\r\n",
+        )
+        .unwrap();
+    let mut first = [0u8; 12];
+    stream.read_exact(&mut first).unwrap();
+    assert_eq!(
+        &first,
+        b"HTTP/1.1 413",
+        "{:?}",
+        String::from_utf8_lossy(&first)
+    );
 }

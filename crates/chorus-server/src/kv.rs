@@ -14,6 +14,7 @@ use chorus::kv::{Applied, Command, Condition, KvState, Operation};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use crate::deadline::admitting;
 use crate::encoding::{cursor, field_bytes, insert_bytes, parse_cursor};
 use crate::error::{ApiError, condition_failed};
 use crate::{AppState, INDEX_HEADER, body_bytes};
@@ -245,7 +246,7 @@ async fn write(app: &AppState, command: Command) -> Result<u64, ApiError> {
     let written = app
         .runtime
         .write(|state: &KvState| match state.check(&command) {
-            Ok(()) => Ok(record),
+            Ok(()) => Ok(admitting(record)),
             Err(Applied::ConditionFailed { key, current }) => Err(Refused::Condition {
                 key,
                 current: current.map(|version| version.0),

@@ -24,6 +24,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
+use crate::deadline::admitting;
 use crate::encoding::insert_bytes;
 use crate::error::ApiError;
 use crate::{AppState, body_bytes};
@@ -254,7 +255,7 @@ pub async fn append_log(
     let record = body_bytes(body)?;
     let written = app
         .runtime
-        .write(|_: &KvState| Ok::<_, ApiError>(record))
+        .write(|_: &KvState| Ok::<_, ApiError>(admitting(record)))
         .await?;
     Ok(Json(json!({ "index": written.index.0 })).into_response())
 }
