@@ -2,7 +2,8 @@
 //! binary and raw sockets: slow and silent connections, a stalled watch
 //! reader at shutdown, half-closed requests, invented methods, requests
 //! without `Host`, oversized bodies announced with `Expect: 100-continue`,
-//! timeouts and SIGHUP. Each test is named after what it regresses.
+//! timeouts, SIGHUP, and malformed keys, headers and queries. Each test is
+//! named after what it regresses.
 
 mod support;
 
@@ -465,4 +466,71 @@ fn an_announced_body_over_the_limit_is_413_without_100_continue() {
         "{:?}",
         String::from_utf8_lossy(&first)
     );
+}
+
+/// Keys, headers and queries the service used to misread: a second
+/// `If-Match`, an empty key, the reserved key `watch` spelled with a
+/// percent escape, a non-UTF-8 `prefix`, and the bearer scheme in another
+/// case.
+#[test]
+fn malformed_keys_headers_and_queries_are_400() {
+    let dir = TempDir::new().unwrap();
+    let server = started(&launch(&dir).token("s3cret"));
+    let endpoint = server.endpoint();
+    let version = endpoint.put_ok("a", "1");
+    let planted =
+        json!({"operations": [{"op": "put", "key": "\u{FFFD}\u{FFFD}planted", "value": "x"}]});
+    endpoint
+        .send(
+            endpoint
+                .request(Method::POST, "/v1/kv:batch")
+                .body(planted.to_string()),
+        )
+        .expect_index("plant");
+    let before = endpoint.status()["applied_index"].clone();
+
+    let twice = endpoint.send(
+        endpoint
+            .put_request("a", "2")
+            .header("if-match", format!("\"{version}\""))
+            .header("if-match", "\"999\""),
+    );
+    assert_eq!(twice.status, 400, "two If-Match headers: {}", twice.text());
+    twice.json();
+    let empty = endpoint.send(endpoint.put_request("", "x"));
+    assert_eq!(empty.status, 400, "empty key: {}", empty.text());
+    empty.json();
+    for method in [Method::PUT, Method::GET, Method::DELETE] {
+        let reply = endpoint.send(endpoint.request(method.clone(), "/v1/kv/wat%63h"));
+        assert_eq!(reply.status, 400, "{method} wat%63h: {}", reply.text());
+        assert!(reply.text().contains("watch"), "{}", reply.text());
+    }
+    for path in ["/v1/kv?prefix=%FF%FE", "/v1/kv/watch?prefix=%FF%FE"] {
+        let reply = endpoint.send(endpoint.request(Method::GET, path));
+        assert_eq!(reply.status, 400, "{path}: {}", reply.text());
+        assert!(reply.text().contains("prefix"), "{}", reply.text());
+    }
+    assert_eq!(
+        endpoint.status()["applied_index"],
+        before,
+        "a refusal appended"
+    );
+
+    // The scheme is case-insensitive (RFC 7235), the token is not.
+    for scheme in ["bearer", "BEARER", "Bearer"] {
+        let reply = endpoint.with_token(None).send(
+            endpoint
+                .with_token(None)
+                .request(Method::GET, "/v1/kv/a")
+                .header("authorization", format!("{scheme} s3cret")),
+        );
+        assert_eq!(reply.status, 200, "scheme {scheme}: {}", reply.text());
+    }
+    let wrong = endpoint.with_token(None).send(
+        endpoint
+            .with_token(None)
+            .request(Method::GET, "/v1/kv/a")
+            .header("authorization", "bearer S3CRET"),
+    );
+    assert_eq!(wrong.status, 401, "{}", wrong.text());
 }

@@ -64,6 +64,19 @@ impl ApiError {
         }
     }
 
+    /// 500: the record at `index` committed, but the machine could not
+    /// decode it, so it applied as a no-op. Not worth retrying: the same
+    /// request would append the same record.
+    pub fn committed_unapplied(index: u64, error: impl std::fmt::Display) -> ApiError {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the service wrote a record it cannot apply: index={index} {error}"),
+        )
+        .with("index", index)
+        .with("committed", true)
+        .with("applied", false)
+    }
+
     /// Adds a field to the body.
     pub fn with(mut self, name: &str, value: impl Into<Value>) -> ApiError {
         self.details.insert(name.to_owned(), value.into());
@@ -254,6 +267,16 @@ mod tests {
                 ApiError::request_timeout(Duration::from_secs(1), Some(true)),
                 StatusCode::SERVICE_UNAVAILABLE,
                 json!({"error": "request timeout: timeout_ms=1000", "may_have_committed": true}),
+            ),
+            (
+                ApiError::committed_unapplied(12, "bad tag"),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({
+                    "error": "the service wrote a record it cannot apply: index=12 bad tag",
+                    "index": 12,
+                    "committed": true,
+                    "applied": false,
+                }),
             ),
             (
                 condition_failed(b"k", Some(3), None),

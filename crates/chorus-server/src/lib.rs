@@ -26,7 +26,7 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::http::{HeaderName, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{any, get, post, put};
 use axum::{Json, Router};
 use bytes::Bytes;
 use chorus::kv::KvState;
@@ -78,6 +78,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/kv", get(kv::list))
         .route("/v1/kv:batch", post(kv::batch))
         .route("/v1/kv/watch", get(stream::watch))
+        .route("/v1/kv/", any(kv::empty_key))
         .route(
             "/v1/kv/{*key}",
             put(kv::put).get(kv::get).delete(kv::delete),

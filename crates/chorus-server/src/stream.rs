@@ -25,7 +25,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
 use crate::deadline::admitting;
-use crate::encoding::insert_bytes;
+use crate::encoding::{Utf8Query, insert_bytes, prefix_bytes};
 use crate::error::ApiError;
 use crate::{AppState, body_bytes};
 
@@ -40,8 +40,8 @@ pub const MAX_LOG_LIMIT: usize = 10_000;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WatchQuery {
-    #[serde(default)]
-    prefix: String,
+    prefix: Option<String>,
+    prefix_b64: Option<String>,
     /// First index to report (inclusive); default: the next one applied.
     from: Option<u64>,
 }
@@ -52,9 +52,10 @@ pub struct WatchQuery {
 /// `410 Gone`: re-list, then watch from the list's index.
 pub async fn watch(
     State(app): State<Arc<AppState>>,
-    Query(query): Query<WatchQuery>,
+    Utf8Query(query): Utf8Query<WatchQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let prefix = prefix_bytes(query.prefix, query.prefix_b64)?;
     let from = match resume_index(query.from, &headers)? {
         Some(from) => from,
         None => *app.runtime.applied().borrow(),
@@ -62,7 +63,7 @@ pub async fn watch(
     app.runtime.changes_since(from, 0).map_err(gone)?;
     let watcher = Watcher {
         app: Arc::clone(&app),
-        prefix: Bytes::from(query.prefix),
+        prefix,
         next: from,
         ready: VecDeque::new(),
         applied: app.runtime.applied(),
