@@ -534,3 +534,17 @@ fn malformed_keys_headers_and_queries_are_400() {
     );
     assert_eq!(wrong.status, 401, "{}", wrong.text());
 }
+
+/// `--data-dir` naming a regular file says so.
+#[test]
+fn a_data_dir_that_is_a_file_is_not_a_directory() {
+    let dir = TempDir::new().unwrap();
+    std::fs::write(dir.path().join("file"), b"not a directory").unwrap();
+    let output = support::chorus_command(dir.path())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir", "file"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("not a directory"), "{stderr}");
+}
