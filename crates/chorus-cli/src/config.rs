@@ -286,6 +286,10 @@ pub fn ensure_data_dir(dir: &Path) -> Result<(), ConfigError> {
     match std::fs::create_dir(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(ConfigError(format!(
+            "data dir {}: not a directory",
+            dir.display()
+        ))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(ConfigError(format!(
             "data dir {}: its parent does not exist; chorus creates only the data directory \
              itself (is a volume not mounted?)",

@@ -3,10 +3,11 @@
 //!
 //! Startup creates the log if the register has none yet, opens the snapshot
 //! and lease store, starts the runtime (which boots as primary, or stands by
-//! while another process holds the lease), and serves HTTP. SIGTERM or
-//! SIGINT shuts down gracefully: the listener closes and requests in flight
-//! finish, then the runtime drains, publishes a final snapshot and releases
-//! the lease. A second signal exits at once.
+//! while another process holds the lease), and serves HTTP. SIGTERM, SIGINT
+//! or SIGHUP shuts down gracefully: the listener closes and requests in
+//! flight finish (for at most `--shutdown-grace-secs`, then their
+//! connections are closed), then the runtime drains, publishes a final
+//! snapshot and releases the lease. A second signal exits at once.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,6 +19,7 @@ use chorus::kv::KvState;
 use chorus::lease::{HolderId, LeaseConfig, LeaseStore};
 use chorus::runtime::{Role, Runtime, RuntimeConfig, RuntimeStores};
 use chorus::snapshot::{SnapshotConfig, SnapshotStore};
+use chorus_server::listener::{self, ConnectionLimits};
 use chorus_server::{AppState, ServiceConfig};
 use serde_json::json;
 use tokio::sync::watch;
@@ -108,6 +110,22 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     request_timeout_secs: u64,
 
+    /// Most connections served at once; more wait in the listen backlog.
+    /// Never more than half the open-file limit (`ulimit -n`), so the
+    /// stores keep descriptors [default: 4096, or half that limit].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: Option<u64>,
+
+    /// Bound on receiving a request's header, and on a keep-alive
+    /// connection idle between requests; the connection is closed after it.
+    #[arg(long, default_value_t = listener::DEFAULT_HEADER_READ_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
+    header_read_timeout_secs: u64,
+
+    /// At shutdown, how long requests and streams in flight may take to
+    /// finish before their connections are closed and the lease released.
+    #[arg(long, default_value_t = listener::DEFAULT_SHUTDOWN_GRACE.as_secs(), value_parser = clap::value_parser!(u64).range(0..=3600))]
+    shutdown_grace_secs: u64,
+
     /// Print the merged configuration (secrets redacted) and exit.
     #[arg(long)]
     print_config: bool,
@@ -192,12 +210,23 @@ impl ServeArgs {
             (None, Some(path)) => Some(read_token(path)?),
             (None, None) => None,
         };
+        let requested = self
+            .max_connections
+            .map_or(listener::DEFAULT_MAX_CONNECTIONS, |max| {
+                usize::try_from(max).unwrap_or(usize::MAX)
+            });
+        let connections = ConnectionLimits {
+            max_connections: listener::connection_cap(requested, listener::descriptor_limit()),
+            header_read_timeout: Duration::from_secs(self.header_read_timeout_secs),
+            shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+        };
         let service = ServiceConfig {
             token,
             max_body_bytes: self.max_body_bytes,
             request_timeout: Duration::from_secs(self.request_timeout_secs),
             advertise_url: self.advertise_url.clone(),
             ready_as_standby: self.ready_as_standby,
+            connections,
         };
         Ok(Resolved {
             location,
@@ -266,6 +295,9 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         "ready_as_standby": service.ready_as_standby,
         "max_body_bytes": service.max_body_bytes,
         "request_timeout_secs": service.request_timeout.as_secs(),
+        "max_connections": service.connections.max_connections,
+        "header_read_timeout_secs": service.connections.header_read_timeout.as_secs(),
+        "shutdown_grace_secs": service.connections.shutdown_grace.as_secs(),
     });
     outln!("{}", serde_json::to_string_pretty(&config)?)?;
     Ok(())
@@ -295,6 +327,14 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
     if let Some(dir) = &resolved.data_dir {
         tracing::debug!(data_dir = %dir.display(), "data directory");
     }
+    let connections = resolved.service.connections;
+    tracing::info!(
+        max_connections = connections.max_connections,
+        descriptor_limit = listener::descriptor_limit(),
+        header_read_timeout_secs = connections.header_read_timeout.as_secs(),
+        shutdown_grace_secs = connections.shutdown_grace.as_secs(),
+        "connection limits"
+    );
     tokio::spawn(report_roles(Arc::clone(&runtime)));
     let (stop_streams, shutdown) = watch::channel(false);
     let mut service = resolved.service;
@@ -370,12 +410,15 @@ async fn report_roles(runtime: Arc<Runtime<KvState>>) {
     }
 }
 
-/// Resolves at the first SIGTERM or SIGINT; a second one exits at once.
+/// Resolves at the first SIGTERM, SIGINT or SIGHUP; a second one exits at
+/// once. SIGHUP (a closed terminal, a supervisor's reload) would otherwise
+/// end the process on the spot, with the lease held until it expires.
 async fn wait_for_signals(first: tokio::sync::oneshot::Sender<()>) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut terminate), Ok(mut interrupt)) = (
+    let (Ok(mut terminate), Ok(mut interrupt), Ok(mut hangup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
     ) else {
         tracing::warn!("cannot install signal handlers; stop with SIGKILL");
         return;
@@ -383,12 +426,14 @@ async fn wait_for_signals(first: tokio::sync::oneshot::Sender<()>) {
     tokio::select! {
         _ = terminate.recv() => {}
         _ = interrupt.recv() => {}
+        _ = hangup.recv() => {}
     }
     tracing::info!("shutting down (a second signal exits at once)");
     let _ = first.send(());
     tokio::select! {
         _ = terminate.recv() => {}
         _ = interrupt.recv() => {}
+        _ = hangup.recv() => {}
     }
     std::process::exit(130);
 }

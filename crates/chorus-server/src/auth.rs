@@ -24,7 +24,7 @@ pub async fn require_token(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     match presented {
         Some(token) if constant_time_eq(token.as_bytes(), expected.as_bytes()) => {
             next.run(request).await
@@ -32,6 +32,14 @@ pub async fn require_token(
         Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "invalid bearer token").into_response(),
         None => ApiError::new(StatusCode::UNAUTHORIZED, "missing bearer token").into_response(),
     }
+}
+
+/// The token of an `Authorization` value in the `Bearer` scheme, whose
+/// name is case-insensitive (RFC 7235 §2.1); the token itself is not.
+pub fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 /// Compares in time that depends only on the lengths, so a wrong token's
@@ -46,6 +54,22 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_scheme_is_case_insensitive_and_the_token_is_not() {
+        for value in [
+            "Bearer s3cret",
+            "bearer s3cret",
+            "BEARER s3cret",
+            "bEaReR  s3cret",
+        ] {
+            assert_eq!(bearer_token(value), Some("s3cret"), "{value}");
+        }
+        assert_eq!(bearer_token("bearer S3CRET"), Some("S3CRET"));
+        for value in ["Basic czNjcmV0", "Bearer", "Bearer ", "Bearers3cret", ""] {
+            assert_eq!(bearer_token(value), None, "{value}");
+        }
+    }
 
     #[test]
     fn tokens_match_only_exactly() {

@@ -1,6 +1,8 @@
 //! The one API error type: every failure the service answers, with its
 //! status, JSON body and headers decided here and nowhere else.
 
+use std::time::Duration;
+
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chorus::kv::CommandError;
@@ -45,6 +47,34 @@ impl ApiError {
     /// 413: a body, key or value over its limit.
     pub fn too_large(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message)
+    }
+
+    /// 503: the request's answer did not start within `timeout`.
+    /// `admitted` is `None` for a request that cannot write, otherwise
+    /// whether its record was handed to the runtime: once it was, the write
+    /// may still commit, and a retry should carry a condition.
+    pub fn request_timeout(timeout: Duration, admitted: Option<bool>) -> ApiError {
+        let error = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("request timeout: timeout_ms={}", timeout.as_millis()),
+        );
+        match admitted {
+            Some(admitted) => error.with("may_have_committed", admitted),
+            None => error,
+        }
+    }
+
+    /// 500: the record at `index` committed, but the machine could not
+    /// decode it, so it applied as a no-op. Not worth retrying: the same
+    /// request would append the same record.
+    pub fn committed_unapplied(index: u64, error: impl std::fmt::Display) -> ApiError {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the service wrote a record it cannot apply: index={index} {error}"),
+        )
+        .with("index", index)
+        .with("committed", true)
+        .with("applied", false)
     }
 
     /// Adds a field to the body.
@@ -222,6 +252,31 @@ mod tests {
                 CommandError::InvalidKey { length: 2000 }.into(),
                 StatusCode::PAYLOAD_TOO_LARGE,
                 json!({"error": CommandError::InvalidKey { length: 2000 }.to_string()}),
+            ),
+            (
+                ApiError::request_timeout(Duration::from_secs(2), None),
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"error": "request timeout: timeout_ms=2000"}),
+            ),
+            (
+                ApiError::request_timeout(Duration::from_millis(1500), Some(false)),
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"error": "request timeout: timeout_ms=1500", "may_have_committed": false}),
+            ),
+            (
+                ApiError::request_timeout(Duration::from_secs(1), Some(true)),
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"error": "request timeout: timeout_ms=1000", "may_have_committed": true}),
+            ),
+            (
+                ApiError::committed_unapplied(12, "bad tag"),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({
+                    "error": "the service wrote a record it cannot apply: index=12 bad tag",
+                    "index": 12,
+                    "committed": true,
+                    "applied": false,
+                }),
             ),
             (
                 condition_failed(b"k", Some(3), None),

@@ -6,15 +6,16 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use chorus::ids::RecordIndex;
-use chorus::kv::{Applied, Command, Condition, KvState, Operation};
+use chorus::kv::{Applied, Command, Condition, Entry, KvState, Operation};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use crate::encoding::{cursor, field_bytes, insert_bytes, parse_cursor};
+use crate::deadline::admitting;
+use crate::encoding::{Utf8Query, cursor, field_bytes, insert_bytes, parse_cursor, prefix_bytes};
 use crate::error::{ApiError, condition_failed};
 use crate::{AppState, INDEX_HEADER, body_bytes};
 
@@ -22,6 +23,9 @@ use crate::{AppState, INDEX_HEADER, body_bytes};
 pub const MAX_LIST_LIMIT: usize = 1000;
 /// Items a list page returns when `limit` is not given.
 const DEFAULT_LIST_LIMIT: usize = 100;
+/// The key `GET /v1/kv/watch` takes from the key route: refused there in
+/// every spelling, so `/v1/kv/wat%63h` cannot reach it either.
+pub const RESERVED_KEY: &str = "watch";
 
 /// Which state a read may see.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
@@ -46,8 +50,8 @@ pub struct ReadQuery {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
-    #[serde(default)]
-    prefix: String,
+    prefix: Option<String>,
+    prefix_b64: Option<String>,
     limit: Option<usize>,
     after: Option<String>,
     #[serde(default)]
@@ -76,7 +80,7 @@ pub async fn put(
 ) -> Result<Response, ApiError> {
     let value = body_bytes(body)?;
     let condition = condition(&headers)?;
-    let key = Bytes::from(key);
+    let key = Bytes::from(path_key(key)?);
     let index = write(
         &app,
         Command::Single(Operation::Put {
@@ -96,7 +100,7 @@ pub async fn delete(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let condition = condition(&headers)?;
-    let key = Bytes::from(key);
+    let key = Bytes::from(path_key(key)?);
     let index = write(&app, Command::Single(Operation::Delete { key, condition })).await?;
     Ok(written(index))
 }
@@ -107,6 +111,7 @@ pub async fn get(
     Path(key): Path<String>,
     Query(query): Query<ReadQuery>,
 ) -> Result<Response, ApiError> {
+    let key = path_key(key)?;
     let (entry, applied) = read(&app, query.consistency, |state| {
         state.get(key.as_bytes()).cloned()
     })?;
@@ -124,10 +129,25 @@ pub async fn get(
     Ok(response)
 }
 
+/// `/v1/kv/` (any method): the empty key is malformed, not a missing route.
+pub async fn empty_key() -> ApiError {
+    ApiError::bad_request("empty key: the key is the rest of the path after /v1/kv/")
+}
+
+/// The key a path names, refused when it is the reserved key.
+fn path_key(key: String) -> Result<String, ApiError> {
+    if key == RESERVED_KEY {
+        return Err(ApiError::bad_request(format!(
+            "reserved key: key={RESERVED_KEY} is the watch route; use the batch and the list for it"
+        )));
+    }
+    Ok(key)
+}
+
 /// `GET /v1/kv?prefix=&limit=&after=`: a page of keys in order.
 pub async fn list(
     State(app): State<Arc<AppState>>,
-    Query(query): Query<ListQuery>,
+    Utf8Query(query): Utf8Query<ListQuery>,
 ) -> Result<Response, ApiError> {
     let limit = query.limit.unwrap_or(DEFAULT_LIST_LIMIT);
     if !(1..=MAX_LIST_LIMIT).contains(&limit) {
@@ -136,26 +156,36 @@ pub async fn list(
         )));
     }
     let after = query.after.as_deref().map(parse_cursor).transpose()?;
-    let prefix = query.prefix.as_bytes();
-    let ((items, next), applied) = read(&app, query.consistency, |state| {
-        let (page, more) = state.list(prefix, after.as_deref(), limit);
-        let next = more
-            .then(|| page.last().map(|(key, _)| cursor(key)))
-            .flatten();
-        let items: Vec<Value> = page
+    let prefix = prefix_bytes(query.prefix, query.prefix_b64)?;
+    // Only the copy runs under the state lock (keys and values are `Bytes`:
+    // a clone is a reference count); rendering up to a page of values into
+    // JSON there would stall every apply and `/readyz` meanwhile.
+    let ((page, more), applied) = read(&app, query.consistency, |state| {
+        let (page, more) = state.list(&prefix, after.as_deref(), limit);
+        let page: Vec<(Bytes, Entry)> = page
             .into_iter()
-            .map(|(key, entry)| {
-                let mut item = Map::new();
-                insert_bytes(&mut item, "key", key);
-                insert_bytes(&mut item, "value", &entry.value);
-                item.insert("version".into(), entry.version.0.into());
-                Value::Object(item)
-            })
+            .map(|(key, entry)| (key.clone(), entry.clone()))
             .collect();
-        (items, next)
+        (page, more)
     })?;
+    let next = more
+        .then(|| page.last().map(|(key, _)| cursor(key)))
+        .flatten();
+    let items: Vec<Value> = page
+        .iter()
+        .map(|(key, entry)| list_item(key, entry))
+        .collect();
     let body = json!({ "items": items, "next": next, "index": applied.0 });
     Ok(([(INDEX_HEADER, HeaderValue::from(applied.0))], Json(body)).into_response())
+}
+
+/// One item of a list page: `{"key", "value", "version"}`.
+fn list_item(key: &[u8], entry: &Entry) -> Value {
+    let mut item = Map::new();
+    insert_bytes(&mut item, "key", key);
+    insert_bytes(&mut item, "value", &entry.value);
+    item.insert("version".into(), entry.version.0.into());
+    Value::Object(item)
 }
 
 /// One operation of a batch request.
@@ -245,7 +275,7 @@ async fn write(app: &AppState, command: Command) -> Result<u64, ApiError> {
     let written = app
         .runtime
         .write(|state: &KvState| match state.check(&command) {
-            Ok(()) => Ok(record),
+            Ok(()) => Ok(admitting(record)),
             Err(Applied::ConditionFailed { key, current }) => Err(Refused::Condition {
                 key,
                 current: current.map(|version| version.0),
@@ -261,9 +291,9 @@ async fn write(app: &AppState, command: Command) -> Result<u64, ApiError> {
             Some(written.index.0),
         )),
         Applied::Malformed(error) => {
-            let message = format!("the service wrote a record it cannot apply: {error}");
-            tracing::error!(index = written.index.0, %message);
-            Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message))
+            let error = ApiError::committed_unapplied(written.index.0, error);
+            tracing::error!(message = %error.message);
+            Err(error)
         }
     }
 }
@@ -280,10 +310,11 @@ fn read<T>(
     }
 }
 
-/// `If-Match: "N"` (compare-and-set) or `If-None-Match: *` (create).
+/// `If-Match: "N"` (compare-and-set) or `If-None-Match: *` (create). Each
+/// at most once: a second header is a list, and lists are refused.
 fn condition(headers: &HeaderMap) -> Result<Condition, ApiError> {
-    let if_match = headers.get(header::IF_MATCH);
-    let if_none_match = headers.get(header::IF_NONE_MATCH);
+    let if_match = single_header(headers, header::IF_MATCH)?;
+    let if_none_match = single_header(headers, header::IF_NONE_MATCH)?;
     match (if_match, if_none_match) {
         (Some(_), Some(_)) => Err(ApiError::bad_request(
             "give If-Match or If-None-Match, not both",
@@ -295,6 +326,21 @@ fn condition(headers: &HeaderMap) -> Result<Condition, ApiError> {
         (None, Some(_)) => Err(ApiError::bad_request("If-None-Match: only * is supported")),
         (None, None) => Ok(Condition::None),
     }
+}
+
+/// The value of `name`, refused when the header is given more than once.
+fn single_header(
+    headers: &HeaderMap,
+    name: header::HeaderName,
+) -> Result<Option<&HeaderValue>, ApiError> {
+    let mut values = headers.get_all(&name).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(ApiError::bad_request(format!(
+            "{name}: give one version, in one header"
+        )));
+    }
+    Ok(first)
 }
 
 /// A version as an entity tag: `"N"`.
@@ -325,6 +371,7 @@ fn written(index: u64) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
@@ -353,10 +400,28 @@ mod tests {
             vec![("if-match", "\"x\"")],
             vec![("if-none-match", "\"3\"")],
             vec![("if-match", "\"1\""), ("if-none-match", "*")],
+            vec![("if-match", "\"1\", \"2\"")],
         ] {
             let error = condition(&headers(&bad)).unwrap_err();
             assert_eq!(error.status, StatusCode::BAD_REQUEST, "{bad:?}");
         }
+        // A second header is the same list as two versions in one.
+        for name in [header::IF_MATCH, header::IF_NONE_MATCH] {
+            let mut twice = HeaderMap::new();
+            twice.append(&name, HeaderValue::from_static("\"1\""));
+            twice.append(&name, HeaderValue::from_static("*"));
+            let error = condition(&twice).unwrap_err();
+            assert_eq!(error.status, StatusCode::BAD_REQUEST, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_reserved_key_is_refused_in_the_key_route() {
+        assert_eq!(path_key("watch/1".into()).unwrap(), "watch/1");
+        assert_eq!(path_key("a".into()).unwrap(), "a");
+        let error = path_key(RESERVED_KEY.into()).unwrap_err();
+        assert_eq!(error.status, StatusCode::BAD_REQUEST);
+        assert!(error.message.contains("key=watch"), "{}", error.message);
     }
 
     #[test]

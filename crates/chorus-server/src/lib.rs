@@ -9,9 +9,12 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+pub mod deadline;
 pub mod encoding;
 pub mod error;
+pub mod guard;
 pub mod kv;
+pub mod listener;
 pub mod status;
 pub mod stream;
 
@@ -20,17 +23,16 @@ use std::time::{Duration, Instant};
 
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
-use axum::http::{HeaderName, StatusCode, header};
+use axum::http::{HeaderName, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{any, get, post, put};
 use axum::{Json, Router};
 use bytes::Bytes;
 use chorus::kv::KvState;
 use chorus::runtime::Runtime;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
-use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::{DefaultOnFailure, TraceLayer};
 use tracing::Level;
 
@@ -49,6 +51,8 @@ pub struct ServiceConfig {
     pub max_body_bytes: usize,
     /// Bound on a request until its answer starts (`503` after).
     pub request_timeout: Duration,
+    /// Bounds on connections: how many at once, header read time, drain.
+    pub connections: listener::ConnectionLimits,
     /// This instance's URL as clients reach it (shown in status).
     pub advertise_url: Option<String>,
     /// Whether `/readyz` is 200 on a caught-up standby too.
@@ -69,12 +73,12 @@ pub struct AppState {
 
 /// The service's routes and layers.
 pub fn router(app: Arc<AppState>) -> Router {
-    let timeout = app.config.request_timeout;
     let body_limit = app.config.max_body_bytes;
     Router::new()
         .route("/v1/kv", get(kv::list))
         .route("/v1/kv:batch", post(kv::batch))
         .route("/v1/kv/watch", get(stream::watch))
+        .route("/v1/kv/", any(kv::empty_key))
         .route(
             "/v1/kv/{*key}",
             put(kv::put).get(kv::get).delete(kv::delete),
@@ -88,12 +92,18 @@ pub fn router(app: Arc<AppState>) -> Router {
             auth::require_token,
         ))
         .route("/healthz", get(status::health))
+        // Inside the error and metrics layers, so that a timeout and a
+        // refused request are answered in JSON and counted.
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&app),
+            deadline::bound,
+        ))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&app),
+            guard::check_framing,
+        ))
         .layer(middleware::from_fn(json_errors))
         .layer(middleware::from_fn(observe))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::SERVICE_UNAVAILABLE,
-            timeout,
-        ))
         .layer(DefaultBodyLimit::max(body_limit))
         // 503 is an answer, not a fault (a standby, an uncertain lease,
         // backpressure): counted in metrics, logged only at debug level.
@@ -141,33 +151,60 @@ async fn json_errors(request: Request, next: Next) -> Response {
     rebuilt
 }
 
-/// Counts requests and their latency by route, method and status.
+/// Counts requests and their latency by route, method and status. Every
+/// label has a bounded set of values whatever clients send (this runs
+/// before auth): the route as registered, a known method or `other`, and a
+/// status this service answers.
 async fn observe(request: Request, next: Next) -> Response {
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
-    let method = request.method().as_str().to_owned();
+    let method = method_label(request.method());
     let started = Instant::now();
     let response = next.run(request).await;
     let status = response.status().as_u16().to_string();
-    let labels = [("route", route), ("method", method), ("status", status)];
+    let labels = [
+        ("route", route),
+        ("method", method.to_owned()),
+        ("status", status),
+    ];
     metrics::counter!("chorus_http_requests_total", &labels).increment(1);
     metrics::histogram!("chorus_http_request_seconds", &labels)
         .record(started.elapsed().as_secs_f64());
     response
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves, then finishes the
-/// requests in flight (event streams end when `AppState::shutdown` turns).
+/// The metric label of a request method: one of the methods HTTP defines,
+/// else `other`, so invented methods cannot create series without bound.
+pub fn method_label(method: &Method) -> &'static str {
+    const KNOWN: [Method; 9] = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+        Method::OPTIONS,
+        Method::TRACE,
+        Method::CONNECT,
+    ];
+    KNOWN
+        .iter()
+        .find(|known| *known == method)
+        .map_or("other", Method::as_str)
+}
+
+/// Serves `app` on `listener` within its connection limits until
+/// `shutdown` resolves, then finishes the requests in flight for at most
+/// the shutdown grace (event streams end when `AppState::shutdown` turns).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     app: Arc<AppState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(app))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let limits = app.config.connections;
+    listener::serve(listener, router(app), limits, shutdown).await
 }
 
 /// Installs the Prometheus recorder as the process's `metrics` recorder, so
@@ -185,4 +222,21 @@ pub fn install_metrics_recorder() -> Result<PrometheusHandle, String> {
         }
     });
     Ok(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn method_labels_are_the_known_methods_or_other() {
+        for method in ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"] {
+            let parsed = Method::from_bytes(method.as_bytes()).unwrap();
+            assert_eq!(method_label(&parsed), method);
+        }
+        for invented in ["INVENTED1", "get", "PROPFIND", "X"] {
+            let parsed = Method::from_bytes(invented.as_bytes()).unwrap();
+            assert_eq!(method_label(&parsed), "other", "{invented}");
+        }
+    }
 }

@@ -24,7 +24,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
-use crate::encoding::insert_bytes;
+use crate::deadline::admitting;
+use crate::encoding::{Utf8Query, insert_bytes, prefix_bytes};
 use crate::error::ApiError;
 use crate::{AppState, body_bytes};
 
@@ -39,8 +40,8 @@ pub const MAX_LOG_LIMIT: usize = 10_000;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WatchQuery {
-    #[serde(default)]
-    prefix: String,
+    prefix: Option<String>,
+    prefix_b64: Option<String>,
     /// First index to report (inclusive); default: the next one applied.
     from: Option<u64>,
 }
@@ -51,9 +52,10 @@ pub struct WatchQuery {
 /// `410 Gone`: re-list, then watch from the list's index.
 pub async fn watch(
     State(app): State<Arc<AppState>>,
-    Query(query): Query<WatchQuery>,
+    Utf8Query(query): Utf8Query<WatchQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let prefix = prefix_bytes(query.prefix, query.prefix_b64)?;
     let from = match resume_index(query.from, &headers)? {
         Some(from) => from,
         None => *app.runtime.applied().borrow(),
@@ -61,7 +63,7 @@ pub async fn watch(
     app.runtime.changes_since(from, 0).map_err(gone)?;
     let watcher = Watcher {
         app: Arc::clone(&app),
-        prefix: Bytes::from(query.prefix),
+        prefix,
         next: from,
         ready: VecDeque::new(),
         applied: app.runtime.applied(),
@@ -254,7 +256,7 @@ pub async fn append_log(
     let record = body_bytes(body)?;
     let written = app
         .runtime
-        .write(|_: &KvState| Ok::<_, ApiError>(record))
+        .write(|_: &KvState| Ok::<_, ApiError>(admitting(record)))
         .await?;
     Ok(Json(json!({ "index": written.index.0 })).into_response())
 }

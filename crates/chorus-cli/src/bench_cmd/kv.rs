@@ -18,6 +18,7 @@ use chorus::kv::KvState;
 use chorus::lease::{DatabaseKey, HolderId, LeaseConfig, LeaseStore};
 use chorus::runtime::{Runtime, RuntimeConfig, RuntimeStores};
 use chorus::snapshot::{SnapshotConfig, SnapshotStore};
+use chorus_server::listener::ConnectionLimits;
 use chorus_server::{AppState, ServiceConfig};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::{SendRequest, handshake};
@@ -432,6 +433,7 @@ impl Service {
                 request_timeout: Duration::from_secs(30),
                 advertise_url: Some(url.clone()),
                 ready_as_standby: false,
+                connections: ConnectionLimits::default(),
             },
             metrics: None,
             shutdown: shutdown.clone(),

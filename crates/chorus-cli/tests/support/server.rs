@@ -48,6 +48,7 @@ pub struct Launch {
     dir: PathBuf,
     args: Vec<String>,
     token: Option<String>,
+    descriptor_limit: Option<libc::rlim_t>,
 }
 
 impl Launch {
@@ -57,6 +58,7 @@ impl Launch {
             dir: dir.to_owned(),
             args: Vec::new(),
             token: None,
+            descriptor_limit: None,
         }
     }
 
@@ -73,10 +75,21 @@ impl Launch {
         self.args(["--token", token])
     }
 
+    /// Runs the process with at most `limit` open file descriptors
+    /// (`ulimit -n`), as a host with a low limit would.
+    pub fn descriptor_limit(mut self, limit: libc::rlim_t) -> Launch {
+        self.descriptor_limit = Some(limit);
+        self
+    }
+
     /// Spawns the process and waits until it printed its address; `name`
     /// labels it in failure messages.
     pub fn start(&self, name: &str) -> Server {
-        let mut child = super::chorus_command(&self.dir)
+        let mut command = super::chorus_command(&self.dir);
+        if let Some(limit) = self.descriptor_limit {
+            set_descriptor_limit(&mut command, limit);
+        }
+        let mut child = command
             .arg("serve")
             .args(["--listen", "127.0.0.1:0"])
             .args(&self.args)
@@ -112,6 +125,27 @@ impl Launch {
             .unwrap_or_else(|| panic!("{name}: no address in {line:?}"));
         server.endpoint.url = format!("http://{address}");
         server
+    }
+}
+
+/// Lowers the child's `RLIMIT_NOFILE` (soft and hard) to `limit` before it
+/// runs.
+fn set_descriptor_limit(command: &mut std::process::Command, limit: libc::rlim_t) {
+    use std::os::unix::process::CommandExt;
+    let limit = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: limit,
+    };
+    // SAFETY: between fork and exec the closure only calls setrlimit, which
+    // is async-signal-safe, and allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
     }
 }
 

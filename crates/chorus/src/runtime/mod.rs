@@ -374,6 +374,12 @@ async fn supervise_loop<M: StateMachine>(shared: &Arc<Shared<M>>) -> Result<(), 
                 primary::Exit::LeaseLost => {
                     tracing::warn!("the lease was taken over; this process becomes a standby");
                 }
+                primary::Exit::LeaseStoreFailed(error) => {
+                    tracing::warn!(
+                        %error,
+                        "the lease store failed a refresh (not a takeover); booting again"
+                    );
+                }
                 primary::Exit::WriterFailed(reason) => {
                     tracing::warn!(%reason, "the log writer stopped; recovering the log again");
                 }

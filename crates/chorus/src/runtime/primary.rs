@@ -43,6 +43,10 @@ pub(super) enum Exit {
     /// Another holder took the lease (or it could not be proven in time and
     /// a publication was fenced): never write again with this incarnation.
     LeaseLost,
+    /// The lease store failed a refresh in a way retrying does not fix (the
+    /// store's error says why: out of descriptors, denied, …). Nobody took
+    /// the lease over, but it can no longer be proven: boot again.
+    LeaseStoreFailed(String),
     /// The log's writer stopped (poisoned, fenced, a failed append).
     WriterFailed(String),
 }
@@ -304,7 +308,7 @@ pub(super) async fn serve<M: StateMachine>(shared: &Arc<Shared<M>>, primary: Box
         tokio::select! {
             biased;
             _ = stop.wait_for(|stop| *stop) => break Exit::Shutdown,
-            _ = keeper.lost.notified() => break Exit::LeaseLost,
+            _ = keeper.lost.notified() => break keeper.exit(),
             _ = failed.notified() => {
                 let reason = writer.status().stopped.map_or("a write failed".into(), |r| r.to_string());
                 break Exit::WriterFailed(reason);
@@ -349,7 +353,7 @@ pub(super) async fn serve<M: StateMachine>(shared: &Arc<Shared<M>>, primary: Box
                 }
             }
         }
-        Exit::LeaseLost | Exit::WriterFailed(_) => {
+        Exit::LeaseLost | Exit::LeaseStoreFailed(_) | Exit::WriterFailed(_) => {
             shared.set_role(Role::Booting);
             if let Some(writer) = writer {
                 writer.abort();
@@ -480,31 +484,80 @@ async fn apply_in_order<M: StateMachine>(
 struct LeaseKeeper {
     task: JoinHandle<()>,
     lost: Arc<Notify>,
+    /// Set before `lost` is notified when the cause was the store's, not
+    /// another holder's.
+    store_failure: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+/// What a failed refresh means for the keeper.
+#[derive(Debug, PartialEq, Eq)]
+enum RefreshFailure {
+    /// Transient: try again sooner.
+    Retry,
+    /// Another holder took the lease, or it was released or fenced.
+    Lost,
+    /// The store failed terminally: the lease is not proven, but not lost
+    /// to anyone either.
+    Store,
+}
+
+impl RefreshFailure {
+    fn of(error: &LeaseError) -> RefreshFailure {
+        match error {
+            _ if error.is_transient() => RefreshFailure::Retry,
+            LeaseError::Store(_) => RefreshFailure::Store,
+            LeaseError::Document(_)
+            | LeaseError::Held { .. }
+            | LeaseError::LostRace { .. }
+            | LeaseError::Stale { .. }
+            | LeaseError::Fenced { .. } => RefreshFailure::Lost,
+        }
+    }
 }
 
 impl LeaseKeeper {
     fn start(lease: Arc<LeaseHolder>, ttl: Duration) -> LeaseKeeper {
         let lost = Arc::new(Notify::new());
+        let store_failure = Arc::new(std::sync::Mutex::new(None));
         let signal = Arc::clone(&lost);
+        let failure = Arc::clone(&store_failure);
         let task = tokio::spawn(async move {
             let mut wait = ttl / 3;
             loop {
                 tokio::time::sleep(wait).await;
-                match lease.refresh().await {
-                    Ok(()) => wait = ttl / 3,
-                    Err(error) if error.is_transient() => {
+                let Err(error) = lease.refresh().await else {
+                    wait = ttl / 3;
+                    continue;
+                };
+                match RefreshFailure::of(&error) {
+                    RefreshFailure::Retry => {
                         tracing::warn!(%error, "lease refresh failed; retrying");
                         wait = ttl / 10;
+                        continue;
                     }
-                    Err(error) => {
-                        tracing::warn!(%error, "lease lost");
-                        signal.notify_one();
-                        return;
+                    RefreshFailure::Lost => tracing::warn!(%error, "lease lost"),
+                    RefreshFailure::Store => {
+                        tracing::warn!(%error, "lease refresh failed with a store error");
+                        *failure.lock().expect("not poisoned") = Some(error.to_string());
                     }
                 }
+                signal.notify_one();
+                return;
             }
         });
-        LeaseKeeper { task, lost }
+        LeaseKeeper {
+            task,
+            lost,
+            store_failure,
+        }
+    }
+
+    /// The exit its notification stands for.
+    fn exit(&self) -> Exit {
+        match self.store_failure.lock().expect("not poisoned").take() {
+            Some(error) => Exit::LeaseStoreFailed(error),
+            None => Exit::LeaseLost,
+        }
     }
 
     fn stop(self) {
@@ -551,4 +604,42 @@ fn log_error(phase: Phase, error: LogError) -> RuntimeError {
             | LogError::EpochExhausted(_)
     );
     RuntimeError::new(phase, error, transient)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blob::{BlobError, Op};
+    use crate::lease::{DatabaseKey, Generation, HolderId};
+
+    #[test]
+    fn a_refresh_failing_in_the_store_is_not_a_takeover() {
+        let database = DatabaseKey::new("db").unwrap();
+        let failed = BlobError::backend(
+            "file:///s",
+            Op::Update,
+            "db/lease.json",
+            "Too many open files",
+        );
+        let unavailable =
+            BlobError::unavailable("file:///s", Op::Update, "db/lease.json", "timeout");
+        let stale = LeaseError::Stale {
+            database: database.clone(),
+            holder: HolderId::new("a").unwrap(),
+            generation: Generation(1),
+        };
+        assert_eq!(
+            RefreshFailure::of(&LeaseError::Store(failed)),
+            RefreshFailure::Store
+        );
+        assert_eq!(
+            RefreshFailure::of(&LeaseError::Store(unavailable)),
+            RefreshFailure::Retry
+        );
+        assert_eq!(RefreshFailure::of(&stale), RefreshFailure::Lost);
+        assert_eq!(
+            RefreshFailure::of(&LeaseError::LostRace { database }),
+            RefreshFailure::Retry
+        );
+    }
 }
