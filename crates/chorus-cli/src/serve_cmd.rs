@@ -126,6 +126,12 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = listener::DEFAULT_SHUTDOWN_GRACE.as_secs(), value_parser = clap::value_parser!(u64).range(0..=3600))]
     shutdown_grace_secs: u64,
 
+    /// Bound on each snapshot payload upload, download, listing or delete.
+    /// Set it above the state's size divided by the snapshot store's
+    /// bandwidth; a publication that takes longer fails and is retried.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    snapshot_payload_timeout_secs: u64,
+
     /// Print the merged configuration (secrets redacted) and exit.
     #[arg(long)]
     print_config: bool,
@@ -140,6 +146,7 @@ struct Resolved {
     holder: Option<HolderId>,
     schedule: Schedule,
     lease: LeaseConfig,
+    snapshots: SnapshotConfig,
     service: ServiceConfig,
     listen: SocketAddr,
     data_dir: Option<PathBuf>,
@@ -228,12 +235,17 @@ impl ServeArgs {
             ready_as_standby: self.ready_as_standby,
             connections,
         };
+        let snapshots = SnapshotConfig {
+            payload_call_timeout: Duration::from_secs(self.snapshot_payload_timeout_secs),
+            ..SnapshotConfig::default()
+        };
         Ok(Resolved {
             location,
             database,
             holder,
             schedule,
             lease,
+            snapshots,
             service,
             listen: self.listen,
             data_dir: self.store.data_dir.clone(),
@@ -288,6 +300,7 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         "snapshot_store": resolved.database.store.to_string(),
         "db": resolved.database.database.as_str(),
         "lease_ttl_secs": resolved.lease.ttl.as_secs(),
+        "snapshot_payload_timeout_secs": resolved.snapshots.payload_call_timeout.as_secs(),
         "snapshot_every_records": schedule.every_records,
         "snapshot_interval_secs": schedule.interval.as_secs(),
         "force": schedule.force,
@@ -305,7 +318,13 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
 
 async fn serve(resolved: Resolved) -> Result<(), CommandError> {
     let metrics = chorus_server::install_metrics_recorder()?;
-    let stores = open_stores(&resolved.location, &resolved.database, resolved.lease).await?;
+    let stores = open_stores(
+        &resolved.location,
+        &resolved.database,
+        resolved.lease,
+        resolved.snapshots,
+    )
+    .await?;
     let listener = tokio::net::TcpListener::bind(resolved.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", resolved.listen))?;
@@ -369,6 +388,7 @@ pub async fn open_stores(
     location: &Location,
     database: &DatabaseLocation,
     lease: LeaseConfig,
+    snapshots: SnapshotConfig,
 ) -> Result<RuntimeStores, CommandError> {
     create_log(location, DEFAULT_WINDOW).await?;
     let log = open_log(location, Access::Write).await?.stores;
@@ -376,7 +396,7 @@ pub async fn open_stores(
     let key = database.database.clone();
     let clock = SystemClock::shared();
     let leases = LeaseStore::new(store.clone(), key.clone(), lease, clock.clone())?;
-    let snapshots = SnapshotStore::new(store, key, SnapshotConfig::default(), clock);
+    let snapshots = SnapshotStore::new(store, key, snapshots, clock);
     Ok(RuntimeStores {
         log,
         snapshots,

@@ -332,13 +332,15 @@ async fn publish_under(
         )
         .into());
     }
-    Ok(match publication.claim(lease, snapshot.clone()).await? {
-        ClaimOutcome::Installed(head) => head,
-        ClaimOutcome::Adopted(_) if allow_rewind => {
-            publication.publish_rewinding(lease, snapshot).await?
-        }
-        ClaimOutcome::Adopted(_) => publication.publish(lease, snapshot).await?,
-    })
+    Ok(
+        match publication.claim(lease, Some(snapshot.clone())).await? {
+            ClaimOutcome::Installed(head) => head,
+            ClaimOutcome::Adopted(_) if allow_rewind => {
+                publication.publish_rewinding(lease, snapshot).await?
+            }
+            ClaimOutcome::Adopted(_) => publication.publish(lease, snapshot).await?,
+        },
+    )
 }
 
 async fn restore(args: RestoreArgs) -> Result<(), CommandError> {

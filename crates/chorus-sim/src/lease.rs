@@ -313,7 +313,7 @@ impl<'a> LeasePhase<'a> {
                 Err(error) => return TaskEnd::Booted(Err(format!("acquire: {error}"))),
             };
             let claimed = publication
-                .claim(&lease, initial)
+                .claim(&lease, Some(initial))
                 .await
                 .map(|outcome| outcome.head().clone());
             TaskEnd::Booted(Ok((lease, publication, claimed)))

@@ -95,7 +95,10 @@ fn payload(text: &str, wal_index: u64) -> NewSnapshot {
 async fn boot(snapshots: &SnapshotStore, lease: &LeaseHolder, initial: &str) -> PublicationStore {
     let mut publication = snapshots.publication();
     publication.observe_for_boot().await.unwrap();
-    publication.claim(lease, payload(initial, 0)).await.unwrap();
+    publication
+        .claim(lease, Some(payload(initial, 0)))
+        .await
+        .unwrap();
     publication
 }
 
@@ -474,7 +477,10 @@ mod snapshot_cases {
         let snapshots = snapshots(&store, &clock);
         let mut publication = snapshots.publication();
         assert_eq!(publication.observe_for_boot().await.unwrap(), None);
-        let claimed = publication.claim(&lease, payload("zero", 0)).await.unwrap();
+        let claimed = publication
+            .claim(&lease, Some(payload("zero", 0)))
+            .await
+            .unwrap();
         let ClaimOutcome::Installed(first) = claimed else {
             panic!("first boot installs HEAD");
         };
@@ -585,7 +591,7 @@ mod snapshot_cases {
         assert_ne!(second_read.version, first_read.version);
 
         assert_fenced(
-            zombie.claim(&lease, payload("x", 0)).await,
+            zombie.claim(&lease, Some(payload("x", 0))).await,
             FenceReason::HeadMoved,
         );
         let raw = store
@@ -617,7 +623,7 @@ mod snapshot_cases {
         new_clock.advance(TTL + Duration::from_secs(1));
         let new = acquire(&store, &new_clock, "new").await;
         assert_fenced(
-            booting.claim(&new, payload("x", 0)).await,
+            booting.claim(&new, Some(payload("x", 0))).await,
             FenceReason::HeadMoved,
         );
         let current = new_snapshots.read_head().await.unwrap().unwrap();
@@ -626,7 +632,7 @@ mod snapshot_cases {
         let mut retry = new_snapshots.publication();
         let observed = retry.observe_for_boot().await.unwrap().unwrap();
         assert_eq!(observed, advanced);
-        let claimed = retry.claim(&new, payload("x", 0)).await.unwrap();
+        let claimed = retry.claim(&new, Some(payload("x", 0))).await.unwrap();
         assert!(matches!(claimed, ClaimOutcome::Adopted(_)));
         assert_eq!(claimed.head().snapshot, advanced.snapshot);
         assert_eq!(claimed.head().wal_index, RecordIndex(7));
@@ -688,7 +694,10 @@ mod snapshot_cases {
         let mut publication = snapshots(&gated_store, &clock).publication();
         publication.observe_for_boot().await.unwrap();
         if let Late::Publish = late {
-            publication.claim(&stale, payload("zero", 0)).await.unwrap();
+            publication
+                .claim(&stale, Some(payload("zero", 0)))
+                .await
+                .unwrap();
         }
         match held {
             Held::Upload => gated.arm("/snapshots/"),
@@ -706,7 +715,7 @@ mod snapshot_cases {
         let task = tokio::spawn(async move {
             let result = match late {
                 Late::Install => publication
-                    .claim(&lease, payload("stale", 1))
+                    .claim(&lease, Some(payload("stale", 1)))
                     .await
                     .map(|claimed| claimed.head().clone()),
                 Late::Publish => publication.publish(&lease, payload("stale", 1)).await,
@@ -737,7 +746,7 @@ mod snapshot_cases {
         );
 
         let claimed = successor_publication
-            .claim(&successor, payload("successor", 0))
+            .claim(&successor, Some(payload("successor", 0)))
             .await
             .unwrap();
         let (head, bytes) = successor_snapshots.restore().await.unwrap().unwrap();

@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chorus::blob::{
-    DynBlobStore, Fault, FaultController, FaultRule, FaultyStore, KeyMatch, ObjectStoreBlobs,
+    DynBlobStore, Fault, FaultController, FaultRule, FaultyStore, KeyMatch, ObjectStoreBlobs, Op,
+    OpSet,
 };
 use chorus::clock::SystemClock;
 use chorus::ids::RecordIndex;
@@ -907,4 +908,158 @@ async fn force_takes_a_live_lease_over_on_the_first_boot_only() {
     third.shutdown().await.unwrap();
     wait_primary(&forced).await;
     forced.shutdown().await.unwrap();
+}
+
+/// Regression: a writer that stopped from the background while nothing was
+/// in flight (here its fold CAS is fenced by another recovery of the log,
+/// as when an operator runs `chorus log append` on the live log) left the
+/// primary serving 503 "writer stopped" forever, with its lease refreshed
+/// and no standby let in. The runtime now notices the stop and reboots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_stopped_in_the_background_while_idle_is_recovered_again() {
+    let db = Db::new().await;
+    let node = db.node(1);
+    let small_segments = LogConfig {
+        max_segment_bytes: 32 * 1024,
+        ..test_config()
+    };
+    let primary = node.start(RuntimeConfig {
+        log: small_segments,
+        ..config("a", 1000)
+    });
+    wait_primary(&primary).await;
+    let epoch = primary.status().epoch.expect("a primary recovered the log");
+    // Its seals take a while, so the other recovery lands before the fold.
+    node.log_faults.add(
+        FaultRule::new(Fault::Delay(Duration::from_millis(1500)))
+            .ops(OpSet::of(&[Op::Create]))
+            .keys(KeyMatch::Prefix("sealed/".into())),
+    );
+    let value = "v".repeat(4096);
+    for sequence in 0..12 {
+        put(&primary, &format!("key-{sequence}"), &value).await;
+    }
+    let other = chorus::log::Recovery::run(db.cluster.stores.clone(), test_config())
+        .await
+        .expect("another recovery of the log");
+    let other_epoch = other.epoch();
+    assert!(other_epoch > epoch);
+    drop(other);
+    node.log_faults.clear();
+
+    // Nothing is written meanwhile: only the background fold finds the fence.
+    wait_until("the primary recovered the log again", PATIENCE, || async {
+        primary.status().epoch.is_some_and(|now| now > other_epoch)
+    })
+    .await;
+    wait_primary(&primary).await;
+    put(&primary, "after", "reboot").await;
+    let (state, _) = state_of(&primary);
+    assert_eq!(state.len(), 13);
+    primary.shutdown().await.unwrap();
+}
+
+/// Regression: a publication ran inline in the serve loop, so while its
+/// upload lasted (up to minutes) a lost lease, a stopped writer or a
+/// shutdown was not acted on. Here the lease is taken over while a payload
+/// upload is stalled: the primary steps down long before the upload ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lost_during_a_long_publication_is_acted_on_at_once() {
+    const STALL: Duration = Duration::from_secs(4);
+    let db = Db::new().await;
+    let node = db.node(1);
+    let primary = node.start(config("a", 3));
+    wait_primary(&primary).await;
+    node.meta_faults.add(
+        FaultRule::new(Fault::Delay(STALL))
+            .ops(OpSet::of(&[Op::Create]))
+            .keys(KeyMatch::Prefix(format!("{}/snapshots/", database()))),
+    );
+    for sequence in 0..3 {
+        put(&primary, &format!("key-{sequence}"), "v").await;
+    }
+    // The snapshot check runs every 500 ms: by now the upload has started.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let taken = Instant::now();
+    let other = db.node(2);
+    let _taker = other
+        .stores
+        .leases
+        .take_over(&Contender::new(holder("b")))
+        .await
+        .unwrap();
+    wait_until("the primary stepped down", STALL / 2, || async {
+        primary.status().role != Role::Primary
+    })
+    .await;
+    assert!(taken.elapsed() < STALL, "{:?}", taken.elapsed());
+    node.meta_faults.clear();
+    primary.abort();
+}
+
+/// Regression: a boot that failed after acquiring the lease kept it (and
+/// re-acquired it on every retry), holding a healthy standby out. Now a
+/// failed boot releases the lease before it backs off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_boot_that_fails_after_acquiring_releases_the_lease_for_a_healthy_standby() {
+    let db = Db::new().await;
+    let broken = db.node(1);
+    // Its log is unreachable: every boot fails at the log recovery, after
+    // the lease and HEAD steps succeeded.
+    broken.log_faults.set_outage(true);
+    let failing = broken.start(config("a", 1000));
+    // The recovery retries the outage for a few seconds before it fails.
+    let patience = PATIENCE * 3;
+    wait_until("the failing boot released the lease", patience, || async {
+        let leases = &db.node(9).stores.leases;
+        leases
+            .read()
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|lease| lease.holder_id.as_str() == "a" && lease.released)
+    })
+    .await;
+    let healthy = db.node(2).start(config("b", 1000));
+    wait_primary(&healthy).await;
+    put(&healthy, "k", "v").await;
+    assert_eq!(db.lease().await.holder_id.as_str(), "b");
+    healthy.shutdown().await.unwrap();
+    failing.abort();
+}
+
+/// Regression: a standby whose newest snapshot lies below the truncation
+/// floor (the log truncated by hand past HEAD) downloaded that snapshot
+/// again in a tight loop. Now it says why it cannot catch up and backs off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_below_the_floor_with_no_newer_snapshot_backs_off() {
+    let db = Db::new().await;
+    let primary = db.node(1).start(config("a", 1000));
+    wait_primary(&primary).await;
+    for sequence in 0..10 {
+        put(&primary, &format!("key-{sequence}"), "v").await;
+    }
+    assert_eq!(db.head().await.unwrap().wal_index, RecordIndex(0));
+    let maintenance = chorus::log::maintenance::Maintenance::new(&db.cluster.stores);
+    let progress = chorus::log::maintenance::NoProgress;
+    maintenance
+        .truncate_before(RecordIndex(8), RecordIndex(10), &progress)
+        .await
+        .unwrap();
+
+    let node = db.node(2);
+    let standby = node.start(config("b", 1000));
+    wait_role(&standby, Role::Standby).await;
+    let gets = node.meta_faults.calls(Op::Get);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let downloads = node.meta_faults.calls(Op::Get) - gets;
+    assert!(
+        downloads < 20,
+        "{downloads} reads of HEAD and its payload in 2 s"
+    );
+    let status = standby.status();
+    let error = status.last_error.clone().unwrap_or_default();
+    assert!(error.contains("cannot catch up"), "{status:?}");
+    standby.abort();
+    primary.shutdown().await.unwrap();
 }

@@ -517,5 +517,6 @@ async fn embedded_stores(dir: &std::path::Path) -> Result<RuntimeStores, Command
     };
     let location = store.resolve()?;
     let database = database.resolve()?;
-    crate::serve_cmd::open_stores(&location, &database, LeaseConfig::default()).await
+    let snapshots = chorus::snapshot::SnapshotConfig::default();
+    crate::serve_cmd::open_stores(&location, &database, LeaseConfig::default(), snapshots).await
 }

@@ -81,8 +81,22 @@ pub(super) async fn boot<M: StateMachine>(shared: &Arc<Shared<M>>) -> Result<Boo
             publication,
         }))),
         Err(error) => {
+            // Holding the lease through the retry's backoff would keep a
+            // healthy standby out (and this process re-acquires its own lease
+            // at once); whoever boots next recovers the log again anyway.
             keeper.stop();
+            release(&lease, "after a failed boot").await;
             Err(error)
+        }
+    }
+}
+
+/// Releases the lease, logging the outcome; a failed release expires.
+async fn release(lease: &LeaseHolder, when: &str) {
+    match lease.release().await {
+        Ok(()) => tracing::info!(when, "released the lease"),
+        Err(error) => {
+            tracing::warn!(%error, when, "releasing the lease failed; it expires on its own")
         }
     }
 }
@@ -126,7 +140,10 @@ async fn boot_with_lease<M: StateMachine>(
 
 /// Restores the snapshot `head` names, unless the state here already
 /// reflects it (a warm standby, or a primary booting again).
-async fn hydrate<M: StateMachine>(shared: &Shared<M>, head: &Head) -> Result<(), RuntimeError> {
+pub(super) async fn hydrate<M: StateMachine>(
+    shared: &Shared<M>,
+    head: &Head,
+) -> Result<(), RuntimeError> {
     let warm = {
         let core = shared.core();
         core.is_known() && head.wal_index <= core.applied_end()
@@ -227,9 +244,16 @@ async fn claim<M: StateMachine>(
     lease: &LeaseHolder,
     publication: &mut PublicationStore,
 ) -> Result<(), RuntimeError> {
-    let initial = checkpoint(shared)
-        .await
-        .map_err(|e| RuntimeError::new(Phase::ClaimHead, e, false))?;
+    // Only a first boot installs the state as the first snapshot; encoding
+    // it on every boot would cost O(state) CPU and memory per takeover.
+    let initial = if publication.needs_initial() {
+        let snapshot = checkpoint(shared)
+            .await
+            .map_err(|e| RuntimeError::new(Phase::ClaimHead, e, false))?;
+        Some(snapshot)
+    } else {
+        None
+    };
     let claimed = publication.claim(lease, initial).await.map_err(|e| {
         if e.is_fenced() {
             let message = format!("{e}; booting again from the newer snapshot");
@@ -283,7 +307,7 @@ pub(super) async fn serve<M: StateMachine>(shared: &Arc<Shared<M>>, primary: Box
         writer,
         lease,
         keeper,
-        mut publication,
+        publication,
     } = *primary;
     let writer = Arc::new(writer);
     let (apply, applying) = mpsc::unbounded_channel();
@@ -302,6 +326,11 @@ pub(super) async fn serve<M: StateMachine>(shared: &Arc<Shared<M>>, primary: Box
     shared.info().last_error = None;
     let mut stop = shared.stop.subscribe();
     let mut since = tokio::time::Instant::now();
+    // A publication (up to minutes of upload) runs beside the loop, not in
+    // it, so a shutdown, a lost lease or a stopped writer is acted on at once.
+    // The publication store while no publication runs; one that runs owns it.
+    let mut idle = Some(publication);
+    let mut publishing = None;
     let exit = loop {
         // `biased`: a shutdown wins over a tick that is ready at the same
         // time, so a run replays exactly under the deterministic simulator.
@@ -309,25 +338,46 @@ pub(super) async fn serve<M: StateMachine>(shared: &Arc<Shared<M>>, primary: Box
             biased;
             _ = stop.wait_for(|stop| *stop) => break Exit::Shutdown,
             _ = keeper.lost.notified() => break keeper.exit(),
-            _ = failed.notified() => {
-                let reason = writer.status().stopped.map_or("a write failed".into(), |r| r.to_string());
-                break Exit::WriterFailed(reason);
+            _ = failed.notified() => break writer_failed(&writer),
+            // A writer can stop from the background (a fenced seal or fold)
+            // with nothing in flight, which no completion would report.
+            _ = writer.stopped() => break writer_failed(&writer),
+            (store, outcome) = until_published(&mut publishing) => {
+                publishing = None;
+                let fenced = store.fence_reason().is_some();
+                idle = Some(store);
+                if let Err(error) = outcome {
+                    tracing::warn!(%error, "snapshot failed");
+                    if fenced {
+                        break Exit::LeaseLost;
+                    }
+                }
             }
             _ = tokio::time::sleep(SNAPSHOT_CHECK_INTERVAL) => {}
         }
         // A publication needs the lease to vouch for it; while a refresh is
         // overdue, wait rather than have the publication store fence itself.
-        if !snapshot_due(shared, since) || !lease.may_write_now() {
+        if publishing.is_some() || !snapshot_due(shared, since) || !lease.may_write_now() {
             continue;
         }
         since = tokio::time::Instant::now();
-        if let Err(error) = publish(shared, &lease, &mut publication).await {
-            tracing::warn!(%error, "snapshot failed");
-            if publication.fence_reason().is_some() {
-                break Exit::LeaseLost;
-            }
-        }
+        let store = idle
+            .take()
+            .expect("no publication runs, so the store is idle");
+        let running = publish_owned(Arc::clone(shared), Arc::clone(&lease), store);
+        publishing = Some(Box::pin(running));
     };
+    // A graceful stop lets a publication in flight finish (its store calls
+    // are bounded); any other exit abandons it with the lease or the writer.
+    if let Some(in_flight) = publishing.take()
+        && matches!(exit, Exit::Shutdown)
+    {
+        let (store, outcome) = in_flight.await;
+        idle = Some(store);
+        if let Err(error) = outcome {
+            tracing::warn!(%error, "snapshot failed");
+        }
+    }
     // Close the write path first, so nothing new is admitted.
     drop(shared.write_path().take());
     let writer = Arc::try_unwrap(writer).ok();
@@ -340,18 +390,14 @@ pub(super) async fn serve<M: StateMachine>(shared: &Arc<Shared<M>>, primary: Box
                 tracing::warn!(%error, "draining the writer failed");
             }
             let _ = apply_task.await;
-            if snapshot_pending(shared)
-                && let Err(error) = publish(shared, &lease, &mut publication).await
+            if let Some(publication) = idle.as_mut()
+                && snapshot_pending(shared)
+                && let Err(error) = publish(shared, &lease, publication).await
             {
                 tracing::warn!(%error, "final snapshot failed");
             }
             keeper.stop();
-            match lease.release().await {
-                Ok(()) => tracing::info!("released the lease"),
-                Err(error) => {
-                    tracing::warn!(%error, "releasing the lease failed; it expires on its own")
-                }
-            }
+            release(&lease, "at shutdown").await;
         }
         Exit::LeaseLost | Exit::LeaseStoreFailed(_) | Exit::WriterFailed(_) => {
             shared.set_role(Role::Booting);
@@ -363,6 +409,25 @@ pub(super) async fn serve<M: StateMachine>(shared: &Arc<Shared<M>>, primary: Box
         }
     }
     exit
+}
+
+/// The exit for a writer that stopped, with its reason.
+fn writer_failed(writer: &Writer) -> Exit {
+    let reason = writer
+        .status()
+        .stopped
+        .map_or_else(|| "a write failed".to_owned(), |reason| reason.to_string());
+    Exit::WriterFailed(reason)
+}
+
+/// Waits for the publication in flight, if any; pending forever otherwise.
+async fn until_published<F: Future<Output = Published>>(
+    publishing: &mut Option<std::pin::Pin<Box<F>>>,
+) -> Published {
+    match publishing {
+        Some(publication) => publication.await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Whether records were applied since the last snapshot.
@@ -397,6 +462,20 @@ async fn checkpoint<M: StateMachine>(shared: &Shared<M>) -> Result<NewSnapshot, 
         bytes: Bytes::from(bytes),
         wal_index,
     })
+}
+
+/// A finished publication: the store it ran on, and how it went.
+type Published = (PublicationStore, Result<(), RuntimeError>);
+
+/// [`publish`] on a store it owns until it ends, so it can run beside the
+/// serve loop.
+async fn publish_owned<M: StateMachine>(
+    shared: Arc<Shared<M>>,
+    lease: Arc<LeaseHolder>,
+    mut publication: PublicationStore,
+) -> Published {
+    let outcome = publish(&shared, &lease, &mut publication).await;
+    (publication, outcome)
 }
 
 /// Publishes a snapshot of the applied state, then truncates the log below

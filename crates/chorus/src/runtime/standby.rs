@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use super::error::{Phase, Role, RuntimeError};
 use super::machine::StateMachine;
-use super::primary::restore_head;
-use super::{Shared, pause};
+use super::primary::hydrate;
+use super::{Shared, boot_backoff, pause};
 use crate::log::{LogError, Reader};
 
 /// Tails the log until the lease is free or a shutdown is asked for.
@@ -16,6 +16,8 @@ pub(super) async fn run<M: StateMachine>(shared: &Arc<Shared<M>>) {
     let mut reader = reader_at_applied_end(shared);
     let mut next_check = tokio::time::Instant::now() + config.lease_check_interval;
     let mut stop = shared.stop.subscribe();
+    // Consecutive rounds that could not get this standby past the floor.
+    let mut stuck = 0u32;
     while !shared.stop_requested() {
         if tokio::time::Instant::now() >= next_check {
             if lease_is_free(shared).await {
@@ -37,10 +39,27 @@ pub(super) async fn run<M: StateMachine>(shared: &Arc<Shared<M>>) {
             }
             Err(LogError::Truncated { floor, .. }) => {
                 tracing::info!(%floor, applied = %shared.applied_end(), "the log was truncated past this standby; restoring the newest snapshot");
-                if let Err(error) = rehydrate(shared).await {
-                    tracing::warn!(%error, "standby could not restore the newest snapshot");
-                    shared.info().last_error = Some(error.to_string());
-                    pause(shared, config.retry_backoff).await;
+                let problem = match rehydrate(shared).await {
+                    Err(error) => Some(format!(
+                        "standby could not restore the newest snapshot: {error}"
+                    )),
+                    // HEAD itself lies below the floor (the log was truncated
+                    // by hand past it): downloading it again cannot help.
+                    Ok(()) if shared.applied_end() < floor => Some(format!(
+                        "the log is truncated at {floor} but the newest snapshot covers only \
+                         the records below {}: this standby cannot catch up until a newer \
+                         snapshot is published",
+                        shared.applied_end()
+                    )),
+                    Ok(()) => None,
+                };
+                if let Some(problem) = problem {
+                    tracing::warn!(%problem, "standby cannot catch up; retrying");
+                    shared.info().last_error = Some(problem);
+                    pause(shared, boot_backoff(config.retry_backoff, stuck)).await;
+                    stuck = stuck.saturating_add(1);
+                } else {
+                    stuck = 0;
                 }
                 reader = reader_at_applied_end(shared);
             }
@@ -78,7 +97,8 @@ async fn lease_is_free<M: StateMachine>(shared: &Shared<M>) -> bool {
     }
 }
 
-/// Restores the snapshot HEAD names now.
+/// Restores the snapshot HEAD names now, unless the state here already
+/// reflects it.
 async fn rehydrate<M: StateMachine>(shared: &Shared<M>) -> Result<(), RuntimeError> {
     let head = shared
         .stores
@@ -87,5 +107,5 @@ async fn rehydrate<M: StateMachine>(shared: &Shared<M>) -> Result<(), RuntimeErr
         .await
         .map_err(|e| RuntimeError::new(Phase::Standby, e, true))?
         .ok_or_else(|| RuntimeError::new(Phase::Standby, "no HEAD to restore from", true))?;
-    restore_head(shared, &head.head).await
+    hydrate(shared, &head.head).await
 }

@@ -170,10 +170,19 @@ impl PublicationStore {
         Ok(head)
     }
 
+    /// Whether the observation found no HEAD: the claim then installs the
+    /// first snapshot, and needs its `initial` payload. A caller that encodes
+    /// the payload only when this is true saves an encoding of its whole
+    /// state on every later boot.
+    pub fn needs_initial(&self) -> bool {
+        matches!(self.state, State::Observed(None))
+    }
+
     /// Stamps HEAD with `lease`. With no HEAD (first boot) it uploads
-    /// `initial` under `g<generation>-s1` and installs HEAD by create-if-absent;
-    /// otherwise it CASes the observed version to a HEAD naming the same payload
-    /// with our stamp and the next sequence (`initial` is unused). Fenced if HEAD
+    /// `initial` under `g<generation>-s1` and installs HEAD by create-if-absent
+    /// (refused, changing nothing, when `initial` is `None`); otherwise it
+    /// CASes the observed version to a HEAD naming the same payload with our
+    /// stamp and the next sequence (`initial` is unused). Fenced if HEAD
     /// moved since observation, if HEAD carries a newer fencing token, or if the
     /// lease can no longer vouch for us (checked first, and again before every
     /// HEAD write attempt, since the upload may be long). A transient failure
@@ -182,7 +191,7 @@ impl PublicationStore {
     pub async fn claim(
         &mut self,
         lease: &LeaseHolder,
-        initial: NewSnapshot,
+        initial: Option<NewSnapshot>,
     ) -> Result<ClaimOutcome, SnapshotError> {
         let result = self.try_claim(lease, initial).await;
         error::record("claim", &result);
@@ -192,19 +201,20 @@ impl PublicationStore {
     async fn try_claim(
         &mut self,
         lease: &LeaseHolder,
-        initial: NewSnapshot,
+        initial: Option<NewSnapshot>,
     ) -> Result<ClaimOutcome, SnapshotError> {
         let State::Observed(observed) = &self.state else {
             return Err(self.refuse("claim"));
         };
         let observed = observed.clone();
         self.vouch(lease)?;
-        match observed {
-            None => self.install(lease, initial).await,
-            Some(base) if base.head.lease_token() > lease.token() => {
+        match (observed, initial) {
+            (None, Some(initial)) => self.install(lease, initial).await,
+            (None, None) => Err(self.refuse("claim without an initial snapshot on a first boot")),
+            (Some(base), _) if base.head.lease_token() > lease.token() => {
                 Err(self.fence(FenceReason::Superseded))
             }
-            Some(base) => self.adopt(lease, base).await,
+            (Some(base), _) => self.adopt(lease, base).await,
         }
     }
 

@@ -66,7 +66,7 @@ async fn boot(snapshots: &SnapshotStore, lease: &LeaseHolder, initial: &str) -> 
     let mut publication = snapshots.publication();
     publication.observe_for_boot().await.unwrap();
     publication
-        .claim(lease, snapshot(initial, 0))
+        .claim(lease, Some(snapshot(initial, 0)))
         .await
         .unwrap();
     publication
@@ -176,10 +176,15 @@ async fn operations_out_of_order_are_refused_and_the_fence_is_sticky() {
         early.to_string(),
         "snapshot publication cannot publish in state=unobserved: database=db"
     );
-    assert!(publication.claim(&lease, snapshot("x", 1)).await.is_err());
+    assert!(
+        publication
+            .claim(&lease, Some(snapshot("x", 1)))
+            .await
+            .is_err()
+    );
     publication.observe_for_boot().await.unwrap();
     publication
-        .claim(&lease, snapshot("zero", 0))
+        .claim(&lease, Some(snapshot("zero", 0)))
         .await
         .unwrap();
     assert!(matches!(
@@ -222,7 +227,7 @@ async fn a_claim_over_a_newer_fencing_token_is_superseded() {
     let _claimed = boot(&snapshots, &new, "zero").await;
     let mut late = snapshots.publication();
     late.observe_for_boot().await.unwrap();
-    let error = late.claim(&old, snapshot("x", 0)).await.unwrap_err();
+    let error = late.claim(&old, Some(snapshot("x", 0))).await.unwrap_err();
     assert_eq!(
         late.fence_reason(),
         Some(&FenceReason::Superseded),
@@ -322,7 +327,7 @@ async fn lost_head_responses_are_followed_not_fenced() {
     publication.observe_for_boot().await.unwrap();
     lose_next_write(&controller, head_key(), &[Op::Create]);
     let unknown = publication
-        .claim(&lease, snapshot("zero", 0))
+        .claim(&lease, Some(snapshot("zero", 0)))
         .await
         .unwrap_err();
     assert!(unknown.is_transient(), "{unknown}");
@@ -331,7 +336,7 @@ async fn lost_head_responses_are_followed_not_fenced() {
     // A later attempt writes different bytes (a later timestamp), finds ours.
     clock.advance(Duration::from_secs(1));
     let claimed = publication
-        .claim(&lease, snapshot("zero", 0))
+        .claim(&lease, Some(snapshot("zero", 0)))
         .await
         .unwrap();
     assert!(matches!(claimed, ClaimOutcome::Installed(_)));
@@ -528,16 +533,16 @@ async fn a_stalled_store_times_out_claims_and_publications() {
     let rule = stall(&controller, &[Op::Create], payloads());
     let started = tokio::time::Instant::now();
     let call = format!("op=create key={}", payload_key(1));
-    let claimed = publication.claim(&lease, snapshot("zero", 0)).await;
+    let claimed = publication.claim(&lease, Some(snapshot("zero", 0))).await;
     assert_timed_out(claimed, &call, 3_000, started);
     controller.remove(rule);
     let rule = stall(&controller, &[Op::Create], head_key());
-    let claimed = publication.claim(&lease, snapshot("zero", 0)).await;
+    let claimed = publication.claim(&lease, Some(snapshot("zero", 0))).await;
     assert_timed_out(claimed, "op=create key=db/HEAD.json", 1_000, started);
     assert_eq!(publication.state(), PublicationState::Observed);
     controller.remove(rule);
     publication
-        .claim(&lease, snapshot("zero", 0))
+        .claim(&lease, Some(snapshot("zero", 0)))
         .await
         .unwrap();
 
@@ -557,4 +562,35 @@ async fn a_stalled_store_times_out_claims_and_publications() {
         .await
         .unwrap();
     assert_eq!(snapshots.read_head().await.unwrap().unwrap().head, head);
+}
+
+#[tokio::test]
+async fn only_a_first_boot_needs_an_initial_payload() {
+    let clock = ManualClock::shared(START_MS);
+    let store = memory().await;
+    let snapshots = snapshots(&store, &clock);
+    let lease = acquire(&store, &clock, "a").await;
+    let mut first = snapshots.publication();
+    assert!(!first.needs_initial(), "nothing observed yet");
+    first.observe_for_boot().await.unwrap();
+    assert!(first.needs_initial());
+    let refused = first.claim(&lease, None).await.unwrap_err();
+    assert!(
+        matches!(refused, SnapshotError::WrongState { .. }),
+        "{refused}"
+    );
+    assert!(
+        snapshots.read_head().await.unwrap().is_none(),
+        "nothing written"
+    );
+    first
+        .claim(&lease, Some(snapshot("zero", 0)))
+        .await
+        .unwrap();
+    // A later boot adopts HEAD's payload: no initial payload is needed.
+    let mut later = snapshots.publication();
+    later.observe_for_boot().await.unwrap();
+    assert!(!later.needs_initial());
+    let claimed = later.claim(&lease, None).await.unwrap();
+    assert_eq!(claimed.head().wal_index, RecordIndex(0));
 }

@@ -15,7 +15,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use admission::Admission;
 pub use admission::MAX_DIRECTORY_ENTRY_BYTES;
@@ -111,6 +111,9 @@ pub struct Writer {
     commands: mpsc::UnboundedSender<Command>,
     maintenance: Maintenance,
     truncations: Arc<background::Truncations>,
+    /// Turns true once the pipeline task ended, however it ended (a stop
+    /// for any reason, or a panic): see [`Writer::stopped`].
+    ended: watch::Receiver<bool>,
     /// The background maintenance task; it ends with the writer, so a pass
     /// still running cannot outlive a shutdown (maintenance may stop at any
     /// point).
@@ -149,8 +152,14 @@ impl Writer {
             replicas: recovery.replicas.clone(),
             manifest,
         };
-        tokio::spawn(Pipeline::run(start, admitted, command_receiver));
+        let pipeline = tokio::spawn(Pipeline::run(start, admitted, command_receiver));
+        let (end, ended) = watch::channel(false);
+        tokio::spawn(async move {
+            let _ = pipeline.await;
+            end.send_replace(true);
+        });
         Writer {
+            ended,
             shared,
             config: recovery.config.clone(),
             epoch: recovery.ownership.epoch,
@@ -195,6 +204,16 @@ impl Writer {
             inflight_records: admission.inflight_records,
             stopped: admission.stopped.clone(),
         }
+    }
+
+    /// Resolves once the writer stopped, for whatever reason: a shutdown, an
+    /// abort, or a failure found in the background (a seal or fold that was
+    /// fenced, a register that refused a transition) while nothing was in
+    /// flight, which no completion reports. [`status`](Writer::status) then
+    /// says why.
+    pub async fn stopped(&self) {
+        let mut ended = self.ended.clone();
+        let _ = ended.wait_for(|ended| *ended).await;
     }
 
     /// Stops admitting, waits (at most `timeout`) until everything admitted is
