@@ -7,7 +7,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use chorus::kv::CommandError;
 use chorus::log::LogError;
-use chorus::runtime::{Unavailable, WriteError};
+use chorus::runtime::{LogReadError, Unavailable, WriteError};
 use serde_json::{Map, Value, json};
 
 /// Seconds a client should wait before retrying a 503.
@@ -130,6 +130,21 @@ impl From<LogError> for ApiError {
     }
 }
 
+impl From<LogReadError> for ApiError {
+    /// Below the floor is 410 with the floor (re-read from there); anything
+    /// else is the stores not answering, 503.
+    fn from(error: LogReadError) -> ApiError {
+        match error {
+            LogReadError::Truncated { floor } => {
+                ApiError::new(StatusCode::GONE, error.to_string()).with("floor", floor.0)
+            }
+            LogReadError::Unavailable { .. } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, error.to_string())
+            }
+        }
+    }
+}
+
 impl From<CommandError> for ApiError {
     fn from(error: CommandError) -> ApiError {
         match error {
@@ -242,6 +257,22 @@ mod tests {
                 .into(),
                 StatusCode::SERVICE_UNAVAILABLE,
                 json!({"error": "writer stopped: aborted", "may_have_committed": true}),
+            ),
+            (
+                LogReadError::Truncated {
+                    floor: chorus::ids::RecordIndex(7),
+                }
+                .into(),
+                StatusCode::GONE,
+                json!({"error": "log truncated: requested index below floor=7", "floor": 7}),
+            ),
+            (
+                LogReadError::Unavailable {
+                    reason: "no quorum".into(),
+                }
+                .into(),
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"error": "log unavailable: no quorum"}),
             ),
             (
                 CommandError::InvalidKey { length: 0 }.into(),

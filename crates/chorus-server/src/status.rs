@@ -7,11 +7,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use chorus::ids::SegmentId;
-use chorus::log::LogStores;
-use chorus::log::layout::segment_prefix;
-use chorus::log::maintenance::Maintenance;
-use chorus::runtime::{Role, RuntimeStatus};
+use chorus::runtime::{ReplicaHealth, Role, RuntimeStatus};
 use serde_json::{Map, Value, json};
 
 use crate::AppState;
@@ -20,7 +16,7 @@ use crate::AppState;
 /// log, the snapshot schedule and the last boot's phases.
 pub async fn status(State(app): State<Arc<AppState>>) -> Response {
     let status = app.runtime.status();
-    let mut body = runtime_json(&status, app.runtime.stores().leases.clock().wall_ms());
+    let mut body = runtime_json(&status, app.runtime.wall_ms());
     body.insert("ready".into(), is_ready(&app, &status).into());
     body.insert(
         "advertise_url".into(),
@@ -91,65 +87,36 @@ fn runtime_json(status: &RuntimeStatus, wall_ms: u64) -> Map<String, Value> {
 }
 
 /// The register's view (epoch, floor, end of the sealed directory) and each
-/// replica's health and lag behind the others in the active segment.
+/// replica's health and lag behind the others in the active segment, as the
+/// runtime last observed them (`age_ms` ago; refreshed at most once a second).
 async fn register_json(app: &AppState) -> Value {
-    let stores = &app.runtime.stores().log;
-    let maintenance = Maintenance::new(stores);
-    match maintenance.manifest().await {
-        Ok(manifest) => json!({
-            "name": stores.register.name(),
-            "epoch": manifest.epoch.0,
-            "floor": manifest.trunc.0,
-            "tail_base": manifest.tail_base.0,
-            "directory_entries": manifest.segments.len(),
-            "quorum": manifest.quorum(),
-            "replicas": replicas_json(stores, manifest.tail).await,
+    let observed = app.runtime.log_view().await;
+    let age_ms = observed.age.as_millis() as u64;
+    match observed.view {
+        Ok(view) => json!({
+            "name": view.register,
+            "epoch": view.epoch.0,
+            "floor": view.floor.0,
+            "tail_base": view.tail_base.0,
+            "directory_entries": view.directory_entries,
+            "quorum": view.quorum,
+            "replicas": view.replicas.iter().map(replica_json).collect::<Vec<_>>(),
+            "age_ms": age_ms,
         }),
-        Err(error) => json!({ "error": error.to_string() }),
+        Err(error) => json!({ "error": error, "age_ms": age_ms }),
     }
 }
 
-/// How long the status page waits for one replica's listing.
-const REPLICA_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Per replica: whether it answers a listing of the active segment, how many
-/// fragments it holds there, and how many fewer than the fullest replica.
-async fn replicas_json(stores: &LogStores, tail: SegmentId) -> Vec<Value> {
-    let prefix = segment_prefix(tail);
-    let listings = futures::future::join_all(stores.replicas.iter().map(|(_, store)| {
-        let prefix = prefix.clone();
-        async move { tokio::time::timeout(REPLICA_CHECK_TIMEOUT, store.list(&prefix)).await }
-    }))
-    .await;
-    let counts: Vec<Option<usize>> = listings
-        .iter()
-        .map(|listed| match listed {
-            Ok(Ok(objects)) => Some(objects.len()),
-            _ => None,
-        })
-        .collect();
-    let fullest = counts.iter().flatten().max().copied().unwrap_or(0);
-    stores
-        .replicas
-        .iter()
-        .zip(listings.iter().zip(&counts))
-        .map(|((identity, _), (listed, count))| match (listed, count) {
-            (_, Some(count)) => json!({
-                "replica": identity,
-                "healthy": true,
-                "tail_fragments": count,
-                "lag_fragments": fullest - count,
-            }),
-            (Ok(Err(error)), None) => {
-                json!({ "replica": identity, "healthy": false, "error": error.to_string() })
-            }
-            (_, None) => json!({
-                "replica": identity,
-                "healthy": false,
-                "error": format!("no answer within {REPLICA_CHECK_TIMEOUT:?}"),
-            }),
-        })
-        .collect()
+fn replica_json(replica: &ReplicaHealth) -> Value {
+    match &replica.tail_fragments {
+        Ok(count) => json!({
+            "replica": replica.replica,
+            "healthy": true,
+            "tail_fragments": count,
+            "lag_fragments": replica.lag_fragments,
+        }),
+        Err(error) => json!({ "replica": replica.replica, "healthy": false, "error": error }),
+    }
 }
 
 /// `GET /healthz`: the process answers (no auth).

@@ -17,8 +17,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use chorus::ids::RecordIndex;
 use chorus::kv::{Applied, Command, KvState, Operation};
-use chorus::log::{LogError, Reader};
-use chorus::runtime::{Change, HistoryGap};
+use chorus::runtime::{Change, HistoryGap, LogReader};
 use futures::Stream;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -177,9 +176,9 @@ pub async fn read_log(
 ) -> Result<Response, ApiError> {
     let from = match resume_index(query.from, &headers)? {
         Some(from) => from,
-        None => floor(&app).await?,
+        None => app.runtime.log_floor().await?,
     };
-    let mut reader = Reader::new(&app.runtime.stores().log, from);
+    let mut reader = app.runtime.log_reader(from);
     if query.follow {
         if query.limit.is_some() {
             return Err(ApiError::bad_request("limit does not go with follow"));
@@ -194,7 +193,7 @@ pub async fn read_log(
     }
     let mut records = Vec::new();
     while records.len() < limit {
-        match reader.try_next().await.map_err(log_read_error)? {
+        match reader.try_next().await? {
             Some((index, record)) => records.push(record_json(index, &record)),
             None => break,
         }
@@ -204,7 +203,7 @@ pub async fn read_log(
 }
 
 /// Committed records as events, polling the log while caught up.
-fn follow(app: Arc<AppState>, reader: Reader) -> Response {
+fn follow(app: Arc<AppState>, reader: LogReader) -> Response {
     let state = (reader, app.runtime.applied(), app.shutdown.clone(), false);
     let events = futures::stream::unfold(
         state,
@@ -234,7 +233,7 @@ fn follow(app: Arc<AppState>, reader: Reader) -> Response {
                         }
                     }
                     Err(error) => {
-                        let body = log_read_error(error);
+                        let body = ApiError::from(error);
                         let data =
                             json!({"error": body.message, "details": body.details}).to_string();
                         let event = Event::default().event("error").data(data);
@@ -266,21 +265,6 @@ fn record_json(index: RecordIndex, record: &[u8]) -> Value {
     body.insert("index".into(), index.0.into());
     insert_bytes(&mut body, "data", record);
     Value::Object(body)
-}
-
-async fn floor(app: &AppState) -> Result<RecordIndex, ApiError> {
-    let maintenance = chorus::log::maintenance::Maintenance::new(&app.runtime.stores().log);
-    let manifest = maintenance.manifest().await.map_err(log_read_error)?;
-    Ok(manifest.trunc)
-}
-
-fn log_read_error(error: LogError) -> ApiError {
-    match error {
-        LogError::Truncated { floor, .. } => {
-            ApiError::new(StatusCode::GONE, error.to_string()).with("floor", floor.0)
-        }
-        other => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, other.to_string()),
-    }
 }
 
 fn gone(gap: HistoryGap) -> ApiError {

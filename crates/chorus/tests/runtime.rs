@@ -1063,3 +1063,30 @@ async fn a_standby_below_the_floor_with_no_newer_snapshot_backs_off() {
     standby.abort();
     primary.shutdown().await.unwrap();
 }
+
+/// `Runtime::log_view` serves status pages from a cache: fifty calls in a
+/// burst cost at most one refresh (a register read and a listing per
+/// replica) beyond the first, and the view names every replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_pages_read_a_cached_log_view() {
+    let db = Db::new().await;
+    let node = db.node(1);
+    let primary = node.start(config("a", 1000));
+    wait_primary(&primary).await;
+    put(&primary, "k", "v").await;
+    let first = primary.log_view().await;
+    let view = first.view.expect("the stores answer");
+    assert_eq!(view.replicas.len(), 3);
+    assert!(view.replicas.iter().all(|r| r.tail_fragments.is_ok()));
+    assert_eq!(view.quorum, 2);
+    let listings = node.log_faults.calls(Op::List);
+    for _ in 0..50 {
+        let observed = primary.log_view().await;
+        assert!(observed.view.is_ok());
+    }
+    let spent = node.log_faults.calls(Op::List) - listings;
+    assert!(spent <= 3, "{spent} replica listings for 50 status calls");
+    let floor = primary.log_floor().await.unwrap();
+    assert_eq!(floor, RecordIndex(0));
+    primary.shutdown().await.unwrap();
+}

@@ -23,6 +23,7 @@
 mod config;
 mod core;
 mod error;
+mod log_view;
 mod machine;
 mod primary;
 mod standby;
@@ -38,6 +39,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 pub use self::core::{Change, HistoryGap};
 pub use config::{RuntimeConfig, RuntimeStores};
 pub use error::{Phase, Role, RuntimeError, Unavailable, WriteError};
+pub use log_view::{
+    LOG_VIEW_MAX_AGE, LogReadError, LogReader, LogView, Observed, REPLICA_CHECK_TIMEOUT,
+    ReplicaHealth,
+};
 pub use machine::{Checkpoint, RestoreError, StateMachine};
 pub use status::RuntimeStatus;
 
@@ -90,6 +95,8 @@ struct Shared<M: StateMachine> {
     stop: watch::Sender<bool>,
     /// The supervisor's outcome once it ended.
     finished: watch::Sender<Option<Result<(), RuntimeError>>>,
+    /// The newest view of the register and replicas, for status pages.
+    log_view: Arc<log_view::LogViewCache>,
 }
 
 impl<M: StateMachine> Shared<M> {
@@ -178,6 +185,7 @@ impl<M: StateMachine> Runtime<M> {
             applied: watch::Sender::new(RecordIndex(0)),
             stop: watch::Sender::new(false),
             finished: watch::Sender::new(None),
+            log_view: Arc::default(),
             stores,
             config,
         });
@@ -288,6 +296,30 @@ impl<M: StateMachine> Runtime<M> {
     /// The stores this runtime runs on.
     pub fn stores(&self) -> &RuntimeStores {
         &self.shared.stores
+    }
+
+    /// The newest view of the register and the replicas' health, at most
+    /// [`LOG_VIEW_MAX_AGE`] old plus one refresh: a stale one starts a
+    /// refresh in the background, so a status page costs store requests at
+    /// most once per max age however often it is asked for.
+    pub async fn log_view(&self) -> Observed {
+        self.shared.log_view.get(&self.shared.stores.log).await
+    }
+
+    /// The log's truncation floor, read from the register now.
+    pub async fn log_floor(&self) -> Result<RecordIndex, LogReadError> {
+        log_view::floor(&self.shared.stores.log).await
+    }
+
+    /// Committed records from `from` on, read from the replicas (any role).
+    pub fn log_reader(&self, from: RecordIndex) -> LogReader {
+        LogReader::new(&self.shared.stores.log, from)
+    }
+
+    /// This runtime's wall clock, in ms since the Unix epoch (the clock its
+    /// lease expiries are judged by).
+    pub fn wall_ms(&self) -> u64 {
+        self.shared.stores.leases.clock().wall_ms()
     }
 
     /// The configuration it runs with.
