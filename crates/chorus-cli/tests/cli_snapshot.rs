@@ -306,19 +306,20 @@ fn hold_lease(store: &StoreUrl, holder: &str) -> LeaseHolder {
 /// the holder; then `other-node` releases it and publishing works.
 fn writers_are_refused_while_held(dir: &Path, location: &[&str]) {
     let file = write_file(dir, "f.bin", b"payload");
-    let publish = with(
-        location,
-        &[
-            "snapshot",
-            "publish",
-            "--file",
-            file.to_str().unwrap(),
-            "--wal-index",
-            "1",
-            "--holder",
-            "me",
-        ],
-    );
+    let file = file.to_str().unwrap();
+    let publish_as = |holder: &[&'static str]| -> Vec<String> {
+        let command = [
+            &["snapshot", "publish", "--file", file, "--wal-index", "1"],
+            holder,
+        ]
+        .concat();
+        with(location, &command)
+            .into_iter()
+            .map(str::to_owned)
+            .collect()
+    };
+    let publish = publish_as(&["--holder", "me"]);
+    let publish: Vec<&str> = publish.iter().map(String::as_str).collect();
     let held = [
         "lease held by another holder",
         "database=default holder=other-node",
@@ -347,35 +348,14 @@ fn writers_are_refused_while_held(dir: &Path, location: &[&str]) {
     // The same holder id is another process all the same: a command run
     // with the serving process's holder id (as `--holder` or through the
     // server's own CHORUS_HOLDER) cannot take its live lease.
-    let as_holder = with(
-        location,
-        &[
-            "snapshot",
-            "publish",
-            "--file",
-            file.to_str().unwrap(),
-            "--wal-index",
-            "1",
-            "--holder",
-            "other-node",
-        ],
-    );
+    let as_holder = publish_as(&["--holder", "other-node"]);
+    let as_holder: Vec<&str> = as_holder.iter().map(String::as_str).collect();
     assert_fails_with(
         &chorus(dir, &as_holder),
         &[&["cannot publish snapshot"], &held[..]].concat(),
     );
     let mut through_env = support::chorus_command(dir);
-    through_env.args(with(
-        location,
-        &[
-            "snapshot",
-            "publish",
-            "--file",
-            file.to_str().unwrap(),
-            "--wal-index",
-            "1",
-        ],
-    ));
+    through_env.args(publish_as(&[]));
     through_env.env("CHORUS_HOLDER", "other-node");
     assert_fails_with(
         &through_env.output().expect("chorus runs"),
