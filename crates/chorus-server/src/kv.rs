@@ -254,7 +254,7 @@ async fn write(app: &AppState, command: Command) -> Result<u64, ApiError> {
         })
         .await?;
     match written.output {
-        Applied::Done => Ok(written.index.0),
+        Applied::Done { .. } => Ok(written.index.0),
         Applied::ConditionFailed { key, current } => Err(condition_failed(
             &key,
             current.map(|version| version.0),

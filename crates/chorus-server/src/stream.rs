@@ -119,18 +119,22 @@ impl Watcher {
 }
 
 /// The events of one applied record: its puts and deletes under `prefix`.
+/// An operation that changed nothing (a delete of an absent key) is no event.
 fn change_events(change: &Change<Applied>, prefix: &[u8]) -> Vec<Event> {
-    if change.output != Applied::Done {
+    let Applied::Done { unchanged } = &change.output else {
         return Vec::new();
-    }
+    };
     let Ok(command) = Command::decode(&change.record) else {
         return Vec::new();
     };
     command
         .operations()
         .iter()
-        .filter(|operation| operation.key().starts_with(prefix))
-        .map(|operation| {
+        .enumerate()
+        .filter(|(position, operation)| {
+            operation.key().starts_with(prefix) && !unchanged.contains(position)
+        })
+        .map(|(_, operation)| {
             let mut body = Map::new();
             body.insert("index".into(), change.index.0.into());
             let kind = match operation {

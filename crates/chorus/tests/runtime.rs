@@ -258,7 +258,7 @@ async fn put(runtime: &Kv, key: &str, value: &str) -> RecordIndex {
     let written = write(runtime, &put_command(key, value, Condition::None))
         .await
         .unwrap_or_else(|error| panic!("put {key}: {error:?}"));
-    assert_eq!(written.output, Applied::Done, "put {key}");
+    assert_eq!(written.output, Applied::done(), "put {key}");
     written.index
 }
 
@@ -363,7 +363,7 @@ async fn primary_boots_on_empty_stores_installs_head_and_serves_writes_and_reads
     let written = write(&runtime, &cas).await.unwrap();
     assert_eq!(
         (written.index, written.output),
-        (RecordIndex(2), Applied::Done)
+        (RecordIndex(2), Applied::done())
     );
 
     let ((a, b, missing), applied) = read(&runtime, |state| {
@@ -687,7 +687,7 @@ async fn lagging_standby_restores_the_newest_snapshot_after_the_log_was_truncate
             let written = write(&primary, &delete_command(&format!("key-{}", sequence % 3)))
                 .await
                 .unwrap();
-            assert_eq!(written.output, Applied::Done);
+            assert_eq!(written.output, Applied::done());
         }
     }
     wait_until(

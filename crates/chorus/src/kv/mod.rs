@@ -42,8 +42,13 @@ pub struct Entry {
 /// What applying one record did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
-    /// Every operation of the record took effect.
-    Done,
+    /// Every operation of the record took effect. `unchanged` lists, by
+    /// position in the record, the operations that found nothing to change
+    /// (a delete of an absent key), so a watcher reports only real changes.
+    Done {
+        /// Positions of the operations that changed nothing, ascending.
+        unchanged: Vec<usize>,
+    },
     /// A condition did not hold; nothing changed.
     ConditionFailed {
         /// The key whose condition failed (the first, in record order).
@@ -69,6 +74,15 @@ pub struct KvState {
     entries: BTreeMap<Bytes, Entry>,
     /// The index of the next record to apply.
     applied_end: RecordIndex,
+}
+
+impl Applied {
+    /// [`Applied::Done`] with every operation changing something.
+    pub fn done() -> Applied {
+        Applied::Done {
+            unchanged: Vec::new(),
+        }
+    }
 }
 
 impl KvState {
@@ -138,7 +152,7 @@ impl KvState {
     /// replay overlapping the snapshot) is skipped.
     pub fn apply(&mut self, index: RecordIndex, record: &[u8]) -> Applied {
         if index < self.applied_end {
-            return Applied::Done;
+            return Applied::done();
         }
         self.applied_end = RecordIndex(index.0 + 1);
         let command = match Command::decode(record) {
@@ -148,7 +162,8 @@ impl KvState {
         if let Err(failed) = self.check(&command) {
             return failed;
         }
-        for operation in command.operations() {
+        let mut unchanged = Vec::new();
+        for (position, operation) in command.operations().iter().enumerate() {
             match operation {
                 Operation::Put { key, value, .. } => {
                     let entry = Entry {
@@ -158,11 +173,13 @@ impl KvState {
                     self.entries.insert(key.clone(), entry);
                 }
                 Operation::Delete { key, .. } => {
-                    self.entries.remove(key);
+                    if self.entries.remove(key).is_none() {
+                        unchanged.push(position);
+                    }
                 }
             }
         }
-        Applied::Done
+        Applied::Done { unchanged }
     }
 
     /// The snapshot bytes (see the module docs).
@@ -300,14 +317,14 @@ mod tests {
         let mut state = KvState::default();
         assert_eq!(
             state.apply(RecordIndex(0), &put("a", "1", Condition::None)),
-            Applied::Done
+            Applied::done()
         );
         assert_eq!(
             state.apply(RecordIndex(1), &put("b", "2", Condition::Absent)),
-            Applied::Done
+            Applied::done()
         );
         let cas = put("a", "3", Condition::Version(RecordIndex(0)));
-        assert_eq!(state.apply(RecordIndex(2), &cas), Applied::Done);
+        assert_eq!(state.apply(RecordIndex(2), &cas), Applied::done());
         assert_eq!(value(&state, "a"), Some(("3".into(), 2)));
         assert_eq!(value(&state, "b"), Some(("2".into(), 1)));
         assert_eq!(state.applied_end(), RecordIndex(3));
@@ -366,10 +383,52 @@ mod tests {
         assert_eq!(value(&state, "b"), None);
         assert_eq!(
             state.apply(RecordIndex(2), &batch(Condition::Version(RecordIndex(0)))),
-            Applied::Done
+            Applied::done()
         );
         assert_eq!(value(&state, "a"), None);
         assert_eq!(value(&state, "b"), Some(("2".into(), 2)));
+    }
+
+    #[test]
+    fn deleting_an_absent_key_reports_that_nothing_changed() {
+        let mut state = KvState::default();
+        state.apply(RecordIndex(0), &put("a", "1", Condition::None));
+        assert_eq!(
+            state.apply(RecordIndex(1), &delete("b", Condition::None)),
+            Applied::Done { unchanged: vec![0] }
+        );
+        assert_eq!(
+            state.apply(RecordIndex(2), &delete("a", Condition::None)),
+            Applied::done()
+        );
+        let batch = Command::Batch(vec![
+            Operation::Put {
+                key: Bytes::from_static(b"c"),
+                value: Bytes::from_static(b"3"),
+                condition: Condition::None,
+            },
+            Operation::Delete {
+                key: Bytes::from_static(b"a"),
+                condition: Condition::Absent,
+            },
+            Operation::Delete {
+                key: Bytes::from_static(b"d"),
+                condition: Condition::Absent,
+            },
+            Operation::Delete {
+                key: Bytes::from_static(b"z"),
+                condition: Condition::None,
+            },
+        ])
+        .encode()
+        .unwrap();
+        assert_eq!(
+            state.apply(RecordIndex(3), &batch),
+            Applied::Done {
+                unchanged: vec![1, 2, 3]
+            }
+        );
+        assert_eq!(value(&state, "c"), Some(("3".into(), 3)));
     }
 
     #[test]
