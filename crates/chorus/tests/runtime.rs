@@ -824,3 +824,43 @@ async fn standby_that_booted_before_the_first_head_takes_over_warm() {
     );
     standby.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_whose_state_disagrees_with_its_head_wal_index_is_refused() {
+    let db = Db::new().await;
+    let node = db.node(1);
+    // A payload whose state reflects records 0 and 1, installed as HEAD at
+    // wal_index 0: restoring it and replaying from 0 would apply them twice
+    // (or, the other way round, skip records).
+    let mut ahead = KvState::default();
+    for (index, key) in ["a", "b"].into_iter().enumerate() {
+        let record = put_command(key, "1", Condition::None).encode().unwrap();
+        ahead.apply(RecordIndex(index as u64), &record);
+    }
+    let forger = node
+        .stores
+        .leases
+        .acquire(holder("forger"), chorus::lease::Term::FIRST)
+        .await
+        .unwrap();
+    let mut publication = node.stores.snapshots.publication();
+    publication.observe_for_boot().await.unwrap();
+    let initial = chorus::snapshot::NewSnapshot {
+        bytes: ahead.encode_snapshot(),
+        wal_index: RecordIndex(0),
+    };
+    publication.claim(&forger, initial).await.unwrap();
+    forger.release().await.unwrap();
+
+    let runtime = node.start(config("a", 1000));
+    let outcome = tokio::time::timeout(PATIENCE, runtime.finished())
+        .await
+        .expect("the boot gives up rather than retry a snapshot that cannot be right");
+    let error = outcome.expect_err("the snapshot is refused").to_string();
+    assert!(
+        error.contains("payload_applied_end=2 head_wal_index=0"),
+        "{error}"
+    );
+    assert_eq!(runtime.status().role, Role::Stopped);
+    assert_eq!(state_of(&runtime).1, RecordIndex(0));
+}

@@ -259,6 +259,10 @@ impl StateMachine for KvState {
             .map_err(|e| RestoreError(e.to_string()))?;
         KvState::decode_snapshot(&bytes).map_err(|e| RestoreError(e.to_string()))
     }
+
+    fn reflected_end(&self) -> Option<RecordIndex> {
+        Some(self.applied_end)
+    }
 }
 
 impl Checkpoint for KvState {
