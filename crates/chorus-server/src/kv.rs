@@ -260,8 +260,8 @@ async fn write(app: &AppState, command: Command) -> Result<u64, ApiError> {
             current.map(|version| version.0),
             Some(written.index.0),
         )),
-        Applied::Malformed(error) => {
-            let message = format!("the service wrote a record it cannot apply: {error}");
+        other @ (Applied::Malformed(_) | Applied::Duplicate { .. } | Applied::KeyReused { .. }) => {
+            let message = format!("the service wrote a record it cannot apply: {other:?}");
             tracing::error!(index = written.index.0, %message);
             Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message))
         }
