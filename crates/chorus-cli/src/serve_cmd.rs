@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chorus::clock::SystemClock;
-use chorus::kv::KvState;
+use chorus::kv::{KvState, Retention, idempotency};
 use chorus::lease::{HolderId, LeaseConfig, LeaseStore};
 use chorus::runtime::{Role, Runtime, RuntimeConfig, RuntimeStores};
 use chorus::snapshot::{SnapshotConfig, SnapshotStore};
@@ -102,6 +102,25 @@ pub struct ServeArgs {
     /// Bound on a request until its answer starts.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     request_timeout_secs: u64,
+
+    /// Idempotency keys remembered for exactly-once writes; beyond this many
+    /// the oldest are forgotten. Each costs about 100 bytes of memory and of
+    /// every snapshot (plus the key of a remembered 412).
+    #[arg(
+        long,
+        default_value_t = idempotency::DEFAULT_RETAINED_KEYS,
+        value_parser = clap::value_parser!(u64).range(1..=idempotency::MAX_RETAINED_KEYS)
+    )]
+    idempotency_max_keys: u64,
+
+    /// How long an idempotency key is remembered: a retry within it is
+    /// answered the original outcome, a retry after it applies again.
+    #[arg(
+        long,
+        default_value_t = idempotency::DEFAULT_RETENTION_AGE_MS / 1000,
+        value_parser = clap::value_parser!(u64).range(1..=idempotency::MAX_RETENTION_AGE_MS / 1000)
+    )]
+    idempotency_max_age_secs: u64,
 
     /// Print the merged configuration (secrets redacted) and exit.
     #[arg(long)]
@@ -191,6 +210,10 @@ impl ServeArgs {
             request_timeout: Duration::from_secs(self.request_timeout_secs),
             advertise_url: self.advertise_url.clone(),
             ready_as_standby: self.ready_as_standby,
+            idempotency: Retention {
+                max_keys: self.idempotency_max_keys,
+                max_age_ms: self.idempotency_max_age_secs * 1000,
+            },
         };
         Ok(Resolved {
             location,
@@ -248,6 +271,8 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         "ready_as_standby": service.ready_as_standby,
         "max_body_bytes": service.max_body_bytes,
         "request_timeout_secs": service.request_timeout.as_secs(),
+        "idempotency_max_keys": service.idempotency.max_keys,
+        "idempotency_max_age_secs": service.idempotency.max_age_ms / 1000,
     });
     outln!("{}", serde_json::to_string_pretty(&config)?)?;
     Ok(())

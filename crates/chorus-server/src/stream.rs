@@ -17,7 +17,10 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use chorus::ids::RecordIndex;
-use chorus::kv::{Applied, Command, KvState, MAX_BATCH_OPERATIONS, Operation};
+use chorus::kv::{
+    Applied, Body, Command, IdempotencyKey, KvState, MAX_BATCH_OPERATIONS, Operation, Outcome,
+    Record,
+};
 use chorus::log::{LogError, Reader};
 use chorus::runtime::{Change, HistoryGap};
 use futures::Stream;
@@ -27,7 +30,7 @@ use tokio::sync::watch;
 
 use crate::encoding::insert_bytes;
 use crate::error::ApiError;
-use crate::{AppState, body_bytes};
+use crate::{AppState, body_bytes, kv};
 
 /// Changes fetched from the history per round.
 const WATCH_BATCH: usize = 256;
@@ -269,11 +272,28 @@ fn follow(app: Arc<AppState>, reader: Reader) -> Response {
 
 /// `POST /v1/log`: appends the body as one raw record → `{"index": N}`.
 /// The key-value machine applies records that are not its commands as no-ops.
+/// With an `Idempotency-Key`, the body travels as the payload of a stamped
+/// key-value record (so the machine remembers the key), and a retry is
+/// answered the original index.
 pub async fn append_log(
     State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let key = kv::idempotency_key(&headers)?;
     let record = body_bytes(body)?;
+    if let Some(key) = key {
+        let answered = kv::submit(&app, Body::Raw(record), Some(key)).await?;
+        if answered.outcome != Outcome::Done {
+            let message = format!("a raw append answered {:?}", answered.outcome);
+            return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message));
+        }
+        let mut response = Json(json!({ "index": answered.index.0 })).into_response();
+        if answered.replayed {
+            kv::mark_replayed(&mut response);
+        }
+        return Ok(response);
+    }
     let written = app
         .runtime
         .write(|_: &KvState| Ok::<_, ApiError>(record))
@@ -281,11 +301,34 @@ pub async fn append_log(
     Ok(Json(json!({ "index": written.index.0 })).into_response())
 }
 
+/// A record as JSON: its index and bytes, and for a key-value record that
+/// carries an idempotency key, the key (and the payload of a raw append).
 fn record_json(index: RecordIndex, record: &[u8]) -> Value {
     let mut body = Map::new();
     body.insert("index".into(), index.0.into());
     insert_bytes(&mut body, "data", record);
+    if let Some((key, payload)) = stamped(record) {
+        body.insert("idempotency_key".into(), key.as_str().into());
+        if let Some(payload) = payload {
+            insert_bytes(&mut body, "payload", &payload);
+        }
+    }
     Value::Object(body)
+}
+
+/// The idempotency key of a stamped key-value record, and its payload if
+/// it is a raw append.
+fn stamped(record: &[u8]) -> Option<(IdempotencyKey, Option<Bytes>)> {
+    // Only a stamped record (format 2) is worth decoding.
+    if !record.starts_with(b"CHKV\x02") {
+        return None;
+    }
+    let decoded = Record::decode(record).ok()?;
+    let payload = match decoded.body {
+        Body::Raw(payload) => Some(payload),
+        Body::Command(_) => None,
+    };
+    Some((decoded.stamp?.key, payload))
 }
 
 async fn floor(app: &AppState) -> Result<RecordIndex, ApiError> {

@@ -432,6 +432,7 @@ impl Service {
                 request_timeout: Duration::from_secs(30),
                 advertise_url: Some(url.clone()),
                 ready_as_standby: false,
+                idempotency: chorus::kv::Retention::default(),
             },
             metrics: None,
             shutdown: shutdown.clone(),
