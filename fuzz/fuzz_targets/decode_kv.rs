@@ -1,22 +1,36 @@
-//! Any input: the first byte picks a key-value command record (even) or a
-//! key-value snapshot (odd), the rest is decoded as one: once as it is, and
-//! once with its trailing CRC32C rewritten to fit (random bytes almost never
-//! carry a valid checksum, which would hide everything behind it). Decoding
-//! never panics, and whatever decodes re-encodes to exactly the same bytes
-//! (both encodings are canonical).
+//! Any input: the first byte picks a key-value record (even: a command or a
+//! raw payload, with or without an idempotency stamp, format 1 or 2) or a
+//! key-value snapshot (odd, format 1 or 2), the rest is decoded as one: once
+//! as it is, and once with its trailing CRC32C rewritten to fit (random
+//! bytes almost never carry a valid checksum, which would hide everything
+//! behind it). Decoding never panics, and whatever decodes re-encodes to
+//! exactly the same bytes (both encodings are canonical), except a format-1
+//! snapshot, which re-encodes in format 2 to the same state.
 #![no_main]
 
-use chorus::kv::{Command, KvState};
+use chorus::kv::{Command, KvState, Record};
 use libfuzzer_sys::fuzz_target;
 
 fn check(command: bool, input: &[u8]) {
     if command {
-        if let Ok(decoded) = Command::decode(input) {
-            let encoded = decoded.encode().expect("a decoded command encodes");
+        if let Ok(decoded) = Record::decode(input) {
+            let encoded = decoded.encode().expect("a decoded record encodes");
             assert_eq!(&encoded[..], input, "re-encoding changed the bytes");
+            decoded.digest().expect("a decoded record has a digest");
+            // A stamped record's command alone is a different (format 1) record.
+            if let Ok(command) = Command::decode(input) {
+                let plain = command.encode().expect("a decoded command encodes");
+                assert_eq!(plain[..] == *input, decoded.stamp.is_none());
+            }
         }
     } else if let Ok(state) = KvState::decode_snapshot(input) {
-        assert_eq!(&state.encode_snapshot()[..], input, "re-encoding changed the bytes");
+        let encoded = state.encode_snapshot();
+        if input[4] == 1 {
+            let again = KvState::decode_snapshot(&encoded).expect("a re-encoded snapshot decodes");
+            assert_eq!(again, state, "re-encoding changed the state");
+        } else {
+            assert_eq!(&encoded[..], input, "re-encoding changed the bytes");
+        }
     }
 }
 

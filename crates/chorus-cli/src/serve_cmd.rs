@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chorus::clock::SystemClock;
-use chorus::kv::KvState;
+use chorus::kv::{KvState, Retention, idempotency};
 use chorus::lease::{HolderId, LeaseConfig, LeaseStore};
 use chorus::runtime::{Role, Runtime, RuntimeConfig, RuntimeStores};
 use chorus::snapshot::{SnapshotConfig, SnapshotStore};
@@ -131,6 +131,24 @@ pub struct ServeArgs {
     /// bandwidth; a publication that takes longer fails and is retried.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_payload_timeout_secs: u64,
+    /// Idempotency keys remembered for exactly-once writes; beyond this many
+    /// the oldest are forgotten. Each costs about 100 bytes of memory and of
+    /// every snapshot (plus the key of a remembered 412).
+    #[arg(
+        long,
+        default_value_t = idempotency::DEFAULT_RETAINED_KEYS,
+        value_parser = clap::value_parser!(u64).range(1..=idempotency::MAX_RETAINED_KEYS)
+    )]
+    idempotency_max_keys: u64,
+
+    /// How long an idempotency key is remembered: a retry within it is
+    /// answered the original outcome, a retry after it applies again.
+    #[arg(
+        long,
+        default_value_t = idempotency::DEFAULT_RETENTION_AGE_MS / 1000,
+        value_parser = clap::value_parser!(u64).range(1..=idempotency::MAX_RETENTION_AGE_MS / 1000)
+    )]
+    idempotency_max_age_secs: u64,
 
     /// Print the merged configuration (secrets redacted) and exit.
     #[arg(long)]
@@ -234,6 +252,10 @@ impl ServeArgs {
             advertise_url: self.advertise_url.clone(),
             ready_as_standby: self.ready_as_standby,
             connections,
+            idempotency: Retention {
+                max_keys: self.idempotency_max_keys,
+                max_age_ms: self.idempotency_max_age_secs * 1000,
+            },
         };
         let snapshots = SnapshotConfig {
             payload_call_timeout: Duration::from_secs(self.snapshot_payload_timeout_secs),
@@ -311,6 +333,8 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         "max_connections": service.connections.max_connections,
         "header_read_timeout_secs": service.connections.header_read_timeout.as_secs(),
         "shutdown_grace_secs": service.connections.shutdown_grace.as_secs(),
+        "idempotency_max_keys": service.idempotency.max_keys,
+        "idempotency_max_age_secs": service.idempotency.max_age_ms / 1000,
     });
     outln!("{}", serde_json::to_string_pretty(&config)?)?;
     Ok(())

@@ -16,7 +16,7 @@ use tempfile::TempDir;
 /// One server-sent event.
 #[derive(Debug, Clone, PartialEq)]
 struct Event {
-    id: Option<u64>,
+    id: Option<String>,
     kind: String,
     data: Value,
 }
@@ -28,10 +28,10 @@ struct Events {
 
 impl Events {
     /// Opens `path` as an event stream; panics unless it answers 200.
-    fn open(endpoint: &Endpoint, path: &str, last_event_id: Option<u64>) -> Events {
+    fn open(endpoint: &Endpoint, path: &str, last_event_id: Option<&str>) -> Events {
         let mut request = endpoint.request(Method::GET, path);
         if let Some(id) = last_event_id {
-            request = request.header("last-event-id", id.to_string());
+            request = request.header("last-event-id", id);
         }
         let response = request.send().expect("the stream opens");
         assert_eq!(response.status().as_u16(), 200, "{path}");
@@ -50,7 +50,7 @@ impl Events {
                 return Event { id, kind, data };
             }
             if let Some(value) = line.strip_prefix("id:") {
-                id = Some(value.trim().parse().unwrap());
+                id = Some(value.trim().to_owned());
             } else if let Some(value) = line.strip_prefix("event:") {
                 kind = value.trim().to_owned();
             } else if let Some(value) = line.strip_prefix("data:") {
@@ -80,25 +80,28 @@ fn watch_streams_changes_resumable_by_index_and_is_gone_below_its_history() {
 
     let mut events = Events::open(&endpoint, "/v1/kv/watch?prefix=a/&from=0", None);
     let first = events.next();
-    assert_eq!(first.id, Some(0));
+    assert_eq!(first.id.as_deref(), Some("0.0"));
     assert_eq!(first.kind, "put");
     assert_eq!(first.data["key"], "a/1");
     assert_eq!(first.data["value"], "one");
-    assert_eq!(events.next().id, Some(1));
+    assert_eq!(events.next().id.as_deref(), Some("1.0"));
     let delete = events.next();
-    assert_eq!((delete.id, delete.kind.as_str()), (Some(3), "delete"));
+    assert_eq!(
+        (delete.id.as_deref(), delete.kind.as_str()),
+        (Some("3.0"), "delete")
+    );
     assert_eq!(delete.data["key"], "a/1");
     // Changes applied after the stream opened arrive too.
     endpoint.put_ok("a/3", "three");
     let live = events.next();
     assert_eq!(
-        (live.id, &live.data["value"]),
-        (Some(4), &Value::from("three"))
+        (live.id.as_deref(), &live.data["value"]),
+        (Some("4.0"), &Value::from("three"))
     );
 
     // Resuming after event 1 with Last-Event-ID skips what was seen.
-    let mut resumed = Events::open(&endpoint, "/v1/kv/watch?prefix=a/", Some(1));
-    assert_eq!(resumed.next().id, Some(3));
+    let mut resumed = Events::open(&endpoint, "/v1/kv/watch?prefix=a/", Some("1.0"));
+    assert_eq!(resumed.next().id.as_deref(), Some("3.0"));
     drop((events, resumed));
 
     // After a restart the history begins at the final snapshot's index:
@@ -112,7 +115,73 @@ fn watch_streams_changes_resumable_by_index_and_is_gone_below_its_history() {
     assert_eq!(gone.json()["oldest"], 5);
     let mut events = Events::open(&endpoint, "/v1/kv/watch?from=5", None);
     endpoint.put_ok("a/4", "four");
-    assert_eq!(events.next().id, Some(5));
+    assert_eq!(events.next().id.as_deref(), Some("5.0"));
+}
+
+#[test]
+fn a_watch_resumed_inside_a_batch_delivers_the_rest_of_it_exactly_once() {
+    let dir = TempDir::new().unwrap();
+    let (_launch, server) = started(&dir);
+    let endpoint = server.endpoint();
+    let batch = serde_json::json!({"operations": [
+        {"op": "put", "key": "w/1", "value": "one"},
+        {"op": "put", "key": "w/2", "value": "two"},
+        {"op": "delete", "key": "w/absent"},
+        {"op": "put", "key": "w/3", "value": "three"},
+    ]});
+    let written = endpoint.send(
+        endpoint
+            .request(Method::POST, "/v1/kv:batch")
+            .body(batch.to_string()),
+    );
+    assert_eq!(written.expect_index("batch"), 0);
+
+    // A client that read exactly one event and dropped.
+    let mut events = Events::open(&endpoint, "/v1/kv/watch?from=0", None);
+    let first = events.next();
+    assert_eq!(
+        (first.id.as_deref(), &first.data["key"]),
+        (Some("0.0"), &Value::from("w/1"))
+    );
+    drop(events);
+
+    // It resumes with the id it saw and gets the other two puts; the delete
+    // of an absent key changed nothing and is no event.
+    let last = first.id.unwrap();
+    let mut resumed = Events::open(&endpoint, "/v1/kv/watch", Some(&last));
+    let second = resumed.next();
+    assert_eq!(
+        (
+            second.id.as_deref(),
+            &second.data["key"],
+            &second.data["position"]
+        ),
+        (Some("0.1"), &Value::from("w/2"), &Value::from(1))
+    );
+    let third = resumed.next();
+    assert_eq!(
+        (third.id.as_deref(), &third.data["key"]),
+        (Some("0.3"), &Value::from("w/3"))
+    );
+    // Nothing twice: the next event is the next change.
+    let deleted = endpoint.send(endpoint.request(Method::DELETE, "/v1/kv/w/absent"));
+    assert_eq!(deleted.expect_index("delete of an absent key"), 1);
+    endpoint.put_ok("w/4", "four");
+    let next = resumed.next();
+    assert_eq!(
+        (next.id.as_deref(), &next.data["key"]),
+        (Some("2.0"), &Value::from("w/4"))
+    );
+
+    // The largest index has no successor: refused, never wrapped to 0.
+    for path in ["/v1/kv/watch", "/v1/log?follow=true"] {
+        let refused = endpoint.send(
+            endpoint
+                .request(Method::GET, path)
+                .header("last-event-id", u64::MAX.to_string()),
+        );
+        assert_eq!(refused.status, 400, "{path}: {}", refused.text());
+    }
 }
 
 #[test]
@@ -144,10 +213,10 @@ fn the_log_is_read_in_pages_and_followed_as_events() {
 
     let mut events = Events::open(&endpoint, "/v1/log?from=2&follow=true", None);
     assert_eq!(events.next().data["data"], "third");
-    assert_eq!(events.next().id, Some(3));
+    assert_eq!(events.next().id.as_deref(), Some("3"));
     endpoint.put_ok("key", "value");
     let put = events.next();
-    assert_eq!(put.id, Some(4));
+    assert_eq!(put.id.as_deref(), Some("4"));
     assert!(
         put.data.get("data_b64").is_some() || put.data.get("data").is_some(),
         "{put:?}"

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use chorus::kv::CommandError;
+use chorus::kv::{CommandError, IdempotencyKey};
 use chorus::log::LogError;
 use chorus::runtime::{LogReadError, Unavailable, WriteError};
 use serde_json::{Map, Value, json};
@@ -181,6 +181,17 @@ pub fn condition_failed(key: &[u8], current: Option<u64>, appended: Option<u64>)
     error
 }
 
+/// 422: the idempotency key `key` is remembered for a different request
+/// (another route, key, body or condition), applied at `original`.
+pub fn key_reused(key: &IdempotencyKey, original: u64) -> ApiError {
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency key reused for a different request",
+    )
+    .with("idempotency_key", key.as_str())
+    .with("original_index", original)
+}
+
 /// The JSON body of an error response whose handler wrote none (a route
 /// miss, a body limit, a timeout): `{"error": "<reason phrase>"}`.
 pub fn reason_body(status: StatusCode) -> Value {
@@ -313,6 +324,16 @@ mod tests {
                 condition_failed(b"k", Some(3), None),
                 StatusCode::PRECONDITION_FAILED,
                 json!({"error": "condition failed", "key": "k", "current_version": 3}),
+            ),
+            (
+                key_reused(&IdempotencyKey::new("op-1").unwrap(), 4),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                json!({"error": "idempotency key reused for a different request", "idempotency_key": "op-1", "original_index": 4}),
+            ),
+            (
+                CommandError::InvalidIdempotencyKey { length: 0 }.into(),
+                StatusCode::BAD_REQUEST,
+                json!({"error": CommandError::InvalidIdempotencyKey { length: 0 }.to_string()}),
             ),
             (
                 condition_failed(&[0xff], None, Some(9)),

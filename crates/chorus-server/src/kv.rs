@@ -1,23 +1,38 @@
 //! `/v1/kv`: put, get, delete, list and batch on the key-value machine.
 //! Handlers parse, call the runtime once, and map the result.
+//!
+//! Every write takes an optional `Idempotency-Key`: the key travels in the
+//! write's record, the machine remembers it with the request's digest and
+//! outcome, and a retry with the key is answered that outcome again
+//! (`Idempotent-Replayed: true`) without applying twice.
 
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use chorus::ids::RecordIndex;
-use chorus::kv::{Applied, Command, Condition, Entry, KvState, Operation};
+use chorus::kv::idempotency::{Lookup, RequestDigest};
+use chorus::kv::{
+    Applied, Body, Command, Condition, Entry, IdempotencyKey, KvState, Operation, Outcome, Record,
+    Stamp,
+};
+use chorus::runtime::WriteError;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use crate::deadline::admitting;
 use crate::encoding::{Utf8Query, cursor, field_bytes, insert_bytes, parse_cursor, prefix_bytes};
-use crate::error::{ApiError, condition_failed};
+use crate::error::{ApiError, condition_failed, key_reused};
 use crate::{AppState, INDEX_HEADER, body_bytes};
+
+/// The request header that makes a write exactly-once.
+pub const IDEMPOTENCY_KEY_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
+/// The answer header of a write answered from a remembered idempotency key.
+pub const IDEMPOTENT_REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// Most items one list page returns.
 pub const MAX_LIST_LIMIT: usize = 1000;
@@ -58,17 +73,162 @@ pub struct ListQuery {
     consistency: Consistency,
 }
 
-/// Why a write was refused before appending.
+/// Why a write was not appended.
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Refused {
+    /// A condition fails against the applied state (a write without a key).
     Condition { key: Bytes, current: Option<u64> },
+    /// The key is remembered for this request: answer its outcome again.
+    Replay {
+        original: RecordIndex,
+        outcome: Outcome,
+    },
+    /// The key is remembered for a different request.
+    KeyReused {
+        key: IdempotencyKey,
+        original: RecordIndex,
+    },
 }
 
 impl From<Refused> for ApiError {
     fn from(refused: Refused) -> ApiError {
         match refused {
             Refused::Condition { key, current } => condition_failed(&key, current, None),
+            Refused::KeyReused { key, original } => key_reused(&key, original.0),
+            Refused::Replay { .. } => unreachable!("a replay is answered, not refused"),
         }
     }
+}
+
+/// How a write ended: where and with which outcome, and whether that is
+/// the remembered outcome of an earlier request with the same key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Answered {
+    /// The index of the record that applied the write.
+    pub(crate) index: RecordIndex,
+    /// What it did.
+    pub(crate) outcome: Outcome,
+    /// Answered from the idempotency table: nothing applied this time.
+    pub(crate) replayed: bool,
+}
+
+/// The `Idempotency-Key` header, if given: once, 1 to 255 printable ASCII
+/// characters.
+pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiError> {
+    let mut values = headers.get_all(&IDEMPOTENCY_KEY_HEADER).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(ApiError::bad_request("Idempotency-Key: give it once"));
+    }
+    IdempotencyKey::new(Bytes::copy_from_slice(value.as_bytes()))
+        .map(Some)
+        .map_err(|e| ApiError::bad_request(format!("Idempotency-Key: {e}")))
+}
+
+/// Whether to append a write, decided against the applied state. With a
+/// key, a remembered key answers (same request) or refuses (another
+/// request); a new keyed write is appended even if a condition fails, so its
+/// `412` is remembered too. Without a key, a failed condition appends nothing.
+fn admit(
+    state: &KvState,
+    body: &Body,
+    keyed: Option<(&IdempotencyKey, &RequestDigest)>,
+) -> Result<(), Refused> {
+    if let Some((key, digest)) = keyed {
+        return match state.idempotency().lookup(key, digest) {
+            Lookup::New => Ok(()),
+            Lookup::Same(remembered) => Err(Refused::Replay {
+                original: remembered.index,
+                outcome: remembered.outcome.clone(),
+            }),
+            Lookup::Different(remembered) => Err(Refused::KeyReused {
+                key: key.clone(),
+                original: remembered.index,
+            }),
+        };
+    }
+    let Body::Command(command) = body else {
+        return Ok(());
+    };
+    match state.check(command) {
+        Ok(()) => Ok(()),
+        Err(Applied::ConditionFailed { key, current }) => Err(Refused::Condition {
+            key,
+            current: current.map(|version| version.0),
+        }),
+        Err(other) => unreachable!("check reports only conditions, found {other:?}"),
+    }
+}
+
+/// How the machine's output for a written record answers its writer.
+fn answer(
+    index: RecordIndex,
+    output: Applied,
+    key: Option<&IdempotencyKey>,
+) -> Result<Answered, ApiError> {
+    let fresh = |outcome| Answered {
+        index,
+        outcome,
+        replayed: false,
+    };
+    match output {
+        Applied::Done { .. } => Ok(fresh(Outcome::Done)),
+        Applied::ConditionFailed { key, current } => {
+            Ok(fresh(Outcome::ConditionFailed { key, current }))
+        }
+        // A twin with the same key was appended first (a concurrent retry).
+        Applied::Duplicate { original, outcome } => Ok(Answered {
+            index: original,
+            outcome,
+            replayed: true,
+        }),
+        Applied::KeyReused { original } => match key {
+            Some(key) => Err(key_reused(key, original.0)),
+            None => unreachable!("only a stamped record reuses a key"),
+        },
+        Applied::Malformed(error) => {
+            let error = ApiError::committed_unapplied(index.0, error);
+            tracing::error!(message = %error.message);
+            Err(error)
+        }
+    }
+}
+
+/// Appends `body`, stamped with `key` if given, once `admit` lets it, and
+/// answers how it ended once it applied.
+pub(crate) async fn submit(
+    app: &AppState,
+    body: Body,
+    key: Option<IdempotencyKey>,
+) -> Result<Answered, ApiError> {
+    let stamp = key.map(|key| Stamp {
+        key,
+        // The primary's wall clock: the only time the machine ever sees.
+        at_ms: app.runtime.wall_ms(),
+        retention: app.config.idempotency,
+    });
+    let record = Record { stamp, body };
+    let encoded = record.encode()?;
+    let digest = record.digest()?;
+    let key = record.stamp.as_ref().map(|stamp| &stamp.key);
+    let keyed = key.map(|key| (key, &digest));
+    let written = app
+        .runtime
+        .write(|state: &KvState| admit(state, &record.body, keyed).map(|()| admitting(encoded)))
+        .await;
+    let written = match written {
+        Err(WriteError::Rejected(Refused::Replay { original, outcome })) => {
+            return Ok(Answered {
+                index: original,
+                outcome,
+                replayed: true,
+            });
+        }
+        other => other.map_err(ApiError::from)?,
+    };
+    answer(written.index, written.output, key)
 }
 
 /// `PUT /v1/kv/{key}`: the body is the value.
@@ -80,17 +240,14 @@ pub async fn put(
 ) -> Result<Response, ApiError> {
     let value = body_bytes(body)?;
     let condition = condition(&headers)?;
+    let idempotency = idempotency_key(&headers)?;
     let key = Bytes::from(path_key(key)?);
-    let index = write(
-        &app,
-        Command::Single(Operation::Put {
-            key,
-            value,
-            condition,
-        }),
-    )
-    .await?;
-    Ok(written(index))
+    let command = Command::Single(Operation::Put {
+        key,
+        value,
+        condition,
+    });
+    write(&app, command, idempotency).await
 }
 
 /// `DELETE /v1/kv/{key}`.
@@ -100,9 +257,10 @@ pub async fn delete(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let condition = condition(&headers)?;
+    let idempotency = idempotency_key(&headers)?;
     let key = Bytes::from(path_key(key)?);
-    let index = write(&app, Command::Single(Operation::Delete { key, condition })).await?;
-    Ok(written(index))
+    let command = Command::Single(Operation::Delete { key, condition });
+    write(&app, command, idempotency).await
 }
 
 /// `GET /v1/kv/{key}`: the raw value, its version as `ETag`.
@@ -223,8 +381,10 @@ pub struct BatchRequest {
 /// record: all apply or none does.
 pub async fn batch(
     State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let idempotency = idempotency_key(&headers)?;
     let body = body_bytes(body)?;
     let request: BatchRequest = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("malformed batch: {e}")))?;
@@ -236,8 +396,7 @@ pub async fn batch(
             batch_operation(operation).map_err(|e| e.with("operation", position))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let index = write(&app, Command::Batch(operations)).await?;
-    Ok(written(index))
+    write(&app, Command::Batch(operations), idempotency).await
 }
 
 fn batch_operation(operation: BatchOperation) -> Result<Operation, ApiError> {
@@ -266,36 +425,37 @@ fn batch_operation(operation: BatchOperation) -> Result<Operation, ApiError> {
     }
 }
 
-/// Appends `command` if its conditions hold against the applied state, and
-/// answers once it is applied. A condition that a write still in flight
-/// breaks is caught when the record applies: 412, with the index of the
-/// (no-op) record.
-async fn write(app: &AppState, command: Command) -> Result<u64, ApiError> {
-    let record = command.encode()?;
-    let written = app
-        .runtime
-        .write(|state: &KvState| match state.check(&command) {
-            Ok(()) => Ok(admitting(record)),
-            Err(Applied::ConditionFailed { key, current }) => Err(Refused::Condition {
-                key,
-                current: current.map(|version| version.0),
-            }),
-            Err(other) => unreachable!("check reports only conditions, found {other:?}"),
-        })
-        .await?;
-    match written.output {
-        Applied::Done => Ok(written.index.0),
-        Applied::ConditionFailed { key, current } => Err(condition_failed(
+/// Appends `command` (see [`admit`] for when) and answers once it is
+/// applied: `200` with its index, or `412` for a condition that failed at
+/// the record (with a key, or when a write still in flight at the check
+/// broke it) carrying the index of the (no-op) record. A replay answers the
+/// same, with `Idempotent-Replayed: true`.
+async fn write(
+    app: &AppState,
+    command: Command,
+    key: Option<IdempotencyKey>,
+) -> Result<Response, ApiError> {
+    let answered = submit(app, Body::Command(command), key).await?;
+    let mut response = match answered.outcome {
+        Outcome::Done => written(answered.index.0),
+        Outcome::ConditionFailed { key, current } => condition_failed(
             &key,
             current.map(|version| version.0),
-            Some(written.index.0),
-        )),
-        Applied::Malformed(error) => {
-            let error = ApiError::committed_unapplied(written.index.0, error);
-            tracing::error!(message = %error.message);
-            Err(error)
-        }
+            Some(answered.index.0),
+        )
+        .into_response(),
+    };
+    if answered.replayed {
+        mark_replayed(&mut response);
     }
+    Ok(response)
+}
+
+/// Marks an answer as the remembered outcome of an earlier request.
+pub(crate) fn mark_replayed(response: &mut Response) {
+    response
+        .headers_mut()
+        .insert(IDEMPOTENT_REPLAYED_HEADER, HeaderValue::from_static("true"));
 }
 
 /// Reads with the consistency asked for.
@@ -422,6 +582,153 @@ mod tests {
         let error = path_key(RESERVED_KEY.into()).unwrap_err();
         assert_eq!(error.status, StatusCode::BAD_REQUEST);
         assert!(error.message.contains("key=watch"), "{}", error.message);
+    }
+
+    #[test]
+    fn the_idempotency_key_header_is_checked() {
+        assert_eq!(idempotency_key(&headers(&[])).unwrap(), None);
+        let key = idempotency_key(&headers(&[("idempotency-key", "op-7f3a")])).unwrap();
+        assert_eq!(key.unwrap().as_str(), "op-7f3a");
+        let longest = "k".repeat(255);
+        assert!(idempotency_key(&headers(&[("idempotency-key", &longest)])).is_ok());
+        for bad in ["", "with space", "tab\tinside", &"k".repeat(256)] {
+            let error = idempotency_key(&headers(&[("idempotency-key", bad)])).unwrap_err();
+            assert_eq!(error.status, StatusCode::BAD_REQUEST, "{bad:?}");
+            assert!(
+                error.message.starts_with("Idempotency-Key: "),
+                "{}",
+                error.message
+            );
+        }
+        let mut twice = headers(&[("idempotency-key", "a")]);
+        twice.append("idempotency-key", HeaderValue::from_static("b"));
+        assert_eq!(
+            idempotency_key(&twice).unwrap_err().status,
+            StatusCode::BAD_REQUEST
+        );
+        let mut not_ascii = HeaderMap::new();
+        not_ascii.insert(
+            "idempotency-key",
+            HeaderValue::from_bytes("clé".as_bytes()).unwrap(),
+        );
+        assert!(idempotency_key(&not_ascii).is_err());
+    }
+
+    fn stamped(state: &mut KvState, index: u64, body: &Body, key: &str) {
+        let record = Record {
+            stamp: Some(Stamp {
+                key: IdempotencyKey::new(key.to_owned()).unwrap(),
+                at_ms: 1,
+                retention: Default::default(),
+            }),
+            body: body.clone(),
+        };
+        state.apply(RecordIndex(index), &record.encode().unwrap());
+    }
+
+    fn put_body(key: &str, condition: Condition) -> Body {
+        Body::Command(Command::Single(Operation::Put {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            value: Bytes::from_static(b"v"),
+            condition,
+        }))
+    }
+
+    fn digest(body: &Body) -> RequestDigest {
+        Record {
+            stamp: None,
+            body: body.clone(),
+        }
+        .digest()
+        .unwrap()
+    }
+
+    #[test]
+    fn admission_answers_remembered_keys_and_checks_conditions_only_without_a_key() {
+        let mut state = KvState::default();
+        let first = put_body("a", Condition::None);
+        stamped(&mut state, 0, &first, "k");
+        let key = IdempotencyKey::new("k").unwrap();
+        let other = IdempotencyKey::new("other").unwrap();
+        // The same request with its key: answered, not appended.
+        assert_eq!(
+            admit(&state, &first, Some((&key, &digest(&first)))),
+            Err(Refused::Replay {
+                original: RecordIndex(0),
+                outcome: Outcome::Done
+            })
+        );
+        // Another request with the key: refused.
+        let create = put_body("a", Condition::Absent);
+        assert_eq!(
+            admit(&state, &create, Some((&key, &digest(&create)))),
+            Err(Refused::KeyReused {
+                key: key.clone(),
+                original: RecordIndex(0)
+            })
+        );
+        // A failed condition: refused without a key, appended with a new one
+        // (so that the 412 is remembered).
+        assert_eq!(
+            admit(&state, &create, None),
+            Err(Refused::Condition {
+                key: Bytes::from_static(b"a"),
+                current: Some(0)
+            })
+        );
+        assert_eq!(
+            admit(&state, &create, Some((&other, &digest(&create)))),
+            Ok(())
+        );
+        let raw = Body::Raw(Bytes::from_static(b"x"));
+        assert_eq!(admit(&state, &raw, None), Ok(()));
+        assert!(matches!(
+            admit(&state, &raw, Some((&key, &digest(&raw)))),
+            Err(Refused::KeyReused { .. })
+        ));
+    }
+
+    #[test]
+    fn every_output_of_a_written_record_answers_its_writer() {
+        let key = IdempotencyKey::new("k").unwrap();
+        let at = RecordIndex(9);
+        let fresh = |outcome| Answered {
+            index: at,
+            outcome,
+            replayed: false,
+        };
+        assert_eq!(answer(at, Applied::done(), None), Ok(fresh(Outcome::Done)));
+        let unchanged = Applied::Done { unchanged: vec![0] };
+        assert_eq!(answer(at, unchanged, None), Ok(fresh(Outcome::Done)));
+        let failed = Outcome::ConditionFailed {
+            key: Bytes::from_static(b"a"),
+            current: None,
+        };
+        let output = Applied::ConditionFailed {
+            key: Bytes::from_static(b"a"),
+            current: None,
+        };
+        assert_eq!(answer(at, output, Some(&key)), Ok(fresh(failed.clone())));
+        let duplicate = Applied::Duplicate {
+            original: RecordIndex(3),
+            outcome: failed.clone(),
+        };
+        assert_eq!(
+            answer(at, duplicate, Some(&key)),
+            Ok(Answered {
+                index: RecordIndex(3),
+                outcome: failed,
+                replayed: true
+            })
+        );
+        let reused = Applied::KeyReused {
+            original: RecordIndex(3),
+        };
+        let error = answer(at, reused, Some(&key)).unwrap_err();
+        assert_eq!(error.status, StatusCode::UNPROCESSABLE_ENTITY);
+        let malformed = Applied::Malformed(chorus::kv::CommandError::UnstampedRaw);
+        let error = answer(at, malformed, None).unwrap_err();
+        assert_eq!(error.status, StatusCode::INTERNAL_SERVER_ERROR);
     }
 
     #[test]

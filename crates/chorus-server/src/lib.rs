@@ -57,6 +57,9 @@ pub struct ServiceConfig {
     pub advertise_url: Option<String>,
     /// Whether `/readyz` is 200 on a caught-up standby too.
     pub ready_as_standby: bool,
+    /// How long idempotency keys are remembered, written into every keyed
+    /// record (so replicas agree whatever their own settings).
+    pub idempotency: chorus::kv::Retention,
 }
 
 /// What every handler shares.

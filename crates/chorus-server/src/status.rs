@@ -16,14 +16,36 @@ use crate::AppState;
 /// log, the snapshot schedule and the last boot's phases.
 pub async fn status(State(app): State<Arc<AppState>>) -> Response {
     let status = app.runtime.status();
-    let mut body = runtime_json(&status, app.runtime.wall_ms());
+    let wall_ms = app.runtime.wall_ms();
+    let mut body = runtime_json(&status, wall_ms);
     body.insert("ready".into(), is_ready(&app, &status).into());
     body.insert(
         "advertise_url".into(),
         app.config.advertise_url.clone().into(),
     );
+    body.insert("idempotency".into(), idempotency_json(&app, wall_ms));
     body.insert("register".into(), register_json(&app).await);
     Json(Value::Object(body)).into_response()
+}
+
+/// The idempotency retention this process writes into keyed records, and
+/// the table as applied here: how many keys, and the oldest.
+fn idempotency_json(app: &AppState, wall_ms: u64) -> Value {
+    let retention = app.config.idempotency;
+    let ((keys, oldest), _) = app.runtime.read_stale(|state| {
+        let table = state.idempotency();
+        let oldest = table
+            .oldest()
+            .map(|(_, remembered)| (remembered.index.0, remembered.recorded_ms));
+        (table.len(), oldest)
+    });
+    json!({
+        "retain_keys": retention.max_keys,
+        "retain_age_secs": retention.max_age_ms / 1000,
+        "keys": keys,
+        "oldest_index": oldest.map(|(index, _)| index),
+        "oldest_age_ms": oldest.map(|(_, recorded_ms)| wall_ms.saturating_sub(recorded_ms)),
+    })
 }
 
 fn runtime_json(status: &RuntimeStatus, wall_ms: u64) -> Map<String, Value> {

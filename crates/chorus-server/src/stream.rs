@@ -1,7 +1,8 @@
 //! Streams resumable by index: `GET /v1/kv/watch` (changes to keys, from the
-//! runtime's in-memory history) and `GET /v1/log` (committed records, read
-//! from the log's replicas), both as server-sent events with the record
-//! index as the event id; and `POST /v1/log` to append a raw record.
+//! runtime's in-memory history; event id `<index>.<position>`, the record
+//! index and the operation's position in it) and `GET /v1/log` (committed
+//! records, read from the log's replicas; event id = the record index), both
+//! as server-sent events; and `POST /v1/log` to append a raw record.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -16,7 +17,10 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use chorus::ids::RecordIndex;
-use chorus::kv::{Applied, Command, KvState, Operation};
+use chorus::kv::{
+    Applied, Body, Command, IdempotencyKey, KvState, MAX_BATCH_OPERATIONS, Operation, Outcome,
+    Record,
+};
 use chorus::runtime::{Change, HistoryGap, LogReader};
 use futures::Stream;
 use serde::Deserialize;
@@ -26,7 +30,7 @@ use tokio::sync::watch;
 use crate::deadline::admitting;
 use crate::encoding::{Utf8Query, insert_bytes, prefix_bytes};
 use crate::error::ApiError;
-use crate::{AppState, body_bytes};
+use crate::{AppState, body_bytes, kv};
 
 /// Changes fetched from the history per round.
 const WATCH_BATCH: usize = 256;
@@ -46,17 +50,20 @@ pub struct WatchQuery {
 }
 
 /// `GET /v1/kv/watch?prefix=&from=`: every applied put and delete of a key
-/// under `prefix`, from index `from` on. A client resumes with `from` (or
-/// `Last-Event-ID`) = last id + 1; an index the history no longer holds is
-/// `410 Gone`: re-list, then watch from the list's index.
+/// under `prefix`, from index `from` on. A client resumes with
+/// `Last-Event-ID` = the last event's id, which continues right after that
+/// event even in the middle of a batch (or with `from` = a record index); an
+/// index the history no longer holds is `410 Gone`: re-list, then watch
+/// from the list's index.
 pub async fn watch(
     State(app): State<Arc<AppState>>,
     Utf8Query(query): Utf8Query<WatchQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let prefix = prefix_bytes(query.prefix, query.prefix_b64)?;
-    let from = match resume_index(query.from, &headers)? {
-        Some(from) => from,
+    let resume = resume_watch(query.from, &headers)?;
+    let from = match resume {
+        Some(resume) => resume.index,
         None => *app.runtime.applied().borrow(),
     };
     app.runtime.changes_since(from, 0).map_err(gone)?;
@@ -64,6 +71,7 @@ pub async fn watch(
         app: Arc::clone(&app),
         prefix,
         next: from,
+        seen: resume.and_then(WatchResume::seen),
         ready: VecDeque::new(),
         applied: app.runtime.applied(),
         shutdown: app.shutdown.clone(),
@@ -81,6 +89,9 @@ struct Watcher {
     app: Arc<AppState>,
     prefix: Bytes,
     next: RecordIndex,
+    /// Events a resumed client already has: in record `.0`, the operations
+    /// up to position `.1`.
+    seen: Option<(RecordIndex, usize)>,
     ready: VecDeque<Event>,
     applied: watch::Receiver<RecordIndex>,
     shutdown: watch::Receiver<bool>,
@@ -106,8 +117,14 @@ impl Watcher {
                 }
                 Ok(changes) => {
                     self.next = RecordIndex(changes.last().expect("non-empty").index.0 + 1);
-                    self.ready
-                        .extend(changes.iter().flat_map(|c| change_events(c, &self.prefix)));
+                    for change in &changes {
+                        let seen = self
+                            .seen
+                            .filter(|(index, _)| *index == change.index)
+                            .map(|(_, position)| position);
+                        self.ready.extend(change_events(change, &self.prefix, seen));
+                    }
+                    self.seen = None;
                 }
                 Err(gap) => {
                     self.ended = true;
@@ -119,21 +136,29 @@ impl Watcher {
     }
 }
 
-/// The events of one applied record: its puts and deletes under `prefix`.
-fn change_events(change: &Change<Applied>, prefix: &[u8]) -> Vec<Event> {
-    if change.output != Applied::Done {
+/// The events of one applied record: its puts and deletes under `prefix`,
+/// after position `seen` if given (a client resumed there). An operation
+/// that changed nothing (a delete of an absent key) is no event.
+fn change_events(change: &Change<Applied>, prefix: &[u8], seen: Option<usize>) -> Vec<Event> {
+    let Applied::Done { unchanged } = &change.output else {
         return Vec::new();
-    }
+    };
     let Ok(command) = Command::decode(&change.record) else {
         return Vec::new();
     };
     command
         .operations()
         .iter()
-        .filter(|operation| operation.key().starts_with(prefix))
-        .map(|operation| {
+        .enumerate()
+        .filter(|(position, operation)| {
+            operation.key().starts_with(prefix)
+                && !unchanged.contains(position)
+                && seen.is_none_or(|seen| *position > seen)
+        })
+        .map(|(position, operation)| {
             let mut body = Map::new();
             body.insert("index".into(), change.index.0.into());
+            body.insert("position".into(), position.into());
             let kind = match operation {
                 Operation::Put { key, value, .. } => {
                     insert_bytes(&mut body, "key", key);
@@ -147,7 +172,7 @@ fn change_events(change: &Change<Applied>, prefix: &[u8]) -> Vec<Event> {
             };
             body.insert("op".into(), kind.into());
             Event::default()
-                .id(change.index.0.to_string())
+                .id(WatchResume::event_id(change.index, position))
                 .event(kind)
                 .data(Value::Object(body).to_string())
         })
@@ -248,11 +273,28 @@ fn follow(app: Arc<AppState>, reader: LogReader) -> Response {
 
 /// `POST /v1/log`: appends the body as one raw record → `{"index": N}`.
 /// The key-value machine applies records that are not its commands as no-ops.
+/// With an `Idempotency-Key`, the body travels as the payload of a stamped
+/// key-value record (so the machine remembers the key), and a retry is
+/// answered the original index.
 pub async fn append_log(
     State(app): State<Arc<AppState>>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let key = kv::idempotency_key(&headers)?;
     let record = body_bytes(body)?;
+    if let Some(key) = key {
+        let answered = kv::submit(&app, Body::Raw(record), Some(key)).await?;
+        if answered.outcome != Outcome::Done {
+            let message = format!("a raw append answered {:?}", answered.outcome);
+            return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message));
+        }
+        let mut response = Json(json!({ "index": answered.index.0 })).into_response();
+        if answered.replayed {
+            kv::mark_replayed(&mut response);
+        }
+        return Ok(response);
+    }
     let written = app
         .runtime
         .write(|_: &KvState| Ok::<_, ApiError>(admitting(record)))
@@ -260,11 +302,34 @@ pub async fn append_log(
     Ok(Json(json!({ "index": written.index.0 })).into_response())
 }
 
+/// A record as JSON: its index and bytes, and for a key-value record that
+/// carries an idempotency key, the key (and the payload of a raw append).
 fn record_json(index: RecordIndex, record: &[u8]) -> Value {
     let mut body = Map::new();
     body.insert("index".into(), index.0.into());
     insert_bytes(&mut body, "data", record);
+    if let Some((key, payload)) = stamped(record) {
+        body.insert("idempotency_key".into(), key.as_str().into());
+        if let Some(payload) = payload {
+            insert_bytes(&mut body, "payload", &payload);
+        }
+    }
     Value::Object(body)
+}
+
+/// The idempotency key of a stamped key-value record, and its payload if
+/// it is a raw append.
+fn stamped(record: &[u8]) -> Option<(IdempotencyKey, Option<Bytes>)> {
+    // Only a stamped record (format 2) is worth decoding.
+    if !record.starts_with(b"CHKV\x02") {
+        return None;
+    }
+    let decoded = Record::decode(record).ok()?;
+    let payload = match decoded.body {
+        Body::Raw(payload) => Some(payload),
+        Body::Command(_) => None,
+    };
+    Some((decoded.stamp?.key, payload))
 }
 
 fn gone(gap: HistoryGap) -> ApiError {
@@ -275,7 +340,7 @@ fn gone(gap: HistoryGap) -> ApiError {
     .with("oldest", gap.oldest.0)
 }
 
-/// Where a stream starts: `from`, else the event after `Last-Event-ID`,
+/// Where a log stream starts: `from`, else the record after `Last-Event-ID`,
 /// else `None` (the route's default).
 fn resume_index(from: Option<u64>, headers: &HeaderMap) -> Result<Option<RecordIndex>, ApiError> {
     if let Some(from) = from {
@@ -284,14 +349,182 @@ fn resume_index(from: Option<u64>, headers: &HeaderMap) -> Result<Option<RecordI
     let Some(value) = headers.get("last-event-id") else {
         return Ok(None);
     };
-    let text = value.to_str().ok();
-    text.and_then(|text| text.trim().parse::<u64>().ok())
-        .map(|last| Some(RecordIndex(last + 1)))
-        .ok_or_else(|| ApiError::bad_request("Last-Event-ID: expected an index"))
+    let malformed = || ApiError::bad_request("Last-Event-ID: expected an index");
+    let last = value
+        .to_str()
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok());
+    let last = last.ok_or_else(malformed)?;
+    next_index(last).map(Some)
+}
+
+/// The record after `last`; none follows the largest index.
+fn next_index(last: u64) -> Result<RecordIndex, ApiError> {
+    last.checked_add(1).map(RecordIndex).ok_or_else(|| {
+        ApiError::bad_request(format!("Last-Event-ID: no record follows index={last}"))
+    })
+}
+
+/// Where a watch resumes: at record `index`, after the operation at
+/// `after_position` in it when given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WatchResume {
+    index: RecordIndex,
+    after_position: Option<usize>,
+}
+
+impl WatchResume {
+    /// A watch event's id: `<index>.<position>`.
+    fn event_id(index: RecordIndex, position: usize) -> String {
+        format!("{index}.{position}")
+    }
+
+    /// What a client that resumes here already has: `(record, position)`.
+    fn seen(self) -> Option<(RecordIndex, usize)> {
+        self.after_position.map(|position| (self.index, position))
+    }
+
+    /// Parses a `Last-Event-ID`: a watch event id `<index>.<position>`
+    /// continues after that operation; a bare index (a log event, or a
+    /// watch event id before positions existed) continues at the next record.
+    fn after_event(text: &str) -> Result<WatchResume, ApiError> {
+        let malformed = || {
+            ApiError::bad_request(format!(
+                "Last-Event-ID: expected <index>.<position> or <index>: found={text:?}"
+            ))
+        };
+        let (index, position) = match text.trim().split_once('.') {
+            Some((index, position)) => (index, Some(position)),
+            None => (text.trim(), None),
+        };
+        let index: u64 = parse_digits(index).ok_or_else(malformed)?;
+        let Some(position) = position else {
+            return Ok(WatchResume {
+                index: next_index(index)?,
+                after_position: None,
+            });
+        };
+        let position: usize = parse_digits(position).ok_or_else(malformed)?;
+        if position >= MAX_BATCH_OPERATIONS {
+            return Err(ApiError::bad_request(format!(
+                "Last-Event-ID: position={position} max_position={}",
+                MAX_BATCH_OPERATIONS - 1
+            )));
+        }
+        Ok(WatchResume {
+            index: RecordIndex(index),
+            after_position: Some(position),
+        })
+    }
+}
+
+/// Decimal digits only (no sign, no spaces) as a number.
+fn parse_digits<T: std::str::FromStr>(text: &str) -> Option<T> {
+    if text.is_empty() || !text.bytes().all(|byte| byte.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// Where a watch starts: `from` (a record index), else right after the
+/// event `Last-Event-ID` names, else `None` (the next change).
+fn resume_watch(from: Option<u64>, headers: &HeaderMap) -> Result<Option<WatchResume>, ApiError> {
+    if let Some(from) = from {
+        return Ok(Some(WatchResume {
+            index: RecordIndex(from),
+            after_position: None,
+        }));
+    }
+    let Some(value) = headers.get("last-event-id") else {
+        return Ok(None);
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| ApiError::bad_request("Last-Event-ID: not text"))?;
+    WatchResume::after_event(text).map(Some)
 }
 
 fn sse(events: impl Stream<Item = Result<Event, Infallible>> + Send + 'static) -> Response {
     Sse::new(events)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn last_event_id(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert("last-event-id", value.parse().unwrap());
+        headers
+    }
+
+    fn resume(index: u64, after_position: Option<usize>) -> Option<WatchResume> {
+        Some(WatchResume {
+            index: RecordIndex(index),
+            after_position,
+        })
+    }
+
+    #[test]
+    fn a_watch_resumes_right_after_the_last_event_even_inside_a_batch() {
+        let resumed = |value: &str| resume_watch(None, &last_event_id(value));
+        assert_eq!(resumed("7.0").unwrap(), resume(7, Some(0)));
+        assert_eq!(resumed(" 7.1023 ").unwrap(), resume(7, Some(1023)));
+        // A bare index: every event of that record was delivered.
+        assert_eq!(resumed("7").unwrap(), resume(8, None));
+        // `from` names a record and wins over the header.
+        assert_eq!(
+            resume_watch(Some(3), &last_event_id("7.2")).unwrap(),
+            resume(3, None)
+        );
+        assert_eq!(resume_watch(None, &HeaderMap::new()).unwrap(), None);
+        assert_eq!(
+            WatchResume::event_id(RecordIndex(7), 2),
+            "7.2",
+            "the id a resume parses"
+        );
+        for bad in [
+            "",
+            "x",
+            "7.",
+            ".1",
+            "7.x",
+            "7.1.2",
+            "-1",
+            "+7",
+            "7.-1",
+            "7.1024",
+            "18446744073709551615",
+            "18446744073709551616.0",
+        ] {
+            let error = resumed(bad).unwrap_err();
+            assert_eq!(error.status, StatusCode::BAD_REQUEST, "{bad:?}");
+        }
+        // The last record index itself, as a watch id, is a position in it.
+        assert_eq!(
+            resumed("18446744073709551615.0").unwrap(),
+            resume(u64::MAX, Some(0))
+        );
+    }
+
+    #[test]
+    fn a_log_stream_resumes_at_the_next_index_without_overflow() {
+        assert_eq!(
+            resume_index(None, &last_event_id("41")).unwrap(),
+            Some(RecordIndex(42))
+        );
+        let error = resume_index(None, &last_event_id("18446744073709551615")).unwrap_err();
+        assert_eq!(error.status, StatusCode::BAD_REQUEST);
+        assert!(
+            error.message.contains("index=18446744073709551615"),
+            "{}",
+            error.message
+        );
+        assert_eq!(
+            resume_index(Some(5), &last_event_id("x")).unwrap(),
+            Some(RecordIndex(5))
+        );
+    }
 }

@@ -98,6 +98,7 @@ fn app(runtime: &Arc<Runtime<KvState>>) -> axum::Router {
             advertise_url: None,
             ready_as_standby: false,
             connections: ConnectionLimits::default(),
+            idempotency: chorus::kv::Retention::default(),
         },
         metrics: None,
         shutdown,

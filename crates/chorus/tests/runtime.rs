@@ -261,7 +261,7 @@ async fn put(runtime: &Kv, key: &str, value: &str) -> RecordIndex {
     let written = write(runtime, &put_command(key, value, Condition::None))
         .await
         .unwrap_or_else(|error| panic!("put {key}: {error:?}"));
-    assert_eq!(written.output, Applied::Done, "put {key}");
+    assert_eq!(written.output, Applied::done(), "put {key}");
     written.index
 }
 
@@ -366,7 +366,7 @@ async fn primary_boots_on_empty_stores_installs_head_and_serves_writes_and_reads
     let written = write(&runtime, &cas).await.unwrap();
     assert_eq!(
         (written.index, written.output),
-        (RecordIndex(2), Applied::Done)
+        (RecordIndex(2), Applied::done())
     );
 
     let ((a, b, missing), applied) = read(&runtime, |state| {
@@ -690,7 +690,7 @@ async fn lagging_standby_restores_the_newest_snapshot_after_the_log_was_truncate
             let written = write(&primary, &delete_command(&format!("key-{}", sequence % 3)))
                 .await
                 .unwrap();
-            assert_eq!(written.output, Applied::Done);
+            assert_eq!(written.output, Applied::done());
         }
     }
     wait_until(
@@ -1089,4 +1089,47 @@ async fn status_pages_read_a_cached_log_view() {
     let floor = primary.log_floor().await.unwrap();
     assert_eq!(floor, RecordIndex(0));
     primary.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_whose_state_disagrees_with_its_head_wal_index_is_refused() {
+    let db = Db::new().await;
+    let node = db.node(1);
+    // A payload whose state reflects records 0 and 1, installed as HEAD at
+    // wal_index 0: restoring it and replaying from 0 would apply them twice
+    // (or, the other way round, skip records).
+    let mut ahead = KvState::default();
+    for (index, key) in ["a", "b"].into_iter().enumerate() {
+        let record = put_command(key, "1", Condition::None).encode().unwrap();
+        ahead.apply(RecordIndex(index as u64), &record);
+    }
+    let forger = node
+        .stores
+        .leases
+        .acquire(
+            &Contender::new(holder("forger")),
+            chorus::lease::Term::FIRST,
+        )
+        .await
+        .unwrap();
+    let mut publication = node.stores.snapshots.publication();
+    publication.observe_for_boot().await.unwrap();
+    let initial = chorus::snapshot::NewSnapshot {
+        bytes: ahead.encode_snapshot(),
+        wal_index: RecordIndex(0),
+    };
+    publication.claim(&forger, Some(initial)).await.unwrap();
+    forger.release().await.unwrap();
+
+    let runtime = node.start(config("a", 1000));
+    let outcome = tokio::time::timeout(PATIENCE, runtime.finished())
+        .await
+        .expect("the boot gives up rather than retry a snapshot that cannot be right");
+    let error = outcome.expect_err("the snapshot is refused").to_string();
+    assert!(
+        error.contains("payload_applied_end=2 head_wal_index=0"),
+        "{error}"
+    );
+    assert_eq!(runtime.status().role, Role::Stopped);
+    assert_eq!(state_of(&runtime).1, RecordIndex(0));
 }

@@ -434,6 +434,7 @@ impl Service {
                 advertise_url: Some(url.clone()),
                 ready_as_standby: false,
                 connections: ConnectionLimits::default(),
+                idempotency: chorus::kv::Retention::default(),
             },
             metrics: None,
             shutdown: shutdown.clone(),

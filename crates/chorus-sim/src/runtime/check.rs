@@ -146,7 +146,7 @@ impl RuntimePhase<'_> {
             ));
         }
         match (&write.kind, &written.output) {
-            (WriteKind::Put { key, .. }, Applied::Done) => {
+            (WriteKind::Put { key, .. }, Applied::Done { .. }) => {
                 self.puts.insert(key.clone(), PutState::Acked(index));
             }
             (WriteKind::Put { .. }, output) => {
@@ -155,7 +155,7 @@ impl RuntimePhase<'_> {
                      {output:?}"
                 ));
             }
-            (WriteKind::Increment, Applied::Done) => {
+            (WriteKind::Increment, Applied::Done { .. }) => {
                 let value = put_value(&record)
                     .and_then(|value| counter_value(&value))
                     .ok_or(format!("W{id}: an increment record that does not decode"))?;

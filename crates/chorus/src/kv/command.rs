@@ -2,25 +2,42 @@
 //! encoding (all integers little-endian, checksum CRC32C).
 //!
 //! ```text
-//! "CHKV" | format u8 = 1 | kind u8 | body | crc32c u32 (over everything before it)
+//! format 1 (no idempotency key):
+//! "CHKV" | format u8 = 1 | body | crc32c u32 (over everything before it)
+//! format 2 (a write with an idempotency key):
+//! "CHKV" | format u8 = 2 | stamp | body | crc32c u32
+//! stamp:  key length u8 (1 to 255) | key (printable ASCII) | at_ms u64
+//!         | retain_keys u64 | retain_age_ms u64
+//! body:   kind u8 | …
 //! kind 1 put:    condition | key | value
 //! kind 2 delete: condition | key
 //! kind 3 batch:  count u32 | count × (op u8: 1 put / 2 delete, condition, key [, value])
+//! kind 4 raw:    payload (format 2 only: a `POST /v1/log` record with a key)
 //! condition:     0 = none | 1 = absent | 2 = version u64 (the index that last set the key)
-//! key, value:    length u32 | bytes
+//! key, value, payload: length u32 | bytes
 //! ```
 //!
-//! A batch is one record, so it applies all or nothing.
+//! A batch is one record, so it applies all or nothing. A record without a
+//! stamp is always written in format 1, byte for byte what earlier versions
+//! wrote; format 2 exists only for stamped records (see
+//! [`idempotency`](super::idempotency)). A request's digest is the SHA-256
+//! of its body bytes (`kind u8 | …`), the same in both formats.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use sha2::{Digest, Sha256};
 
+use super::idempotency::{IdempotencyKey, RequestDigest, Retention, Stamp};
 use crate::ids::RecordIndex;
 
 const MAGIC: [u8; 4] = *b"CHKV";
-const FORMAT: u8 = 1;
+/// Records without a stamp.
+const FORMAT_PLAIN: u8 = 1;
+/// Records with a stamp.
+const FORMAT_STAMPED: u8 = 2;
 const KIND_PUT: u8 = 1;
 const KIND_DELETE: u8 = 2;
 const KIND_BATCH: u8 = 3;
+const KIND_RAW: u8 = 4;
 const CHECKSUM_BYTES: usize = 4;
 
 /// The longest key, in bytes.
@@ -108,6 +125,103 @@ pub enum CommandError {
         /// What is wrong.
         reason: String,
     },
+    /// An idempotency key that is empty, too long or not printable ASCII.
+    #[error(
+        "invalid idempotency key: length_bytes={length} max_bytes={max} (1 to {max} printable ASCII characters, no spaces)",
+        max = super::idempotency::MAX_IDEMPOTENCY_KEY_BYTES
+    )]
+    InvalidIdempotencyKey {
+        /// The key's length.
+        length: usize,
+    },
+    /// A retention outside its limits.
+    #[error("invalid idempotency retention: {reason}")]
+    InvalidRetention {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A raw payload without a stamp: it is its own record, not a command.
+    #[error("invalid record: a raw payload is wrapped only with an idempotency key")]
+    UnstampedRaw,
+}
+
+/// What a record does: a key-value command, or a raw payload the machine
+/// does not interpret (a `POST /v1/log` append that carries an idempotency
+/// key, so the key can be remembered).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Body {
+    /// A command.
+    Command(Command),
+    /// A raw payload.
+    Raw(Bytes),
+}
+
+/// One log record of the key-value machine: a body and, for an
+/// exactly-once write, the stamp with its idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The idempotency stamp (`None`: an ordinary write, format 1).
+    pub stamp: Option<Stamp>,
+    /// What the record does.
+    pub body: Body,
+}
+
+impl Record {
+    /// The record bytes: format 1 without a stamp, format 2 with one.
+    /// Refuses a command that breaks the limits, a stamp outside its
+    /// limits, and a raw payload without a stamp.
+    pub fn encode(&self) -> Result<Bytes, CommandError> {
+        let body = encode_body(&self.body)?;
+        let mut out = BytesMut::new();
+        out.put_slice(&MAGIC);
+        match &self.stamp {
+            None if matches!(self.body, Body::Raw(_)) => return Err(CommandError::UnstampedRaw),
+            None => out.put_u8(FORMAT_PLAIN),
+            Some(stamp) => {
+                stamp.retention.validate()?;
+                out.put_u8(FORMAT_STAMPED);
+                put_stamp(&mut out, stamp);
+            }
+        }
+        out.put_slice(&body);
+        let crc = crc32c::crc32c(&out);
+        out.put_u32_le(crc);
+        Ok(out.freeze())
+    }
+
+    /// Decodes a record of either format, checking its checksum, every
+    /// length and the limits.
+    pub fn decode(record: &[u8]) -> Result<Record, CommandError> {
+        let malformed = |reason: &str| CommandError::Malformed {
+            reason: reason.to_owned(),
+        };
+        let (format, mut input) =
+            open_envelope(record, &MAGIC, &[FORMAT_PLAIN, FORMAT_STAMPED], 1).map_err(malformed)?;
+        let stamp = match format {
+            FORMAT_STAMPED => Some(take_stamp(&mut input)?),
+            _ => None,
+        };
+        let body = take_body(&mut input)?;
+        if !input.is_empty() {
+            return Err(malformed("trailing bytes"));
+        }
+        if stamp.is_none() && matches!(body, Body::Raw(_)) {
+            return Err(malformed("a raw payload in a record without a stamp"));
+        }
+        if let Body::Command(command) = &body {
+            command.validate()?;
+        }
+        Ok(Record { stamp, body })
+    }
+
+    /// The digest of the request this record carries out: SHA-256 of its
+    /// body bytes, so two requests share it exactly when they are the same
+    /// operations on the same keys with the same values and conditions (a
+    /// single put and a batch of one put differ; a raw payload differs from
+    /// every command).
+    pub fn digest(&self) -> Result<RequestDigest, CommandError> {
+        Ok(Sha256::digest(encode_body(&self.body)?).into())
+    }
 }
 
 impl Command {
@@ -147,69 +261,124 @@ impl Command {
         Ok(())
     }
 
-    /// The record bytes; refuses a command that breaks the limits.
+    /// The record bytes (format 1); refuses a command that breaks the limits.
     pub fn encode(&self) -> Result<Bytes, CommandError> {
         self.validate()?;
         let mut out = BytesMut::new();
         out.put_slice(&MAGIC);
-        out.put_u8(FORMAT);
-        match self {
-            Command::Single(operation) => {
-                out.put_u8(kind_of(operation));
-                put_operation_body(&mut out, operation);
-            }
-            Command::Batch(operations) => {
-                out.put_u8(KIND_BATCH);
-                out.put_u32_le(operations.len() as u32);
-                for operation in operations {
-                    out.put_u8(kind_of(operation));
-                    put_operation_body(&mut out, operation);
-                }
-            }
-        }
+        out.put_u8(FORMAT_PLAIN);
+        put_command_body(&mut out, self);
         let crc = crc32c::crc32c(&out);
         out.put_u32_le(crc);
         Ok(out.freeze())
     }
 
-    /// Decodes a record, checking its checksum, every length and the limits.
+    /// Decodes the command of a record of either format (a stamp is
+    /// ignored), checking its checksum, every length and the limits.
     pub fn decode(record: &[u8]) -> Result<Command, CommandError> {
-        let malformed = |reason: &str| CommandError::Malformed {
-            reason: reason.to_owned(),
-        };
-        let mut input = open_envelope(record, &MAGIC, FORMAT, 1).map_err(malformed)?;
-        let command = match input.get_u8() {
-            KIND_BATCH => {
-                let count = take_u32(&mut input)? as usize;
-                if count > MAX_BATCH_OPERATIONS {
-                    return Err(malformed("batch longer than the limit"));
-                }
-                let mut operations = Vec::with_capacity(count);
-                for _ in 0..count {
-                    let kind = take_u8(&mut input)?;
-                    operations.push(take_operation(&mut input, kind)?);
-                }
-                Command::Batch(operations)
-            }
-            kind => Command::Single(take_operation(&mut input, kind)?),
-        };
-        if !input.is_empty() {
-            return Err(malformed("trailing bytes"));
+        match Record::decode(record)?.body {
+            Body::Command(command) => Ok(command),
+            Body::Raw(_) => Err(CommandError::Malformed {
+                reason: "a raw payload, not a command".into(),
+            }),
         }
-        command.validate()?;
-        Ok(command)
     }
+}
+
+/// The body bytes: `kind u8 | …`.
+fn encode_body(body: &Body) -> Result<BytesMut, CommandError> {
+    let mut out = BytesMut::new();
+    match body {
+        Body::Command(command) => {
+            command.validate()?;
+            put_command_body(&mut out, command);
+        }
+        Body::Raw(payload) => {
+            out.put_u8(KIND_RAW);
+            put_bytes(&mut out, payload);
+        }
+    }
+    Ok(out)
+}
+
+fn put_command_body(out: &mut BytesMut, command: &Command) {
+    match command {
+        Command::Single(operation) => {
+            out.put_u8(kind_of(operation));
+            put_operation_body(out, operation);
+        }
+        Command::Batch(operations) => {
+            out.put_u8(KIND_BATCH);
+            out.put_u32_le(operations.len() as u32);
+            for operation in operations {
+                out.put_u8(kind_of(operation));
+                put_operation_body(out, operation);
+            }
+        }
+    }
+}
+
+fn take_body(input: &mut &[u8]) -> Result<Body, CommandError> {
+    let body = match take_u8(input)? {
+        KIND_BATCH => {
+            let count = take_u32(input)? as usize;
+            if count > MAX_BATCH_OPERATIONS {
+                return Err(CommandError::Malformed {
+                    reason: "batch longer than the limit".into(),
+                });
+            }
+            let mut operations = Vec::with_capacity(count);
+            for _ in 0..count {
+                let kind = take_u8(input)?;
+                operations.push(take_operation(input, kind)?);
+            }
+            Body::Command(Command::Batch(operations))
+        }
+        KIND_RAW => Body::Raw(take_bytes(input)?),
+        kind => Body::Command(Command::Single(take_operation(input, kind)?)),
+    };
+    Ok(body)
+}
+
+fn put_stamp(out: &mut BytesMut, stamp: &Stamp) {
+    let key = stamp.key.as_bytes();
+    out.put_u8(key.len() as u8);
+    out.put_slice(key);
+    out.put_u64_le(stamp.at_ms);
+    out.put_u64_le(stamp.retention.max_keys);
+    out.put_u64_le(stamp.retention.max_age_ms);
+}
+
+fn take_stamp(input: &mut &[u8]) -> Result<Stamp, CommandError> {
+    let length = take_u8(input)? as usize;
+    if input.len() < length + 24 {
+        return Err(truncated());
+    }
+    let key = IdempotencyKey::new(Bytes::copy_from_slice(&input[..length]))?;
+    input.advance(length);
+    let at_ms = input.get_u64_le();
+    let retention = Retention {
+        max_keys: input.get_u64_le(),
+        max_age_ms: input.get_u64_le(),
+    };
+    retention.validate()?;
+    Ok(Stamp {
+        key,
+        at_ms,
+        retention,
+    })
 }
 
 /// Checks the envelope shared by the key-value encodings (`magic | format u8
 /// | body | crc32c u32` over everything before the checksum) and returns the
-/// body, which holds at least `min_body` bytes.
+/// format, one of `formats`, and the body, which holds at least `min_body`
+/// bytes.
 pub(super) fn open_envelope<'a>(
     bytes: &'a [u8],
     magic: &[u8; 4],
-    format: u8,
+    formats: &[u8],
     min_body: usize,
-) -> Result<&'a [u8], &'static str> {
+) -> Result<(u8, &'a [u8]), &'static str> {
     if bytes.len() < magic.len() + 1 + min_body + CHECKSUM_BYTES {
         return Err("shorter than a header");
     }
@@ -221,10 +390,11 @@ pub(super) fn open_envelope<'a>(
     if covered[..magic.len()] != *magic {
         return Err("bad magic");
     }
-    if covered[magic.len()] != format {
+    let format = covered[magic.len()];
+    if !formats.contains(&format) {
         return Err("unsupported format");
     }
-    Ok(&covered[magic.len() + 1..])
+    Ok((format, &covered[magic.len() + 1..]))
 }
 
 fn kind_of(operation: &Operation) -> u8 {
@@ -380,7 +550,71 @@ mod tests {
         }
     }
 
+    fn stamp() -> impl Strategy<Value = Stamp> {
+        let key = prop::collection::vec(
+            b'!'..=b'~',
+            1..=super::super::idempotency::MAX_IDEMPOTENCY_KEY_BYTES,
+        );
+        let max_keys = 1..=super::super::idempotency::MAX_RETAINED_KEYS;
+        let max_age_ms = 1..=super::super::idempotency::MAX_RETENTION_AGE_MS;
+        (key, any::<u64>(), max_keys, max_age_ms).prop_map(|(key, at_ms, max_keys, max_age_ms)| {
+            Stamp {
+                key: IdempotencyKey::new(key).unwrap(),
+                at_ms,
+                retention: Retention {
+                    max_keys,
+                    max_age_ms,
+                },
+            }
+        })
+    }
+
+    fn record() -> impl Strategy<Value = Record> {
+        let raw = prop::collection::vec(any::<u8>(), 0..32)
+            .prop_map(|payload| Body::Raw(Bytes::from(payload)));
+        let body = prop_oneof![command().prop_map(Body::Command), raw];
+        (prop::option::of(stamp()), body).prop_map(|(stamp, body)| match (stamp, body) {
+            // A raw payload travels only with a stamp.
+            (None, Body::Raw(_)) => Record {
+                stamp: None,
+                body: Body::Command(Command::Single(Operation::Delete {
+                    key: Bytes::from_static(b"k"),
+                    condition: Condition::None,
+                })),
+            },
+            (stamp, body) => Record { stamp, body },
+        })
+    }
+
     proptest! {
+        #[test]
+        fn records_round_trip(record in record()) {
+            let encoded = record.encode().unwrap();
+            prop_assert_eq!(encoded[4], if record.stamp.is_some() { FORMAT_STAMPED } else { FORMAT_PLAIN });
+            prop_assert_eq!(Record::decode(&encoded).unwrap(), record.clone());
+            // The digest is the request's, whatever the stamp.
+            let unstamped = Record { stamp: None, body: record.body.clone() };
+            prop_assert_eq!(record.digest().unwrap(), unstamped.digest().unwrap());
+            if let Body::Command(command) = &record.body {
+                prop_assert_eq!(&Command::decode(&encoded).unwrap(), command);
+            }
+        }
+
+        #[test]
+        fn every_bit_flip_of_a_record_is_refused(record in record(), bit in any::<prop::sample::Index>()) {
+            let mut encoded = record.encode().unwrap().to_vec();
+            let bit = bit.index(encoded.len() * 8);
+            encoded[bit / 8] ^= 1 << (bit % 8);
+            prop_assert!(Record::decode(&encoded).is_err());
+        }
+
+        #[test]
+        fn every_truncation_of_a_record_is_refused(record in record(), cut in any::<prop::sample::Index>()) {
+            let encoded = record.encode().unwrap();
+            let cut = cut.index(encoded.len());
+            prop_assert!(Record::decode(&encoded[..cut]).is_err());
+        }
+
         #[test]
         fn commands_round_trip(command in command()) {
             let encoded = command.encode().unwrap();
@@ -406,6 +640,80 @@ mod tests {
         fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
             let _ = Command::decode(&bytes);
         }
+    }
+
+    /// Re-signs `bytes` after an edit, so the decoder sees past the checksum.
+    fn resigned(mut bytes: Vec<u8>) -> Vec<u8> {
+        let covered = bytes.len() - CHECKSUM_BYTES;
+        let crc = crc32c::crc32c(&bytes[..covered]);
+        bytes[covered..].copy_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn format_1_records_are_unchanged_and_stamps_are_checked_on_decode() {
+        // A put of a = "1", as format 1 always wrote it.
+        let mut plain = b"CHKV\x01\x01\x00\x01\0\0\0a\x01\0\0\x001".to_vec();
+        plain.extend_from_slice(&crc32c::crc32c(&plain).to_le_bytes());
+        let put = Command::Single(Operation::Put {
+            key: Bytes::from_static(b"a"),
+            value: Bytes::from_static(b"1"),
+            condition: Condition::None,
+        });
+        assert_eq!(&put.encode().unwrap()[..], &plain[..]);
+        assert_eq!(Command::decode(&plain).unwrap(), put);
+
+        let stamp = Stamp {
+            key: IdempotencyKey::new("k-1").unwrap(),
+            at_ms: 7,
+            retention: Retention::default(),
+        };
+        let record = Record {
+            stamp: Some(stamp),
+            body: Body::Command(put),
+        };
+        let encoded = record.encode().unwrap().to_vec();
+        let malformed = |bytes: Vec<u8>| Record::decode(&resigned(bytes)).unwrap_err();
+        // The key's length byte, then one of its characters.
+        let mut empty_key = encoded.clone();
+        empty_key[5] = 0;
+        assert!(Record::decode(&resigned(empty_key)).is_err());
+        let mut space = encoded.clone();
+        space[6] = b' ';
+        assert!(matches!(
+            malformed(space),
+            CommandError::InvalidIdempotencyKey { length: 3 }
+        ));
+        // retain_keys = 0, then retain_age_ms = 0.
+        let retain_keys = 5 + 1 + 3 + 8;
+        let mut no_keys = encoded.clone();
+        no_keys[retain_keys..retain_keys + 8].copy_from_slice(&0u64.to_le_bytes());
+        assert!(matches!(
+            malformed(no_keys),
+            CommandError::InvalidRetention { .. }
+        ));
+        let mut no_age = encoded.clone();
+        no_age[retain_keys + 8..retain_keys + 16].copy_from_slice(&0u64.to_le_bytes());
+        assert!(matches!(
+            malformed(no_age),
+            CommandError::InvalidRetention { .. }
+        ));
+        // A raw kind in format 1.
+        let mut raw = b"CHKV\x01\x04\x01\0\0\0x".to_vec();
+        raw.extend_from_slice(&[0; 4]);
+        assert!(matches!(malformed(raw), CommandError::Malformed { .. }));
+        let unstamped = Record {
+            stamp: None,
+            body: Body::Raw(Bytes::from_static(b"x")),
+        };
+        assert_eq!(unstamped.encode(), Err(CommandError::UnstampedRaw));
+        let stamped_raw = Record {
+            stamp: record.stamp.clone(),
+            body: Body::Raw(Bytes::from_static(b"x")),
+        };
+        let raw = stamped_raw.encode().unwrap();
+        assert!(Command::decode(&raw).is_err());
+        assert_ne!(stamped_raw.digest(), record.digest());
     }
 
     #[test]

@@ -8,12 +8,26 @@
 //! condition fails changes nothing (and the service checks conditions before
 //! appending, so normally such a record is never written).
 //!
+//! A record may carry an idempotency key ([`idempotency`]): the machine
+//! remembers it with the request's digest and outcome, and applies a later
+//! record with the same key as a no-op that answers that outcome.
+//!
 //! Snapshot encoding (little-endian, CRC32C over everything before it):
-//! `"CHKS" | format u8 = 1 | applied_end u64 | count u64 | count × (key,
-//! version u64, value) | crc32c u32`, keys in order, each key and value a
-//! `u32` length then the bytes.
+//!
+//! ```text
+//! "CHKS" | format u8 = 2 | applied_end u64 | count u64 | count × (key, version u64, value)
+//!        | idempotency_clock_ms u64 | keys u64 | keys × remembered | crc32c u32
+//! remembered: key length u8 | key | digest [32] | index u64 | recorded_ms u64 | outcome
+//! outcome:    0 = done | 1 = condition failed: key | present u8 (0/1) [| version u64]
+//! ```
+//!
+//! Keys in order, each key and value a `u32` length then the bytes;
+//! remembered keys oldest first. Format 1, written before idempotency keys
+//! existed, is the same without the idempotency part (after the entries
+//! comes the checksum); it still decodes, to a state with no remembered keys.
 
 mod command;
+pub mod idempotency;
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -21,14 +35,18 @@ use std::ops::Bound;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 pub use command::{
-    Command, CommandError, Condition, MAX_BATCH_OPERATIONS, MAX_KEY_BYTES, Operation,
+    Body, Command, CommandError, Condition, MAX_BATCH_OPERATIONS, MAX_KEY_BYTES, Operation, Record,
 };
+pub use idempotency::{IdempotencyKey, IdempotencyTable, Outcome, Retention, Stamp};
 
 use crate::ids::RecordIndex;
 use crate::runtime::{Checkpoint, RestoreError, StateMachine};
 
 const SNAPSHOT_MAGIC: [u8; 4] = *b"CHKS";
-const SNAPSHOT_FORMAT: u8 = 1;
+/// Snapshots before idempotency keys: entries only.
+const SNAPSHOT_FORMAT_ENTRIES: u8 = 1;
+/// Entries and the idempotency table.
+const SNAPSHOT_FORMAT: u8 = 2;
 
 /// A stored value and the index of the record that set it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,8 +60,13 @@ pub struct Entry {
 /// What applying one record did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
-    /// Every operation of the record took effect.
-    Done,
+    /// Every operation of the record took effect. `unchanged` lists, by
+    /// position in the record, the operations that found nothing to change
+    /// (a delete of an absent key), so a watcher reports only real changes.
+    Done {
+        /// Positions of the operations that changed nothing, ascending.
+        unchanged: Vec<usize>,
+    },
     /// A condition did not hold; nothing changed.
     ConditionFailed {
         /// The key whose condition failed (the first, in record order).
@@ -54,6 +77,21 @@ pub enum Applied {
     /// The record is not a key-value command; nothing changed. The log is
     /// the source of truth, so the machine skips it rather than stop.
     Malformed(CommandError),
+    /// The record's idempotency key is remembered for this same request: a
+    /// retry (or a concurrent twin). Nothing changed; the write is answered
+    /// as the original was.
+    Duplicate {
+        /// The index of the record that applied the request.
+        original: RecordIndex,
+        /// How it ended.
+        outcome: Outcome,
+    },
+    /// The record's idempotency key is remembered for a different request;
+    /// nothing changed.
+    KeyReused {
+        /// The index of the record the key was used with.
+        original: RecordIndex,
+    },
 }
 
 /// A snapshot that does not decode; the message names the problem.
@@ -69,12 +107,28 @@ pub struct KvState {
     entries: BTreeMap<Bytes, Entry>,
     /// The index of the next record to apply.
     applied_end: RecordIndex,
+    /// The remembered idempotency keys.
+    idempotency: IdempotencyTable,
+}
+
+impl Applied {
+    /// [`Applied::Done`] with every operation changing something.
+    pub fn done() -> Applied {
+        Applied::Done {
+            unchanged: Vec::new(),
+        }
+    }
 }
 
 impl KvState {
     /// The index of the next record to apply: every record below it is reflected.
     pub fn applied_end(&self) -> RecordIndex {
         self.applied_end
+    }
+
+    /// The remembered idempotency keys.
+    pub fn idempotency(&self) -> &IdempotencyTable {
+        &self.idempotency
     }
 
     /// The number of keys.
@@ -136,19 +190,66 @@ impl KvState {
     /// Applies record `index`. Records must come in index order from
     /// [`applied_end`](Self::applied_end) on; an index already applied (a
     /// replay overlapping the snapshot) is skipped.
+    ///
+    /// A stamped record first moves the idempotency table's clock and
+    /// forgets expired keys; a remembered key makes it a no-op
+    /// ([`Applied::Duplicate`], [`Applied::KeyReused`]); otherwise it
+    /// applies and its key is remembered with the outcome.
     pub fn apply(&mut self, index: RecordIndex, record: &[u8]) -> Applied {
         if index < self.applied_end {
-            return Applied::Done;
+            return Applied::done();
         }
         self.applied_end = RecordIndex(index.0 + 1);
-        let command = match Command::decode(record) {
-            Ok(command) => command,
+        let record = match Record::decode(record) {
+            Ok(record) => record,
             Err(error) => return Applied::Malformed(error),
         };
-        if let Err(failed) = self.check(&command) {
+        let Some(stamp) = &record.stamp else {
+            return self.apply_body(index, &record.body);
+        };
+        let digest = record.digest().expect("a decoded record encodes");
+        self.idempotency.advance(stamp);
+        match self.idempotency.lookup(&stamp.key, &digest) {
+            idempotency::Lookup::Same(remembered) => {
+                return Applied::Duplicate {
+                    original: remembered.index,
+                    outcome: remembered.outcome.clone(),
+                };
+            }
+            idempotency::Lookup::Different(remembered) => {
+                return Applied::KeyReused {
+                    original: remembered.index,
+                };
+            }
+            idempotency::Lookup::New => {}
+        }
+        let applied = self.apply_body(index, &record.body);
+        let outcome = match &applied {
+            Applied::Done { .. } => Outcome::Done,
+            Applied::ConditionFailed { key, current } => Outcome::ConditionFailed {
+                key: key.clone(),
+                current: *current,
+            },
+            other => unreachable!("a decoded body applies or fails a condition: {other:?}"),
+        };
+        let key = stamp.key.clone();
+        self.idempotency
+            .record(key, digest, index, outcome, &stamp.retention);
+        applied
+    }
+
+    /// Applies a decoded body: a command's operations if its conditions
+    /// hold, nothing for a raw payload.
+    fn apply_body(&mut self, index: RecordIndex, body: &Body) -> Applied {
+        let command = match body {
+            Body::Command(command) => command,
+            Body::Raw(_) => return Applied::done(),
+        };
+        if let Err(failed) = self.check(command) {
             return failed;
         }
-        for operation in command.operations() {
+        let mut unchanged = Vec::new();
+        for (position, operation) in command.operations().iter().enumerate() {
             match operation {
                 Operation::Put { key, value, .. } => {
                     let entry = Entry {
@@ -158,11 +259,13 @@ impl KvState {
                     self.entries.insert(key.clone(), entry);
                 }
                 Operation::Delete { key, .. } => {
-                    self.entries.remove(key);
+                    if self.entries.remove(key).is_none() {
+                        unchanged.push(position);
+                    }
                 }
             }
         }
-        Applied::Done
+        Applied::Done { unchanged }
     }
 
     /// The snapshot bytes (see the module docs).
@@ -179,6 +282,7 @@ impl KvState {
             out.put_u32_le(entry.value.len() as u32);
             out.put_slice(&entry.value);
         }
+        self.idempotency.encode(&mut out);
         let crc = crc32c::crc32c(&out);
         out.put_u32_le(crc);
         out.freeze()
@@ -189,8 +293,9 @@ impl KvState {
         let fail = |reason: &str| SnapshotError {
             reason: reason.to_owned(),
         };
-        let mut input =
-            command::open_envelope(bytes, &SNAPSHOT_MAGIC, SNAPSHOT_FORMAT, 16).map_err(fail)?;
+        let formats = [SNAPSHOT_FORMAT_ENTRIES, SNAPSHOT_FORMAT];
+        let (format, mut input) =
+            command::open_envelope(bytes, &SNAPSHOT_MAGIC, &formats, 16).map_err(fail)?;
         let applied_end = RecordIndex(input.get_u64_le());
         let count = input.get_u64_le();
         let mut entries = BTreeMap::new();
@@ -211,12 +316,17 @@ impl KvState {
             previous = Some(key.clone());
             entries.insert(key, Entry { value, version });
         }
+        let idempotency = match format {
+            SNAPSHOT_FORMAT_ENTRIES => IdempotencyTable::default(),
+            _ => IdempotencyTable::decode(&mut input, applied_end).map_err(fail)?,
+        };
         if !input.is_empty() {
             return Err(fail("trailing bytes"));
         }
         Ok(KvState {
             entries,
             applied_end,
+            idempotency,
         })
     }
 }
@@ -241,6 +351,10 @@ impl StateMachine for KvState {
             .read_to_end(&mut bytes)
             .map_err(|e| RestoreError(e.to_string()))?;
         KvState::decode_snapshot(&bytes).map_err(|e| RestoreError(e.to_string()))
+    }
+
+    fn reflected_end(&self) -> Option<RecordIndex> {
+        Some(self.applied_end)
     }
 }
 
@@ -300,14 +414,14 @@ mod tests {
         let mut state = KvState::default();
         assert_eq!(
             state.apply(RecordIndex(0), &put("a", "1", Condition::None)),
-            Applied::Done
+            Applied::done()
         );
         assert_eq!(
             state.apply(RecordIndex(1), &put("b", "2", Condition::Absent)),
-            Applied::Done
+            Applied::done()
         );
         let cas = put("a", "3", Condition::Version(RecordIndex(0)));
-        assert_eq!(state.apply(RecordIndex(2), &cas), Applied::Done);
+        assert_eq!(state.apply(RecordIndex(2), &cas), Applied::done());
         assert_eq!(value(&state, "a"), Some(("3".into(), 2)));
         assert_eq!(value(&state, "b"), Some(("2".into(), 1)));
         assert_eq!(state.applied_end(), RecordIndex(3));
@@ -366,10 +480,52 @@ mod tests {
         assert_eq!(value(&state, "b"), None);
         assert_eq!(
             state.apply(RecordIndex(2), &batch(Condition::Version(RecordIndex(0)))),
-            Applied::Done
+            Applied::done()
         );
         assert_eq!(value(&state, "a"), None);
         assert_eq!(value(&state, "b"), Some(("2".into(), 2)));
+    }
+
+    #[test]
+    fn deleting_an_absent_key_reports_that_nothing_changed() {
+        let mut state = KvState::default();
+        state.apply(RecordIndex(0), &put("a", "1", Condition::None));
+        assert_eq!(
+            state.apply(RecordIndex(1), &delete("b", Condition::None)),
+            Applied::Done { unchanged: vec![0] }
+        );
+        assert_eq!(
+            state.apply(RecordIndex(2), &delete("a", Condition::None)),
+            Applied::done()
+        );
+        let batch = Command::Batch(vec![
+            Operation::Put {
+                key: Bytes::from_static(b"c"),
+                value: Bytes::from_static(b"3"),
+                condition: Condition::None,
+            },
+            Operation::Delete {
+                key: Bytes::from_static(b"a"),
+                condition: Condition::Absent,
+            },
+            Operation::Delete {
+                key: Bytes::from_static(b"d"),
+                condition: Condition::Absent,
+            },
+            Operation::Delete {
+                key: Bytes::from_static(b"z"),
+                condition: Condition::None,
+            },
+        ])
+        .encode()
+        .unwrap();
+        assert_eq!(
+            state.apply(RecordIndex(3), &batch),
+            Applied::Done {
+                unchanged: vec![1, 2, 3]
+            }
+        );
+        assert_eq!(value(&state, "c"), Some(("3".into(), 3)));
     }
 
     #[test]
@@ -409,16 +565,195 @@ mod tests {
         assert_eq!(keys(page), vec!["a/1".to_owned(), "a/3".to_owned()]);
     }
 
+    const RETAIN: Retention = Retention {
+        max_keys: 100,
+        max_age_ms: 60_000,
+    };
+
+    fn stamped(body: Body, key: &str, at_ms: u64, retention: Retention) -> Bytes {
+        Record {
+            stamp: Some(Stamp {
+                key: IdempotencyKey::new(key.to_owned()).unwrap(),
+                at_ms,
+                retention,
+            }),
+            body,
+        }
+        .encode()
+        .unwrap()
+    }
+
+    fn stamped_put(key: &str, value: &str, condition: Condition, idempotency_key: &str) -> Bytes {
+        let command = Command::decode(&put(key, value, condition)).unwrap();
+        stamped(Body::Command(command), idempotency_key, 1000, RETAIN)
+    }
+
+    #[test]
+    fn a_duplicate_record_is_a_no_op_that_answers_the_original_outcome() {
+        let mut state = KvState::default();
+        let first = stamped_put("a", "1", Condition::None, "op-1");
+        assert_eq!(state.apply(RecordIndex(0), &first), Applied::done());
+        state.apply(RecordIndex(1), &put("a", "2", Condition::None));
+        // The retry (or a concurrent twin) of op-1 applies nothing: a stays 2.
+        assert_eq!(
+            state.apply(RecordIndex(2), &first),
+            Applied::Duplicate {
+                original: RecordIndex(0),
+                outcome: Outcome::Done
+            }
+        );
+        assert_eq!(value(&state, "a"), Some(("2".into(), 1)));
+        // A failed condition is an outcome too, answered again as it was.
+        let stale = stamped_put("a", "3", Condition::Version(RecordIndex(0)), "op-2");
+        let failed = Applied::ConditionFailed {
+            key: Bytes::from_static(b"a"),
+            current: Some(RecordIndex(1)),
+        };
+        assert_eq!(state.apply(RecordIndex(3), &stale), failed);
+        state.apply(RecordIndex(4), &delete("a", Condition::None));
+        assert_eq!(
+            state.apply(RecordIndex(5), &stale),
+            Applied::Duplicate {
+                original: RecordIndex(3),
+                outcome: Outcome::ConditionFailed {
+                    key: Bytes::from_static(b"a"),
+                    current: Some(RecordIndex(1)),
+                }
+            }
+        );
+        assert_eq!(value(&state, "a"), None);
+        assert_eq!(state.idempotency().len(), 2);
+        assert_eq!(state.applied_end(), RecordIndex(6));
+    }
+
+    #[test]
+    fn a_key_reused_for_a_different_request_changes_nothing() {
+        let mut state = KvState::default();
+        state.apply(RecordIndex(0), &stamped_put("a", "1", Condition::None, "k"));
+        let before = state.clone();
+        let other_value = stamped_put("a", "2", Condition::None, "k");
+        let other_key = stamped_put("b", "1", Condition::None, "k");
+        let conditional = stamped_put("a", "1", Condition::Absent, "k");
+        let raw = stamped(Body::Raw(Bytes::from_static(b"x")), "k", 1000, RETAIN);
+        for (index, record) in [other_value, other_key, conditional, raw]
+            .iter()
+            .enumerate()
+        {
+            let index = RecordIndex(index as u64 + 1);
+            assert_eq!(
+                state.apply(index, record),
+                Applied::KeyReused {
+                    original: RecordIndex(0)
+                },
+                "{index}"
+            );
+        }
+        assert_eq!(state.entries, before.entries);
+        assert_eq!(state.idempotency(), before.idempotency());
+    }
+
+    #[test]
+    fn a_raw_payload_with_a_key_changes_no_key_but_is_remembered() {
+        let mut state = KvState::default();
+        let raw = stamped(Body::Raw(Bytes::from_static(b"event")), "r", 5, RETAIN);
+        assert_eq!(state.apply(RecordIndex(0), &raw), Applied::done());
+        assert!(state.is_empty());
+        assert_eq!(
+            state.apply(RecordIndex(1), &raw),
+            Applied::Duplicate {
+                original: RecordIndex(0),
+                outcome: Outcome::Done
+            }
+        );
+    }
+
+    #[test]
+    fn retention_is_judged_from_the_records_by_count_and_by_age() {
+        let mut state = KvState::default();
+        let by_count = Retention {
+            max_keys: 2,
+            max_age_ms: 60_000,
+        };
+        let record = |key: &str, at_ms: u64, retention: Retention| {
+            let command = Command::decode(&put(key, "v", Condition::None)).unwrap();
+            stamped(Body::Command(command), key, at_ms, retention)
+        };
+        for (index, key) in ["a", "b", "c"].into_iter().enumerate() {
+            state.apply(RecordIndex(index as u64), &record(key, 1000, by_count));
+        }
+        // a was forgotten: its retry is a new write, and applies again.
+        assert_eq!(state.idempotency().len(), 2);
+        assert_eq!(
+            state.apply(RecordIndex(3), &record("a", 1000, by_count)),
+            Applied::done()
+        );
+        assert_eq!(value(&state, "a"), Some(("v".into(), 3)));
+        // By age: the stamps' times, never the applying process's clock.
+        let by_age = Retention {
+            max_keys: 100,
+            max_age_ms: 500,
+        };
+        assert!(matches!(
+            state.apply(RecordIndex(4), &record("c", 1499, by_age)),
+            Applied::Duplicate { .. }
+        ));
+        state.apply(RecordIndex(5), &record("d", 1500, by_age));
+        let (oldest, remembered) = state.idempotency().oldest().unwrap();
+        assert_eq!((oldest.as_str(), remembered.index), ("d", RecordIndex(5)));
+        assert_eq!(
+            state.apply(RecordIndex(6), &record("c", 1500, by_age)),
+            Applied::done()
+        );
+    }
+
+    #[test]
+    fn a_previous_format_snapshot_decodes_with_no_remembered_keys() {
+        // Format 1, as written before idempotency keys: applied_end 3, a = "1"
+        // at version 0, b = "22" at version 2.
+        let mut bytes = b"CHKS\x01".to_vec();
+        bytes.extend_from_slice(&3u64.to_le_bytes());
+        bytes.extend_from_slice(&2u64.to_le_bytes());
+        bytes.extend_from_slice(b"\x01\0\0\0a\0\0\0\0\0\0\0\0\x01\0\0\x001");
+        bytes.extend_from_slice(b"\x01\0\0\0b\x02\0\0\0\0\0\0\0\x02\0\0\x0022");
+        let crc = crc32c::crc32c(&bytes);
+        bytes.extend_from_slice(&crc.to_le_bytes());
+        let state = KvState::decode_snapshot(&bytes).unwrap();
+        assert_eq!(state.applied_end(), RecordIndex(3));
+        assert_eq!(value(&state, "a"), Some(("1".into(), 0)));
+        assert_eq!(value(&state, "b"), Some(("22".into(), 2)));
+        assert!(state.idempotency().is_empty());
+        // It is written back in the current format, which keeps the same state.
+        let encoded = state.encode_snapshot();
+        assert_eq!(encoded[4], SNAPSHOT_FORMAT);
+        assert_eq!(KvState::decode_snapshot(&encoded).unwrap(), state);
+        // A format-1 snapshot followed by an idempotency part is refused.
+        let mut longer = bytes[..bytes.len() - 4].to_vec();
+        longer.extend_from_slice(&[0; 16]);
+        let crc = crc32c::crc32c(&longer);
+        longer.extend_from_slice(&crc.to_le_bytes());
+        assert!(KvState::decode_snapshot(&longer).is_err());
+    }
+
     #[test]
     fn snapshots_round_trip_and_damage_is_refused() {
         let mut state = KvState::default();
         for index in 0..20u64 {
             let key = format!("key-{:02}", index % 7);
-            state.apply(
-                RecordIndex(index),
-                &put(&key, &index.to_string(), Condition::None),
-            );
+            let record = if index % 3 == 0 {
+                stamped_put(
+                    &key,
+                    &index.to_string(),
+                    Condition::None,
+                    &format!("op-{index}"),
+                )
+            } else {
+                put(&key, &index.to_string(), Condition::None)
+            };
+            state.apply(RecordIndex(index), &record);
         }
+        let failing = stamped_put("key-00", "x", Condition::Absent, "failing");
+        state.apply(RecordIndex(20), &failing);
+        assert_eq!(state.idempotency().len(), 8);
         let encoded = state.encode_snapshot();
         assert_eq!(KvState::decode_snapshot(&encoded).unwrap(), state);
         for bit in 0..encoded.len() * 8 {

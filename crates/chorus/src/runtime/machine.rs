@@ -29,12 +29,55 @@ pub trait StateMachine: Default + Send + 'static {
 
     /// The state a snapshot payload encodes.
     fn restore(source: &mut dyn io::Read) -> Result<Self, RestoreError>;
+
+    /// The index of the next record this state expects (it reflects every
+    /// record below), if the machine tracks it; `None` if it does not. A
+    /// restored state must reflect exactly the index its snapshot was
+    /// published at: the runtime refuses one that does not, because replay
+    /// would skip records (state ahead) or apply them twice (state behind).
+    fn reflected_end(&self) -> Option<RecordIndex> {
+        None
+    }
+}
+
+/// Checks that a state restored from a snapshot published at `wal_index`
+/// reflects exactly that prefix of the log (`reflected`: what the machine
+/// says it reflects, `None` when it does not track it).
+pub(super) fn check_restored(
+    reflected: Option<RecordIndex>,
+    wal_index: RecordIndex,
+) -> Result<(), String> {
+    match reflected {
+        Some(reflected) if reflected != wal_index => Err(format!(
+            "snapshot payload disagrees with HEAD: payload_applied_end={reflected} \
+             head_wal_index={wal_index} (restoring it would skip or repeat records)"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// A copy of a state machine's state, written out as a snapshot payload.
 pub trait Checkpoint: Send + 'static {
     /// Writes the snapshot bytes to `sink`.
     fn write_to(&self, sink: &mut dyn io::Write) -> io::Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restored_state_must_reflect_exactly_the_snapshot_index() {
+        assert_eq!(check_restored(None, RecordIndex(7)), Ok(()));
+        assert_eq!(check_restored(Some(RecordIndex(7)), RecordIndex(7)), Ok(()));
+        for reflected in [0, 6, 8, u64::MAX] {
+            let error = check_restored(Some(RecordIndex(reflected)), RecordIndex(7)).unwrap_err();
+            assert!(
+                error.contains(&format!("payload_applied_end={reflected} head_wal_index=7")),
+                "{error}"
+            );
+        }
+    }
 }
 
 /// A snapshot payload that does not restore; the message names the problem.

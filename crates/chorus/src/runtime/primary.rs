@@ -10,7 +10,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 
 use super::error::{Phase, Role, RuntimeError};
-use super::machine::{Checkpoint, StateMachine};
+use super::machine::{Checkpoint, StateMachine, check_restored};
 use super::{InFlight, Shared, WritePath, Written, timed};
 use crate::ids::RecordIndex;
 use crate::lease::{LeaseError, LeaseHolder, LeaseRecord};
@@ -174,6 +174,10 @@ pub(super) async fn restore_head<M: StateMachine>(
             let message = format!("{e}: key={}", head.snapshot_key());
             RuntimeError::new(Phase::Restore, message, false)
         })?;
+    check_restored(machine.reflected_end(), head.wal_index).map_err(|e| {
+        let message = format!("{e}: key={}", head.snapshot_key());
+        RuntimeError::new(Phase::Restore, message, false)
+    })?;
     shared.restore(machine, head.wal_index);
     let mut info = shared.info();
     info.last_snapshot_index = Some(head.wal_index);

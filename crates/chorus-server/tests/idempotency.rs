@@ -1,0 +1,317 @@
+//! `Idempotency-Key` on every write route, through the service's router over
+//! a real runtime on in-memory stores: a retry is answered the original
+//! outcome (200 or 412, same index) and appends nothing; the same key with
+//! a different request is 422; concurrent twins apply once; a bad header is
+//! 400; the status page reports the retention and the table.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use chorus::blob::{DynBlobStore, ObjectStoreBlobs};
+use chorus::clock::SystemClock;
+use chorus::kv::{KvState, Retention};
+use chorus::lease::{DatabaseKey, HolderId, LeaseConfig, LeaseStore};
+use chorus::log::LogStores;
+use chorus::register::{DEFAULT_WINDOW, ManifestStore, MemoryRegister, initialize};
+use chorus::runtime::{Runtime, RuntimeConfig, RuntimeStores};
+use chorus::snapshot::{SnapshotConfig, SnapshotStore};
+use chorus_server::{AppState, ServiceConfig, router};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tower::ServiceExt;
+
+/// How long the runtime may take to become a primary.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+fn memory(name: &str) -> DynBlobStore {
+    Arc::new(ObjectStoreBlobs::new(
+        Arc::new(object_store::memory::InMemory::new()),
+        "",
+        format!("memory://{name}"),
+    ))
+}
+
+/// A primary over fresh in-memory stores, and the state its router shares.
+async fn service() -> Arc<AppState> {
+    let replicas: Vec<(String, DynBlobStore)> = (0..3)
+        .map(|position| {
+            (
+                format!("memory://r{position}"),
+                memory(&format!("r{position}")),
+            )
+        })
+        .collect();
+    let register: Arc<dyn ManifestStore> = Arc::new(MemoryRegister::new());
+    let identities = replicas
+        .iter()
+        .map(|(identity, _)| identity.clone())
+        .collect();
+    initialize(register.as_ref(), identities, DEFAULT_WINDOW)
+        .await
+        .unwrap();
+    let meta = memory("meta");
+    let database = DatabaseKey::new("idempotency-test").unwrap();
+    let lease = LeaseConfig {
+        ttl: Duration::from_secs(5),
+        safety_margin: Duration::from_secs(1),
+        store_call_timeout: Duration::from_secs(1),
+    };
+    let stores = RuntimeStores {
+        log: LogStores { replicas, register },
+        snapshots: SnapshotStore::new(
+            meta.clone(),
+            database.clone(),
+            SnapshotConfig::default(),
+            SystemClock::shared(),
+        ),
+        leases: LeaseStore::new(meta, database, lease, SystemClock::shared()).unwrap(),
+    };
+    let config = RuntimeConfig::new(HolderId::new("http://test").unwrap());
+    let runtime = Arc::new(Runtime::<KvState>::start(stores, config).unwrap());
+    let deadline = Instant::now() + PATIENCE;
+    while !runtime.is_primary_and_sure() {
+        assert!(
+            Instant::now() < deadline,
+            "no primary: {:?}",
+            runtime.status()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (_stop, shutdown) = watch::channel(false);
+    Arc::new(AppState {
+        runtime,
+        config: ServiceConfig {
+            token: None,
+            max_body_bytes: 1 << 20,
+            request_timeout: Duration::from_secs(10),
+            advertise_url: None,
+            ready_as_standby: false,
+            connections: chorus_server::listener::ConnectionLimits::default(),
+            idempotency: Retention {
+                max_keys: 1000,
+                max_age_ms: 3_600_000,
+            },
+        },
+        metrics: None,
+        shutdown,
+    })
+}
+
+/// An answer: status, whether it was replayed, and the JSON body.
+#[derive(Debug)]
+struct Answer {
+    status: StatusCode,
+    replayed: bool,
+    body: Value,
+}
+
+async fn send(
+    app: &Arc<AppState>,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Body>,
+) -> Answer {
+    // The service refuses an HTTP/1.1 request without Host, as hyper's clients send one.
+    let mut request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "test");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = router(Arc::clone(app))
+        .oneshot(request.body(body.into()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let replayed = response.headers().get("idempotent-replayed").is_some();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Answer {
+        status,
+        replayed,
+        body,
+    }
+}
+
+fn applied(app: &AppState) -> u64 {
+    app.runtime.status().applied_index.0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_is_answered_the_original_outcome_and_appends_nothing() {
+    let app = service().await;
+    let key = [("idempotency-key", "put-1")];
+    let first = send(&app, "PUT", "/v1/kv/a", &key, "1").await;
+    assert_eq!((first.status, first.replayed), (StatusCode::OK, false));
+    assert_eq!(first.body, json!({"index": 0}));
+    send(&app, "PUT", "/v1/kv/a", &[], "2").await;
+    let end = applied(&app);
+    let retry = send(&app, "PUT", "/v1/kv/a", &key, "1").await;
+    assert_eq!((retry.status, retry.replayed), (StatusCode::OK, true));
+    assert_eq!(retry.body, json!({"index": 0}));
+    assert_eq!(applied(&app), end, "the retry appended a record");
+    let (value, _) = app.runtime.read_stale(|state| state.get(b"a").cloned());
+    assert_eq!(value.unwrap().value, "2", "the retry applied again");
+
+    // The other routes: a batch, a delete, a raw append.
+    let batch = json!({"operations": [{"op": "put", "key": "b", "value": "1", "if_absent": true}]});
+    let key = [("idempotency-key", "batch-1")];
+    let first = send(&app, "POST", "/v1/kv:batch", &key, batch.to_string()).await;
+    let retry = send(&app, "POST", "/v1/kv:batch", &key, batch.to_string()).await;
+    assert_eq!(
+        (first.status, retry.status),
+        (StatusCode::OK, StatusCode::OK)
+    );
+    assert_eq!((first.body, retry.replayed), (retry.body, true));
+    let key = [("idempotency-key", "delete-1")];
+    let first = send(&app, "DELETE", "/v1/kv/b", &key, "").await;
+    let retry = send(&app, "DELETE", "/v1/kv/b", &key, "").await;
+    assert_eq!((first.body, retry.replayed), (retry.body, true));
+    let key = [("idempotency-key", "append-1")];
+    let first = send(&app, "POST", "/v1/log", &key, "raw event").await;
+    let end = applied(&app);
+    let retry = send(&app, "POST", "/v1/log", &key, "raw event").await;
+    assert_eq!(first.status, StatusCode::OK, "{first:?}");
+    assert_eq!((&first.body, retry.replayed), (&retry.body, true));
+    assert_eq!(applied(&app), end);
+
+    // A log reader sees the envelope, with the key and the payload.
+    let index = first.body["index"].as_u64().unwrap();
+    let page = send(
+        &app,
+        "GET",
+        &format!("/v1/log?from={index}&limit=1"),
+        &[],
+        "",
+    )
+    .await;
+    let record = &page.body["records"][0];
+    assert_eq!(record["idempotency_key"], "append-1", "{record}");
+    assert_eq!(record["payload"], "raw event", "{record}");
+    assert!(record.get("data_b64").is_some(), "{record}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_condition_with_a_key_is_remembered_as_the_same_412() {
+    let app = service().await;
+    send(&app, "PUT", "/v1/kv/a", &[], "1").await;
+    let headers = [("idempotency-key", "cas-1"), ("if-match", "\"7\"")];
+    let first = send(&app, "PUT", "/v1/kv/a", &headers, "2").await;
+    assert_eq!(first.status, StatusCode::PRECONDITION_FAILED, "{first:?}");
+    assert_eq!(first.body["current_version"], 0);
+    assert_eq!(
+        first.body["index"], 1,
+        "appended so that the outcome is remembered"
+    );
+    // The key moves on; the retry is still answered as the first was.
+    send(&app, "PUT", "/v1/kv/a", &[], "3").await;
+    let retry = send(&app, "PUT", "/v1/kv/a", &headers, "2").await;
+    assert_eq!((retry.status, retry.replayed), (first.status, true));
+    assert_eq!(retry.body, first.body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_key_with_a_different_request_is_422() {
+    let app = service().await;
+    let key = ("idempotency-key", "k");
+    send(&app, "PUT", "/v1/kv/a", &[key], "1").await;
+    let batch = json!({"operations": [{"op": "put", "key": "a", "value": "1"}]});
+    type Request<'a> = (&'a str, &'a str, Vec<(&'a str, &'a str)>, String);
+    let reuses: Vec<Request> = vec![
+        ("PUT", "/v1/kv/a", vec![key], "other value".into()),
+        ("PUT", "/v1/kv/b", vec![key], "1".into()),
+        (
+            "PUT",
+            "/v1/kv/a",
+            vec![key, ("if-none-match", "*")],
+            "1".into(),
+        ),
+        ("DELETE", "/v1/kv/a", vec![key], String::new()),
+        ("POST", "/v1/kv:batch", vec![key], batch.to_string()),
+        ("POST", "/v1/log", vec![key], "1".into()),
+    ];
+    let end = applied(&app);
+    for (method, path, headers, body) in reuses {
+        let answer = send(&app, method, path, &headers, body).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{method} {path}"
+        );
+        assert_eq!(answer.body["idempotency_key"], "k");
+        assert_eq!(answer.body["original_index"], 0);
+    }
+    assert_eq!(applied(&app), end, "a refused reuse appended");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_twins_with_one_key_apply_once() {
+    let app = service().await;
+    for round in 0..20 {
+        let name = format!("twin/{round}");
+        let path = format!("/v1/kv/{name}");
+        let key = format!("twin-{round}");
+        let headers = [("idempotency-key", key.as_str())];
+        let (a, b) = tokio::join!(
+            send(&app, "PUT", &path, &headers, "v"),
+            send(&app, "PUT", &path, &headers, "v"),
+        );
+        assert_eq!((a.status, b.status), (StatusCode::OK, StatusCode::OK));
+        assert_eq!(a.body, b.body, "round {round}: two indices for one write");
+        assert!(a.replayed != b.replayed, "round {round}: {a:?} {b:?}");
+        let index = a.body["index"].as_u64().unwrap();
+        let (entry, _) = app
+            .runtime
+            .read_stale(|state| state.get(name.as_bytes()).cloned());
+        assert_eq!(
+            entry.unwrap().version.0,
+            index,
+            "round {round}: applied twice"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_idempotency_key_is_400_and_appends_nothing() {
+    let app = service().await;
+    let long = "k".repeat(256);
+    for bad in ["", "has space", long.as_str()] {
+        let answer = send(&app, "PUT", "/v1/kv/a", &[("idempotency-key", bad)], "1").await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{bad:?}");
+        assert!(
+            answer.body["error"]
+                .as_str()
+                .unwrap()
+                .starts_with("Idempotency-Key: "),
+            "{answer:?}"
+        );
+    }
+    assert_eq!(applied(&app), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reports_the_retention_and_the_remembered_keys() {
+    let app = service().await;
+    let status = send(&app, "GET", "/v1/status", &[], "").await.body;
+    assert_eq!(
+        status["idempotency"],
+        json!({"retain_keys": 1000, "retain_age_secs": 3600, "keys": 0,
+               "oldest_index": null, "oldest_age_ms": null})
+    );
+    send(&app, "PUT", "/v1/kv/x", &[], "1").await;
+    send(&app, "PUT", "/v1/kv/a", &[("idempotency-key", "one")], "1").await;
+    send(&app, "PUT", "/v1/kv/b", &[("idempotency-key", "two")], "1").await;
+    let status = send(&app, "GET", "/v1/status", &[], "").await.body;
+    let table = &status["idempotency"];
+    assert_eq!(
+        (&table["keys"], &table["oldest_index"]),
+        (&json!(2), &json!(1))
+    );
+    assert!(table["oldest_age_ms"].as_u64().unwrap() < 60_000, "{table}");
+}
