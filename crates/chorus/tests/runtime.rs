@@ -1091,6 +1091,26 @@ async fn status_pages_read_a_cached_log_view() {
     primary.shutdown().await.unwrap();
 }
 
+/// Regression: the status's lease was the document as acquired, so on a
+/// healthy primary its expiry lay in the past after one ttl (status pages
+/// showed `expires_in_ms: 0` beside seconds of `lease_remaining_ms`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_lease_follows_the_refreshes() {
+    let db = Db::new().await;
+    let primary = db.node(1).start(config("a", 1000));
+    wait_primary(&primary).await;
+    let acquired = primary.status().lease.expect("a primary has a lease");
+    tokio::time::sleep(TTL * 2).await;
+    wait_primary(&primary).await;
+    let refreshed = primary.status().lease.expect("a primary has a lease");
+    assert_eq!(refreshed.generation, acquired.generation);
+    assert!(
+        refreshed.expires_at_ms > acquired.expires_at_ms,
+        "{refreshed:?} vs {acquired:?}"
+    );
+    primary.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_whose_state_disagrees_with_its_head_wal_index_is_refused() {
     let db = Db::new().await;

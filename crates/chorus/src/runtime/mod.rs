@@ -277,20 +277,27 @@ impl<M: StateMachine> Runtime<M> {
 
     /// A point-in-time view for status pages and readiness.
     pub fn status(&self) -> RuntimeStatus {
-        let (writer, lease_remaining) = match self.shared.write_path().as_ref() {
+        let (writer, lease_remaining, lease) = match self.shared.write_path().as_ref() {
             Some(path) => (
                 Some(path.writer.status()),
                 Some(
                     path.lease
                         .remaining(self.shared.stores.leases.clock().now()),
                 ),
+                // The document as the last refresh wrote it, not as acquired.
+                Some(path.lease.record()),
             ),
-            None => (None, None),
+            None => (None, None, None),
         };
         let applied = self.shared.applied_end();
-        self.shared
-            .info()
-            .status(applied, writer, lease_remaining, &self.shared.config)
+        let mut status =
+            self.shared
+                .info()
+                .status(applied, writer, lease_remaining, &self.shared.config);
+        if lease.is_some() {
+            status.lease = lease;
+        }
+        status
     }
 
     /// The stores this runtime runs on.
