@@ -8,7 +8,7 @@ use std::path::Path;
 use bytes::Bytes;
 use chorus::codec::{Fragment, SealedSegment, encode_frames};
 use chorus::ids::{Epoch, FragmentIndex, RecordIndex, SegmentId};
-use chorus::lease::{DatabaseKey, Generation, HolderId, LeaseRecord, Term};
+use chorus::lease::{DatabaseKey, Generation, HolderId, Incarnation, LeaseRecord, Term};
 use chorus::register::{Manifest, encode_document};
 use chorus::snapshot::{Head, PayloadId, PublicationSequence, PublisherId, Sha256Digest};
 use chorus_slatedb::batch::encode;
@@ -49,6 +49,7 @@ fn documents() -> Vec<Vec<u8>> {
     let lease = LeaseRecord {
         database_key: database.clone(),
         holder_id: holder.clone(),
+        incarnation: Some(Incarnation(0x5eed)),
         term: Term(3),
         generation: Generation(7),
         acquired_at_ms: 1_700_000_000_000,
