@@ -286,7 +286,7 @@ impl ServeArgs {
             payload_call_timeout: Duration::from_secs(self.snapshot_payload_timeout_secs),
             ..SnapshotConfig::default()
         };
-        Ok(Resolved {
+        let resolved = Resolved {
             location,
             database,
             holder,
@@ -296,7 +296,15 @@ impl ServeArgs {
             service,
             listen: self.listen,
             data_dir: self.store.data_dir.clone(),
-        })
+        };
+        // Relations between flags (--history-bytes against the largest
+        // record) are refused here, before anything is opened.
+        let check = HolderId::new("http://configuration-check").expect("a valid holder id");
+        resolved
+            .runtime(check)
+            .validate()
+            .map_err(|e| format!("invalid configuration: {e}"))?;
+        Ok(resolved)
     }
 
     /// Runs the service until a signal.
