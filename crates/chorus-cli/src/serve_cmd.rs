@@ -17,8 +17,11 @@ use std::time::Duration;
 use chorus::clock::SystemClock;
 use chorus::kv::{KvState, Retention, idempotency};
 use chorus::lease::{HolderId, LeaseConfig, LeaseStore};
-use chorus::runtime::{Role, Runtime, RuntimeConfig, RuntimeStores};
+use chorus::runtime::{
+    DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_RECORDS, Role, Runtime, RuntimeConfig, RuntimeStores,
+};
 use chorus::snapshot::{SnapshotConfig, SnapshotStore};
+use chorus_server::limits::{self, MemoryLimits};
 use chorus_server::listener::{self, ConnectionLimits};
 use chorus_server::{AppState, ServiceConfig};
 use serde_json::json;
@@ -126,6 +129,37 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = listener::DEFAULT_SHUTDOWN_GRACE.as_secs(), value_parser = clap::value_parser!(u64).range(0..=3600))]
     shutdown_grace_secs: u64,
 
+    /// Most event streams (`GET /v1/kv/watch`, `GET /v1/log?follow=true`)
+    /// open at once; one more is answered 503 with Retry-After. Each holds
+    /// a connection, a batch of events and, for `follow`, a log reader that
+    /// polls the stores while caught up. Never more than half the
+    /// connection cap, so other requests still find a connection.
+    #[arg(long, default_value_t = limits::DEFAULT_MAX_STREAMS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    max_streams: u64,
+
+    /// Bound on the JSON of one `GET /v1/log` page, in bytes: a page stops
+    /// taking records once it reaches it (exceeding it by less than one
+    /// record), and the client continues from its `next`.
+    #[arg(long, default_value_t = limits::DEFAULT_LOG_PAGE_BYTES as u64, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    log_page_bytes: u64,
+
+    /// Most `GET /v1/log` pages built and sent at once; more wait (until
+    /// the request timeout). Each costs its page and its log reader's
+    /// buffer, up to one sealed segment.
+    #[arg(long, default_value_t = limits::DEFAULT_MAX_LOG_PAGES as u64, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    max_log_pages: u64,
+
+    /// Applied records kept in memory for watches that resume from an
+    /// index (0: none); a watch from before them is 410 Gone.
+    #[arg(long, default_value_t = DEFAULT_HISTORY_RECORDS as u64)]
+    history_records: u64,
+
+    /// Record bytes of that history: it drops its oldest records while it
+    /// holds more than this or more than --history-records. At least the
+    /// largest record (1 MiB).
+    #[arg(long, default_value_t = DEFAULT_HISTORY_BYTES as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    history_bytes: u64,
+
     /// Bound on each snapshot payload upload, download, listing or delete.
     /// Set it above the state's size divided by the snapshot store's
     /// bandwidth; a publication that takes longer fails and is retried.
@@ -177,6 +211,8 @@ struct Schedule {
     interval: Duration,
     force: bool,
     lease_check_interval: Duration,
+    history_records: usize,
+    history_bytes: usize,
 }
 
 impl Resolved {
@@ -187,6 +223,8 @@ impl Resolved {
         runtime.snapshot_interval = self.schedule.interval;
         runtime.force = self.schedule.force;
         runtime.lease_check_interval = self.schedule.lease_check_interval;
+        runtime.history_records = self.schedule.history_records;
+        runtime.history_bytes = self.schedule.history_bytes;
         runtime
     }
 
@@ -229,6 +267,8 @@ impl ServeArgs {
             force: self.force,
             lease_check_interval: (ttl / 20)
                 .clamp(Duration::from_millis(100), Duration::from_secs(1)),
+            history_records: to_usize(self.history_records),
+            history_bytes: to_usize(self.history_bytes),
         };
         let token = match (&self.token, &self.token_file) {
             (Some(token), _) => Some(token.clone()),
@@ -237,13 +277,19 @@ impl ServeArgs {
         };
         let requested = self
             .max_connections
-            .map_or(listener::DEFAULT_MAX_CONNECTIONS, |max| {
-                usize::try_from(max).unwrap_or(usize::MAX)
-            });
+            .map_or(listener::DEFAULT_MAX_CONNECTIONS, to_usize);
         let connections = ConnectionLimits {
             max_connections: listener::connection_cap(requested, listener::descriptor_limit()),
             header_read_timeout: Duration::from_secs(self.header_read_timeout_secs),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+        };
+        let memory = MemoryLimits {
+            max_streams: limits::stream_cap(
+                to_usize(self.max_streams),
+                connections.max_connections,
+            ),
+            log_page_bytes: to_usize(self.log_page_bytes),
+            max_log_pages: to_usize(self.max_log_pages),
         };
         let service = ServiceConfig {
             token,
@@ -256,12 +302,13 @@ impl ServeArgs {
                 max_keys: self.idempotency_max_keys,
                 max_age_ms: self.idempotency_max_age_secs * 1000,
             },
+            memory,
         };
         let snapshots = SnapshotConfig {
             payload_call_timeout: Duration::from_secs(self.snapshot_payload_timeout_secs),
             ..SnapshotConfig::default()
         };
-        Ok(Resolved {
+        let resolved = Resolved {
             location,
             database,
             holder,
@@ -271,7 +318,15 @@ impl ServeArgs {
             service,
             listen: self.listen,
             data_dir: self.store.data_dir.clone(),
-        })
+        };
+        // Relations between flags (--history-bytes against the largest
+        // record) are refused here, before anything is opened.
+        let check = HolderId::new("http://configuration-check").expect("a valid holder id");
+        resolved
+            .runtime(check)
+            .validate()
+            .map_err(|e| format!("invalid configuration: {e}"))?;
+        Ok(resolved)
     }
 
     /// Runs the service until a signal.
@@ -293,6 +348,11 @@ fn default_advertise_url(bound: SocketAddr, host: &str) -> String {
     } else {
         format!("http://{bound}")
     }
+}
+
+/// A count or size from a flag; beyond the address space means "no bound".
+fn to_usize(value: u64) -> usize {
+    usize::try_from(value).unwrap_or(usize::MAX)
 }
 
 fn read_token(path: &std::path::Path) -> Result<String, CommandError> {
@@ -335,6 +395,11 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         "shutdown_grace_secs": service.connections.shutdown_grace.as_secs(),
         "idempotency_max_keys": service.idempotency.max_keys,
         "idempotency_max_age_secs": service.idempotency.max_age_ms / 1000,
+        "max_streams": service.memory.max_streams,
+        "log_page_bytes": service.memory.log_page_bytes,
+        "max_log_pages": service.memory.max_log_pages,
+        "history_records": schedule.history_records,
+        "history_bytes": schedule.history_bytes,
     });
     outln!("{}", serde_json::to_string_pretty(&config)?)?;
     Ok(())
@@ -378,16 +443,25 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
         shutdown_grace_secs = connections.shutdown_grace.as_secs(),
         "connection limits"
     );
+    let memory = resolved.service.memory;
+    tracing::info!(
+        max_streams = memory.max_streams,
+        log_page_bytes = memory.log_page_bytes,
+        max_log_pages = memory.max_log_pages,
+        history_records = resolved.schedule.history_records,
+        history_bytes = resolved.schedule.history_bytes,
+        "memory limits"
+    );
     tokio::spawn(report_roles(Arc::clone(&runtime)));
     let (stop_streams, shutdown) = watch::channel(false);
     let mut service = resolved.service;
     service.advertise_url = Some(advertise);
-    let app = Arc::new(AppState {
-        runtime: Arc::clone(&runtime),
-        config: service,
-        metrics: Some(metrics),
+    let app = Arc::new(AppState::new(
+        Arc::clone(&runtime),
+        service,
+        Some(metrics),
         shutdown,
-    });
+    ));
     let (signalled, on_signal) = tokio::sync::oneshot::channel();
     tokio::spawn(wait_for_signals(signalled));
     let stopped = Arc::clone(&runtime);

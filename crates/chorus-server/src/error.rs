@@ -64,6 +64,16 @@ impl ApiError {
         }
     }
 
+    /// 503: every place for an event stream is taken (see
+    /// [`MemoryLimits::max_streams`](crate::limits::MemoryLimits::max_streams)).
+    pub fn too_many_streams(max_streams: usize) -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("too many streams: max_streams={max_streams}"),
+        )
+        .with("max_streams", max_streams)
+    }
+
     /// 500: the record at `index` committed, but the machine could not
     /// decode it, so it applied as a no-op. Not worth retrying: the same
     /// request would append the same record.
@@ -309,6 +319,11 @@ mod tests {
                 ApiError::request_timeout(Duration::from_secs(1), Some(true)),
                 StatusCode::SERVICE_UNAVAILABLE,
                 json!({"error": "request timeout: timeout_ms=1000", "may_have_committed": true}),
+            ),
+            (
+                ApiError::too_many_streams(256),
+                StatusCode::SERVICE_UNAVAILABLE,
+                json!({"error": "too many streams: max_streams=256", "max_streams": 256}),
             ),
             (
                 ApiError::committed_unapplied(12, "bad tag"),

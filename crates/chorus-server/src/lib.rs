@@ -14,6 +14,7 @@ pub mod encoding;
 pub mod error;
 pub mod guard;
 pub mod kv;
+pub mod limits;
 pub mod listener;
 pub mod status;
 pub mod stream;
@@ -53,6 +54,8 @@ pub struct ServiceConfig {
     pub request_timeout: Duration,
     /// Bounds on connections: how many at once, header read time, drain.
     pub connections: listener::ConnectionLimits,
+    /// Bounds on the memory of reads and streams: open streams, log pages.
+    pub memory: limits::MemoryLimits,
     /// This instance's URL as clients reach it (shown in status).
     pub advertise_url: Option<String>,
     /// Whether `/readyz` is 200 on a caught-up standby too.
@@ -72,6 +75,28 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// Turns true at shutdown, which ends the event streams.
     pub shutdown: watch::Receiver<bool>,
+    /// The places for streams and log pages that `config.memory` allows.
+    pub permits: limits::Permits,
+}
+
+impl AppState {
+    /// The state of a service running `runtime` as `config` says; the
+    /// permits come from `config.memory`.
+    pub fn new(
+        runtime: Arc<Runtime<KvState>>,
+        config: ServiceConfig,
+        metrics: Option<PrometheusHandle>,
+        shutdown: watch::Receiver<bool>,
+    ) -> AppState {
+        let permits = limits::Permits::new(config.memory);
+        AppState {
+            runtime,
+            config,
+            metrics,
+            shutdown,
+            permits,
+        }
+    }
 }
 
 /// The service's routes and layers.

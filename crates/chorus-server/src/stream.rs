@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
+use axum::body::Body as HttpBody;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -22,18 +23,24 @@ use chorus::kv::{
     Record,
 };
 use chorus::runtime::{Change, HistoryGap, LogReader};
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, watch};
 
 use crate::deadline::admitting;
 use crate::encoding::{Utf8Query, insert_bytes, prefix_bytes};
 use crate::error::ApiError;
+use crate::limits::{LOG_PAGE_CHUNK_BYTES, page_has_room};
 use crate::{AppState, body_bytes, kv};
 
 /// Changes fetched from the history per round.
 const WATCH_BATCH: usize = 256;
+/// Record bytes fetched from the history per round (exceeded by less than
+/// one record). A round's changes are rendered into events at once, so this
+/// plus one record, rendered, bounds what a watcher that stopped reading
+/// holds.
+pub const WATCH_BATCH_BYTES: usize = 256 << 10;
 /// How often a caught-up log follower polls when nothing was applied here.
 const FOLLOW_POLL: Duration = Duration::from_millis(200);
 /// Most records one `GET /v1/log` page returns.
@@ -67,6 +74,7 @@ pub async fn watch(
         None => *app.runtime.applied().borrow(),
     };
     app.runtime.changes_since(from, 0).map_err(gone)?;
+    let place = app.permits.stream()?;
     let watcher = Watcher {
         app: Arc::clone(&app),
         prefix,
@@ -81,7 +89,7 @@ pub async fn watch(
         let event = watcher.next_event().await?;
         Some((Ok::<_, Infallible>(event), watcher))
     });
-    Ok(sse(events))
+    Ok(sse(holding(place, events)))
 }
 
 /// The state of one watch stream.
@@ -108,7 +116,7 @@ impl Watcher {
             if self.ended || *self.shutdown.borrow() {
                 return None;
             }
-            match self.app.runtime.changes_since(self.next, WATCH_BATCH) {
+            match self.batch() {
                 Ok(changes) if changes.is_empty() => {
                     tokio::select! {
                         changed = self.applied.changed() => if changed.is_err() { return None },
@@ -133,6 +141,15 @@ impl Watcher {
                 }
             }
         }
+    }
+}
+
+impl Watcher {
+    /// The next round's changes, within [`WATCH_BATCH`] and
+    /// [`WATCH_BATCH_BYTES`].
+    fn batch(&self) -> Result<Vec<Change<Applied>>, HistoryGap> {
+        let runtime = &self.app.runtime;
+        runtime.changes_within(self.next, WATCH_BATCH, WATCH_BATCH_BYTES)
     }
 }
 
@@ -193,7 +210,11 @@ pub struct LogQuery {
 }
 
 /// `GET /v1/log?from=&limit=` (a JSON page) or `?from=&follow=true` (events).
-/// Reads committed records from the replicas, on any role.
+/// Reads committed records from the replicas, on any role. A page holds at
+/// most `limit` records and stops once its JSON reaches
+/// [`MemoryLimits::log_page_bytes`](crate::limits::MemoryLimits), so a
+/// client continues from `next` until a page comes back empty; at most
+/// `max_log_pages` pages are built and sent at once, the others wait.
 pub async fn read_log(
     State(app): State<Arc<AppState>>,
     Query(query): Query<LogQuery>,
@@ -208,7 +229,8 @@ pub async fn read_log(
         if query.limit.is_some() {
             return Err(ApiError::bad_request("limit does not go with follow"));
         }
-        return Ok(follow(app, reader));
+        let place = app.permits.stream()?;
+        return Ok(follow(app, reader, place));
     }
     let limit = query.limit.unwrap_or(1000);
     if !(1..=MAX_LOG_LIMIT).contains(&limit) {
@@ -216,19 +238,79 @@ pub async fn read_log(
             "limit: {limit} is outside 1..={MAX_LOG_LIMIT}"
         )));
     }
-    let mut records = Vec::new();
-    while records.len() < limit {
+    let place = app.permits.log_page().await;
+    let mut page = LogPage::new();
+    let max_bytes = app.permits.limits().log_page_bytes;
+    while page_has_room(page.records, page.body.len(), limit, max_bytes) {
         match reader.try_next().await? {
-            Some((index, record)) => records.push(record_json(index, &record)),
+            Some((index, record)) => page.push(index, &record),
             None => break,
         }
     }
-    let body = json!({ "records": records, "next": reader.position().0 });
-    Ok(Json(body).into_response())
+    // The reader's buffer (up to a sealed segment) goes before the page is sent.
+    let next = reader.position();
+    drop(reader);
+    Ok(page.finish(next, place))
+}
+
+/// A `GET /v1/log` page being rendered: `{"records": [...], "next": N}`,
+/// written record by record so that its size is known as it grows.
+struct LogPage {
+    body: Vec<u8>,
+    records: usize,
+}
+
+impl LogPage {
+    const OPEN: &'static [u8] = br#"{"records":["#;
+
+    fn new() -> LogPage {
+        LogPage {
+            body: LogPage::OPEN.to_vec(),
+            records: 0,
+        }
+    }
+
+    fn push(&mut self, index: RecordIndex, record: &[u8]) {
+        if self.records > 0 {
+            self.body.push(b',');
+        }
+        serde_json::to_writer(&mut self.body, &record_json(index, record))
+            .expect("a JSON value renders into a Vec");
+        self.records += 1;
+    }
+
+    /// The page as a response whose body holds `place` until it was sent.
+    fn finish(mut self, next: RecordIndex, place: OwnedSemaphorePermit) -> Response {
+        self.body
+            .extend_from_slice(format!(r#"],"next":{}}}"#, next.0).as_bytes());
+        let body = Bytes::from(self.body);
+        let pieces: Vec<Bytes> = (0..body.len())
+            .step_by(LOG_PAGE_CHUNK_BYTES)
+            .map(|start| body.slice(start..body.len().min(start + LOG_PAGE_CHUNK_BYTES)))
+            .collect();
+        let pieces = holding(
+            place,
+            futures::stream::iter(pieces).map(Ok::<_, Infallible>),
+        );
+        (
+            [(header::CONTENT_TYPE, "application/json")],
+            HttpBody::from_stream(pieces),
+        )
+            .into_response()
+    }
+}
+
+/// `events`, holding `place` until the stream is dropped: when it ended
+/// and was sent, or its connection closed.
+fn holding<S: Stream>(place: OwnedSemaphorePermit, events: S) -> impl Stream<Item = S::Item> {
+    events.map(move |event| {
+        let _held = &place;
+        event
+    })
 }
 
 /// Committed records as events, polling the log while caught up.
-fn follow(app: Arc<AppState>, reader: LogReader) -> Response {
+fn follow(app: Arc<AppState>, reader: LogReader, place: OwnedSemaphorePermit) -> Response {
     let state = (reader, app.runtime.applied(), app.shutdown.clone(), false);
     let events = futures::stream::unfold(
         state,
@@ -268,7 +350,7 @@ fn follow(app: Arc<AppState>, reader: LogReader) -> Response {
             }
         },
     );
-    sse(events)
+    sse(holding(place, events))
 }
 
 /// `POST /v1/log`: appends the body as one raw record → `{"index": N}`.
@@ -526,5 +608,59 @@ mod tests {
             resume_index(Some(5), &last_event_id("x")).unwrap(),
             Some(RecordIndex(5))
         );
+    }
+
+    use crate::limits::{MemoryLimits, Permits};
+
+    /// Renders `records` into one page the way `read_log` does, under a
+    /// budget of `max_bytes`; returns the parsed page and its body size.
+    fn page_of(records: &[Vec<u8>], max_bytes: usize) -> (Value, usize) {
+        let permits = Permits::new(MemoryLimits::default());
+        let place = futures::executor::block_on(permits.log_page());
+        let mut page = LogPage::new();
+        let mut next = RecordIndex(0);
+        for record in records {
+            if !page_has_room(page.records, page.body.len(), MAX_LOG_LIMIT, max_bytes) {
+                break;
+            }
+            page.push(next, record);
+            next = RecordIndex(next.0 + 1);
+        }
+        let response = page.finish(next, place);
+        let bytes =
+            futures::executor::block_on(axum::body::to_bytes(response.into_body(), 1 << 30))
+                .unwrap();
+        (serde_json::from_slice(&bytes).unwrap(), bytes.len())
+    }
+
+    #[test]
+    fn a_page_is_cut_by_its_rendered_bytes_and_says_where_to_continue() {
+        // Not UTF-8, so rendered as base64: 4 bytes per 3.
+        let records = vec![vec![0xff; 3000]; 10];
+        let (page, bytes) = page_of(&records, 10_000);
+        let rendered = page["records"].as_array().unwrap();
+        assert_eq!(
+            rendered.len(),
+            3,
+            "4,000 bytes each: the third reaches 10,000"
+        );
+        assert_eq!(page["next"], 3);
+        assert_eq!(rendered[2]["index"], 2);
+        assert_eq!(rendered[0]["data_b64"].as_str().unwrap().len(), 4000);
+        assert!(
+            bytes < 10_000 + 4100,
+            "over the budget by less than a record"
+        );
+        let (page, _) = page_of(&records, usize::MAX);
+        assert_eq!(page["records"].as_array().unwrap().len(), 10);
+        assert_eq!(page["next"], 10);
+        let (page, _) = page_of(&records, 1);
+        assert_eq!(
+            page["records"].as_array().unwrap().len(),
+            1,
+            "one always fits"
+        );
+        let (page, _) = page_of(&[], 1);
+        assert_eq!(page, json!({"records": [], "next": 0}));
     }
 }

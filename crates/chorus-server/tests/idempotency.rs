@@ -80,23 +80,24 @@ async fn service() -> Arc<AppState> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let (_stop, shutdown) = watch::channel(false);
-    Arc::new(AppState {
+    Arc::new(AppState::new(
         runtime,
-        config: ServiceConfig {
+        ServiceConfig {
             token: None,
             max_body_bytes: 1 << 20,
             request_timeout: Duration::from_secs(10),
             advertise_url: None,
             ready_as_standby: false,
             connections: chorus_server::listener::ConnectionLimits::default(),
+            memory: chorus_server::limits::MemoryLimits::default(),
             idempotency: Retention {
                 max_keys: 1000,
                 max_age_ms: 3_600_000,
             },
         },
-        metrics: None,
+        None,
         shutdown,
-    })
+    ))
 }
 
 /// An answer: status, whether it was replayed, and the JSON body.

@@ -17,6 +17,7 @@ use chorus::log::LogStores;
 use chorus::register::{DEFAULT_WINDOW, ManifestStore, MemoryRegister, initialize};
 use chorus::runtime::{Runtime, RuntimeConfig, RuntimeStores};
 use chorus::snapshot::{SnapshotConfig, SnapshotStore};
+use chorus_server::limits::MemoryLimits;
 use chorus_server::listener::ConnectionLimits;
 use chorus_server::{AppState, ServiceConfig, router};
 use serde_json::Value;
@@ -89,9 +90,9 @@ async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 
 fn app(runtime: &Arc<Runtime<KvState>>) -> axum::Router {
     let (_stop, shutdown) = tokio::sync::watch::channel(false);
-    router(Arc::new(AppState {
-        runtime: Arc::clone(runtime),
-        config: ServiceConfig {
+    router(Arc::new(AppState::new(
+        Arc::clone(runtime),
+        ServiceConfig {
             token: None,
             max_body_bytes: 1 << 20,
             request_timeout: REQUEST_TIMEOUT,
@@ -99,10 +100,11 @@ fn app(runtime: &Arc<Runtime<KvState>>) -> axum::Router {
             ready_as_standby: false,
             connections: ConnectionLimits::default(),
             idempotency: chorus::kv::Retention::default(),
+            memory: MemoryLimits::default(),
         },
-        metrics: None,
+        None,
         shutdown,
-    }))
+    )))
 }
 
 async fn send(

@@ -18,6 +18,7 @@ use chorus::kv::KvState;
 use chorus::lease::{DatabaseKey, HolderId, LeaseConfig, LeaseStore};
 use chorus::runtime::{Runtime, RuntimeConfig, RuntimeStores};
 use chorus::snapshot::{SnapshotConfig, SnapshotStore};
+use chorus_server::limits::MemoryLimits;
 use chorus_server::listener::ConnectionLimits;
 use chorus_server::{AppState, ServiceConfig};
 use http_body_util::{BodyExt, Full};
@@ -425,9 +426,9 @@ impl Service {
             RuntimeConfig::new(holder),
         )?);
         let (stop, shutdown) = watch::channel(false);
-        let app = Arc::new(AppState {
-            runtime: Arc::clone(&runtime),
-            config: ServiceConfig {
+        let app = Arc::new(AppState::new(
+            Arc::clone(&runtime),
+            ServiceConfig {
                 token: None,
                 max_body_bytes: 4 << 20,
                 request_timeout: Duration::from_secs(30),
@@ -435,10 +436,11 @@ impl Service {
                 ready_as_standby: false,
                 connections: ConnectionLimits::default(),
                 idempotency: chorus::kv::Retention::default(),
+                memory: MemoryLimits::default(),
             },
-            metrics: None,
-            shutdown: shutdown.clone(),
-        });
+            None,
+            shutdown.clone(),
+        ));
         let mut until = shutdown;
         let server = tokio::spawn(chorus_server::serve(listener, app, async move {
             let _ = until.wait_for(|stop| *stop).await;

@@ -7,6 +7,12 @@ use crate::lease::{HolderId, Incarnation, LeaseStore};
 use crate::log::{LogConfig, LogStores};
 use crate::snapshot::{DEFAULT_KEEP_PAYLOADS, SnapshotStore};
 
+/// Default of [`RuntimeConfig::history_records`].
+pub const DEFAULT_HISTORY_RECORDS: usize = 10_000;
+/// Default of [`RuntimeConfig::history_bytes`]: 64 MiB, the writer's default
+/// in-flight budget, so a history of large values costs no more than that.
+pub const DEFAULT_HISTORY_BYTES: usize = 64 << 20;
+
 /// The stores of one database: its log, its snapshots and its writer lease.
 #[derive(Debug, Clone)]
 pub struct RuntimeStores {
@@ -57,8 +63,17 @@ pub struct RuntimeConfig {
     pub lease_check_interval: Duration,
     /// How long a graceful shutdown waits for admitted writes to commit.
     pub drain_timeout: Duration,
-    /// Applied records kept in memory for watchers that resume from an index.
+    /// Applied records kept in memory for watchers that resume from an index
+    /// (0: none). More lets a watcher resume from further back instead of
+    /// re-listing; each costs its record's bytes, bounded by `history_bytes`.
     pub history_records: usize,
+    /// Record bytes the history keeps: it drops its oldest changes while it
+    /// holds more than this or more than `history_records`. At least
+    /// `log.max_record_bytes` while there is a history, so the newest record
+    /// always fits. A record the history holds may keep alive the fragment
+    /// or sealed segment it was read from (on a standby), so the memory
+    /// bound is this plus one segment.
+    pub history_bytes: usize,
     /// Pause after a failed boot step before trying again; it doubles with
     /// each consecutive failure, up to 30 s.
     pub retry_backoff: Duration,
@@ -78,7 +93,8 @@ impl RuntimeConfig {
             standby_poll_interval: Duration::from_millis(100),
             lease_check_interval: Duration::from_millis(500),
             drain_timeout: Duration::from_secs(10),
-            history_records: 10_000,
+            history_records: DEFAULT_HISTORY_RECORDS,
+            history_bytes: DEFAULT_HISTORY_BYTES,
             retry_backoff: Duration::from_secs(1),
         }
     }
@@ -88,6 +104,12 @@ impl RuntimeConfig {
         self.log.validate().map_err(|e| e.to_string())?;
         if self.snapshot_every_records == 0 {
             return Err("snapshot_every_records must be at least 1".into());
+        }
+        if self.history_records > 0 && (self.history_bytes as u64) < self.log.max_record_bytes {
+            return Err(format!(
+                "history_bytes {} is below max_record_bytes {}: the newest record would not fit",
+                self.history_bytes, self.log.max_record_bytes
+            ));
         }
         if self.snapshot_interval.is_zero() {
             return Err("snapshot_interval must be non-zero".into());
@@ -102,5 +124,22 @@ impl RuntimeConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_history_budget_holds_at_least_one_record() {
+        let mut config = RuntimeConfig::new(HolderId::new("http://a:1").unwrap());
+        assert!(config.validate().is_ok());
+        config.history_bytes = config.log.max_record_bytes as usize - 1;
+        let error = config.validate().unwrap_err();
+        assert!(error.contains("history_bytes"), "{error}");
+        // Without a history there is nothing to fit.
+        config.history_records = 0;
+        assert!(config.validate().is_ok());
     }
 }

@@ -42,17 +42,51 @@ pub(super) struct Core<M: StateMachine> {
     /// boot must restore HEAD's payload.
     known: bool,
     history: VecDeque<Change<M::Output>>,
-    capacity: usize,
+    /// Record bytes of the changes in `history`.
+    history_bytes: usize,
+    budget: HistoryBudget,
+}
+
+/// How much of the recent past the history keeps: it drops its oldest
+/// changes while it holds more than either bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct HistoryBudget {
+    /// Most changes kept; 0 keeps no history.
+    pub(super) max_records: usize,
+    /// Most record bytes kept.
+    pub(super) max_bytes: usize,
+}
+
+impl HistoryBudget {
+    /// Whether a history of `records` changes holding `bytes` record bytes
+    /// must drop its oldest.
+    pub(super) fn exceeded(&self, records: usize, bytes: usize) -> bool {
+        records > self.max_records || bytes > self.max_bytes
+    }
+}
+
+/// Whether a batch of `records` changes holding `bytes` record bytes takes
+/// one more under bounds of `max_records` and `max_bytes`. The first change
+/// always goes in, so a record larger than `max_bytes` still reaches
+/// watchers; a batch thus exceeds `max_bytes` by less than one record.
+pub(super) fn batch_has_room(
+    records: usize,
+    bytes: usize,
+    max_records: usize,
+    max_bytes: usize,
+) -> bool {
+    records < max_records && (records == 0 || bytes < max_bytes)
 }
 
 impl<M: StateMachine> Core<M> {
-    pub(super) fn new(capacity: usize) -> Core<M> {
+    pub(super) fn new(budget: HistoryBudget) -> Core<M> {
         Core {
             machine: M::default(),
             applied_end: RecordIndex(0),
             known: false,
             history: VecDeque::new(),
-            capacity,
+            history_bytes: 0,
+            budget,
         }
     }
 
@@ -77,6 +111,7 @@ impl<M: StateMachine> Core<M> {
         self.applied_end = at;
         self.known = true;
         self.history.clear();
+        self.history_bytes = 0;
     }
 
     /// Applies record `index`, which must be the next one.
@@ -87,26 +122,31 @@ impl<M: StateMachine> Core<M> {
         );
         let output = self.machine.apply(index, &record);
         self.applied_end = RecordIndex(index.0 + 1);
-        if self.capacity > 0 {
-            if self.history.len() == self.capacity {
-                self.history.pop_front();
-            }
-            self.history.push_back(Change {
-                index,
-                record,
-                output: output.clone(),
-            });
+        self.history_bytes += record.len();
+        self.history.push_back(Change {
+            index,
+            record,
+            output: output.clone(),
+        });
+        while self.budget.exceeded(self.history.len(), self.history_bytes) {
+            let dropped = self
+                .history
+                .pop_front()
+                .expect("over budget means not empty");
+            self.history_bytes -= dropped.record.len();
         }
         output
     }
 
-    /// Up to `limit` changes from index `from` on. Asking for an index the
-    /// history dropped (or never held: below the snapshot this state was
-    /// restored from) is a [`HistoryGap`].
+    /// Changes from index `from` on, at most `max_records` of them and
+    /// about `max_bytes` of records (see [`batch_has_room`]). Asking for an
+    /// index the history dropped (or never held: below the snapshot this
+    /// state was restored from) is a [`HistoryGap`].
     pub(super) fn changes_since(
         &self,
         from: RecordIndex,
-        limit: usize,
+        max_records: usize,
+        max_bytes: usize,
     ) -> Result<Vec<Change<M::Output>>, HistoryGap> {
         let oldest = self
             .history
@@ -119,13 +159,17 @@ impl<M: StateMachine> Core<M> {
             });
         }
         let skip = (from.0 - oldest.0) as usize;
-        Ok(self
-            .history
-            .iter()
-            .skip(skip)
-            .take(limit)
-            .cloned()
-            .collect())
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        for change in self.history.iter().skip(skip) {
+            if !batch_has_room(batch.len(), bytes, max_records, max_bytes) {
+                break;
+            }
+            bytes += change.record.len();
+            // A clone shares the record's bytes with the history.
+            batch.push(change.clone());
+        }
+        Ok(batch)
     }
 }
 
@@ -159,27 +203,44 @@ mod tests {
         }
     }
 
+    fn records_only(max_records: usize) -> HistoryBudget {
+        HistoryBudget {
+            max_records,
+            max_bytes: usize::MAX,
+        }
+    }
+
+    fn indices(changes: Vec<Change<u64>>) -> Vec<u64> {
+        changes.iter().map(|change| change.index.0).collect()
+    }
+
     #[test]
     fn history_keeps_the_newest_changes_and_names_the_gap() {
-        let mut core = Core::<Sum>::new(3);
-        assert_eq!(core.changes_since(RecordIndex(0), 10).unwrap().len(), 0);
+        let mut core = Core::<Sum>::new(records_only(3));
+        assert_eq!(
+            core.changes_since(RecordIndex(0), 10, usize::MAX)
+                .unwrap()
+                .len(),
+            0
+        );
         for index in 0..5u64 {
             core.apply(RecordIndex(index), Bytes::from(vec![1]));
         }
-        let indices = |changes: Vec<Change<u64>>| -> Vec<u64> {
-            changes.iter().map(|change| change.index.0).collect()
-        };
         assert_eq!(
-            indices(core.changes_since(RecordIndex(2), 10).unwrap()),
+            indices(core.changes_since(RecordIndex(2), 10, usize::MAX).unwrap()),
             [2, 3, 4]
         );
-        assert_eq!(indices(core.changes_since(RecordIndex(3), 1).unwrap()), [3]);
         assert_eq!(
-            indices(core.changes_since(RecordIndex(5), 10).unwrap()),
+            indices(core.changes_since(RecordIndex(3), 1, usize::MAX).unwrap()),
+            [3]
+        );
+        assert_eq!(
+            indices(core.changes_since(RecordIndex(5), 10, usize::MAX).unwrap()),
             [] as [u64; 0]
         );
         assert_eq!(
-            core.changes_since(RecordIndex(1), 10).unwrap_err(),
+            core.changes_since(RecordIndex(1), 10, usize::MAX)
+                .unwrap_err(),
             HistoryGap {
                 requested: RecordIndex(1),
                 oldest: RecordIndex(2)
@@ -187,14 +248,96 @@ mod tests {
         );
         core.restore(Sum(7), RecordIndex(40));
         assert_eq!(core.applied_end(), RecordIndex(40));
-        assert!(core.changes_since(RecordIndex(39), 10).is_err());
-        assert!(core.changes_since(RecordIndex(40), 10).unwrap().is_empty());
+        assert!(core.changes_since(RecordIndex(39), 10, usize::MAX).is_err());
+        assert!(
+            core.changes_since(RecordIndex(40), 10, usize::MAX)
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn history_drops_its_oldest_changes_over_either_bound() {
+        let budget = HistoryBudget {
+            max_records: 3,
+            max_bytes: 10,
+        };
+        assert!(!budget.exceeded(3, 10));
+        assert!(budget.exceeded(4, 0));
+        assert!(budget.exceeded(1, 11));
+        let mut core = Core::<Sum>::new(budget);
+        // Four-byte records: the byte bound (10) holds two of them.
+        for index in 0..3u64 {
+            core.apply(RecordIndex(index), Bytes::from(vec![1; 4]));
+        }
+        assert_eq!(
+            indices(core.changes_since(RecordIndex(1), 10, usize::MAX).unwrap()),
+            [1, 2]
+        );
+        assert_eq!(core.history_bytes, 8);
+        // One-byte records: the count bound (3) holds.
+        for index in 3..8u64 {
+            core.apply(RecordIndex(index), Bytes::from(vec![1]));
+        }
+        assert_eq!(
+            indices(core.changes_since(RecordIndex(5), 10, usize::MAX).unwrap()),
+            [5, 6, 7]
+        );
+        assert_eq!(core.history_bytes, 3);
+        // A record larger than the whole budget is not kept, nor what it
+        // pushed out; the history goes on from the next one.
+        core.apply(RecordIndex(8), Bytes::from(vec![1; 11]));
+        assert_eq!(core.history_bytes, 0);
+        assert!(core.changes_since(RecordIndex(8), 10, usize::MAX).is_err());
+        assert!(
+            core.changes_since(RecordIndex(9), 10, usize::MAX)
+                .unwrap()
+                .is_empty()
+        );
+        core.apply(RecordIndex(9), Bytes::from(vec![1; 2]));
+        assert_eq!(
+            indices(core.changes_since(RecordIndex(9), 10, usize::MAX).unwrap()),
+            [9]
+        );
+        core.restore(Sum(0), RecordIndex(20));
+        assert_eq!(core.history_bytes, 0);
+    }
+
+    #[test]
+    fn a_batch_stops_at_its_byte_bound_but_always_takes_one_change() {
+        assert!(
+            batch_has_room(0, 0, 5, 0),
+            "the first change always goes in"
+        );
+        assert!(batch_has_room(1, 9, 5, 10));
+        assert!(!batch_has_room(1, 10, 5, 10));
+        assert!(!batch_has_room(5, 0, 5, 10));
+        assert!(!batch_has_room(0, 0, 0, 10), "no room in a batch of none");
+        let mut core = Core::<Sum>::new(records_only(100));
+        for (index, length) in [3, 3, 3, 20, 1].into_iter().enumerate() {
+            core.apply(RecordIndex(index as u64), Bytes::from(vec![1; length]));
+        }
+        let batch = |from: u64, max_bytes: usize| {
+            indices(
+                core.changes_since(RecordIndex(from), 100, max_bytes)
+                    .unwrap(),
+            )
+        };
+        assert_eq!(batch(0, 6), [0, 1]);
+        assert_eq!(batch(0, 7), [0, 1, 2]);
+        assert_eq!(batch(3, 6), [3], "a record over the bound comes alone");
+        assert_eq!(batch(2, 1), [2]);
+        assert_eq!(batch(0, usize::MAX), [0, 1, 2, 3, 4]);
+        assert_eq!(
+            indices(core.changes_since(RecordIndex(0), 2, usize::MAX).unwrap()),
+            [0, 1]
+        );
     }
 
     #[test]
     #[should_panic(expected = "index order")]
     fn applying_out_of_order_stops() {
-        let mut core = Core::<Sum>::new(3);
+        let mut core = Core::<Sum>::new(records_only(3));
         core.apply(RecordIndex(1), Bytes::from(vec![1]));
     }
 }

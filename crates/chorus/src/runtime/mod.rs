@@ -37,7 +37,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use self::core::{Change, HistoryGap};
-pub use config::{RuntimeConfig, RuntimeStores};
+pub use config::{DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_RECORDS, RuntimeConfig, RuntimeStores};
 pub use error::{Phase, Role, RuntimeError, Unavailable, WriteError};
 pub use log_view::{
     LOG_VIEW_MAX_AGE, LogReadError, LogReader, LogView, Observed, REPLICA_CHECK_TIMEOUT,
@@ -46,7 +46,7 @@ pub use log_view::{
 pub use machine::{Checkpoint, RestoreError, StateMachine};
 pub use status::RuntimeStatus;
 
-use self::core::Core;
+use self::core::{Core, HistoryBudget};
 use crate::ids::RecordIndex;
 use crate::lease::{Contender, Incarnation, LeaseHolder};
 use crate::log::{Completion, LogError, StopReason, Writer};
@@ -177,7 +177,10 @@ impl<M: StateMachine> Runtime<M> {
         let incarnation = config.incarnation.unwrap_or_else(Incarnation::random);
         let contender = Contender::with_incarnation(config.holder.clone(), incarnation);
         let shared = Arc::new(Shared {
-            core: Mutex::new(Core::new(config.history_records)),
+            core: Mutex::new(Core::new(HistoryBudget {
+                max_records: config.history_records,
+                max_bytes: config.history_bytes,
+            })),
             info: Mutex::new(Info::new(contender.clone())),
             force_pending: AtomicBool::new(config.force),
             contender,
@@ -253,13 +256,30 @@ impl<M: StateMachine> Runtime<M> {
     }
 
     /// Up to `limit` applied records from `from` on, from the in-memory
-    /// history ([`RuntimeConfig::history_records`]).
+    /// history ([`RuntimeConfig::history_records`],
+    /// [`RuntimeConfig::history_bytes`]).
     pub fn changes_since(
         &self,
         from: RecordIndex,
         limit: usize,
     ) -> Result<Vec<Change<M::Output>>, HistoryGap> {
-        self.shared.core().changes_since(from, limit)
+        self.changes_within(from, limit, usize::MAX)
+    }
+
+    /// [`changes_since`](Runtime::changes_since), also stopping once the
+    /// changes hold `max_bytes` of records: a batch exceeds it by less than
+    /// one record, and always holds one change if there is any. The changes
+    /// share their records' bytes with the history, so a batch costs little
+    /// memory until it is rendered.
+    pub fn changes_within(
+        &self,
+        from: RecordIndex,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Change<M::Output>>, HistoryGap> {
+        self.shared
+            .core()
+            .changes_since(from, max_records, max_bytes)
     }
 
     /// The applied end, updated after every applied record.
