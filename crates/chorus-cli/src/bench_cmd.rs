@@ -4,7 +4,8 @@
 //! ([`failover`]): the takeover time of `chorus serve` on real processes.
 //!
 //! `chorus bench recovery` ([`recovery`]): log open time against log length,
-//! and replay throughput.
+//! and replay throughput. `chorus bench takeover` ([`takeover`]): takeover
+//! time against the size of the state, warm standby and cold process.
 //!
 //! `bench log` has six scenarios: light load (one append at a time) and peak load (appends
 //! pipelined up to the in-flight budget), each with all replicas at the
@@ -28,6 +29,7 @@ use crate::output::outln;
 mod failover;
 mod kv;
 mod recovery;
+mod takeover;
 
 /// The `bench` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -44,6 +46,10 @@ pub enum BenchCommand {
     /// against the number of sealed segments and the active segment's size,
     /// and replay throughput.
     Recovery(recovery::RecoveryBenchArgs),
+    /// Measure takeover time against the size of the state: a graceful stop
+    /// of the primary → first write acknowledged by a warm standby or a cold
+    /// process, with the new primary's boot phases and peak RSS.
+    Takeover(takeover::TakeoverBenchArgs),
 }
 
 /// Arguments of `bench log`.
@@ -96,6 +102,7 @@ impl BenchCommand {
             BenchCommand::Kv(args) => return kv::run(args).await,
             BenchCommand::Failover(args) => return failover::run(args).await,
             BenchCommand::Recovery(args) => return recovery::run(args).await,
+            BenchCommand::Takeover(args) => return takeover::run(args).await,
         };
         if ![1, 3, 5].contains(&args.replicas) {
             return Err("--replicas must be 1, 3 or 5".into());

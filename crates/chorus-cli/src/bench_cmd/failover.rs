@@ -144,7 +144,11 @@ async fn one_failover(
 }
 
 /// Polls `url`'s status until it reports `role` (a standby also caught up).
-async fn wait_for_role(http: &reqwest::Client, url: &str, role: &str) -> Result<(), CommandError> {
+pub(super) async fn wait_for_role(
+    http: &reqwest::Client,
+    url: &str,
+    role: &str,
+) -> Result<(), CommandError> {
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
         if let Ok(status) = get_json(http, &format!("{url}/v1/status")).await
@@ -158,21 +162,26 @@ async fn wait_for_role(http: &reqwest::Client, url: &str, role: &str) -> Result<
     Err(format!("{url} did not become {role} within 120 s").into())
 }
 
-async fn get_json(http: &reqwest::Client, url: &str) -> Result<Value, CommandError> {
+pub(super) async fn get_json(http: &reqwest::Client, url: &str) -> Result<Value, CommandError> {
     let body = http.get(url).send().await?.bytes().await?;
     Ok(serde_json::from_slice(&body)?)
 }
 
 /// A `chorus serve` child process.
-struct Instance {
+pub(super) struct Instance {
     child: Child,
-    url: String,
+    /// Where it serves HTTP.
+    pub(super) url: String,
 }
 
 impl Instance {
     /// Starts `chorus serve` on a free port over `dir`; returns once it
     /// printed where it listens.
-    fn start(executable: &Path, dir: &Path, ttl_secs: u64) -> Result<Instance, CommandError> {
+    pub(super) fn start(
+        executable: &Path,
+        dir: &Path,
+        ttl_secs: u64,
+    ) -> Result<Instance, CommandError> {
         let mut child = Command::new(executable)
             .args(["serve", "--listen", "127.0.0.1:0", "--lease-ttl-secs"])
             .arg(ttl_secs.to_string())
@@ -197,7 +206,43 @@ impl Instance {
         })
     }
 
-    fn kill(&mut self) {
+    /// The process id.
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM (a graceful stop: drain, final snapshot, release) and
+    /// returns without waiting.
+    pub(super) fn terminate(&self) -> Result<(), CommandError> {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()?;
+        if !status.success() {
+            return Err(format!("kill -TERM {} failed: {status}", self.pid()).into());
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the process to exit; kills it past that.
+    pub(super) async fn wait_exit(&mut self, timeout: Duration) -> Result<(), CommandError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return if status.success() {
+                    Ok(())
+                } else {
+                    Err(format!("chorus serve exited with {status}").into())
+                };
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                return Err(format!("chorus serve did not exit within {timeout:?}").into());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub(super) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -505,7 +505,7 @@ async fn memory_stores(args: &KvBenchArgs) -> Result<RuntimeStores, CommandError
 }
 
 /// The embedded default under `dir`, as `chorus serve --data-dir dir` opens it.
-async fn embedded_stores(dir: &std::path::Path) -> Result<RuntimeStores, CommandError> {
+pub(super) async fn embedded_stores(dir: &std::path::Path) -> Result<RuntimeStores, CommandError> {
     let store = StoreArgs {
         replicas: Vec::new(),
         register: None,

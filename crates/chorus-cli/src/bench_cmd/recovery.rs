@@ -187,16 +187,19 @@ fn parse_size(text: &str) -> Result<u64, String> {
 
 /// The smallest, middle and largest of several measurements.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-struct Spread {
-    min: f64,
-    median: f64,
-    max: f64,
+pub(super) struct Spread {
+    /// The smallest.
+    pub(super) min: f64,
+    /// The middle one (the mean of the middle two of an even count).
+    pub(super) median: f64,
+    /// The largest.
+    pub(super) max: f64,
 }
 
 impl Spread {
     /// The spread of `values` (not empty); an even count's median is the
     /// mean of the middle two.
-    fn of(values: &[f64]) -> Spread {
+    pub(super) fn of(values: &[f64]) -> Spread {
         let mut sorted = values.to_vec();
         sorted.sort_by(f64::total_cmp);
         let middle = sorted.len() / 2;
