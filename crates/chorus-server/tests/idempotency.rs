@@ -5,99 +5,25 @@
 //! 400; the status page reports the retention and the table.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use chorus::blob::{DynBlobStore, ObjectStoreBlobs};
-use chorus::clock::SystemClock;
-use chorus::kv::{KvState, Retention};
-use chorus::lease::{DatabaseKey, HolderId, LeaseConfig, LeaseStore};
-use chorus::log::LogStores;
-use chorus::register::{DEFAULT_WINDOW, ManifestStore, MemoryRegister, initialize};
-use chorus::runtime::{Runtime, RuntimeConfig, RuntimeStores};
-use chorus::snapshot::{SnapshotConfig, SnapshotStore};
-use chorus_server::{AppState, ServiceConfig, router};
+use chorus::kv::Retention;
+use chorus_server::{AppState, router};
 use serde_json::{Value, json};
-use tokio::sync::watch;
 use tower::ServiceExt;
 
-/// How long the runtime may take to become a primary.
-const PATIENCE: Duration = Duration::from_secs(10);
-
-fn memory(name: &str) -> DynBlobStore {
-    Arc::new(ObjectStoreBlobs::new(
-        Arc::new(object_store::memory::InMemory::new()),
-        "",
-        format!("memory://{name}"),
-    ))
-}
+mod support;
 
 /// A primary over fresh in-memory stores, and the state its router shares.
 async fn service() -> Arc<AppState> {
-    let replicas: Vec<(String, DynBlobStore)> = (0..3)
-        .map(|position| {
-            (
-                format!("memory://r{position}"),
-                memory(&format!("r{position}")),
-            )
-        })
-        .collect();
-    let register: Arc<dyn ManifestStore> = Arc::new(MemoryRegister::new());
-    let identities = replicas
-        .iter()
-        .map(|(identity, _)| identity.clone())
-        .collect();
-    initialize(register.as_ref(), identities, DEFAULT_WINDOW)
-        .await
-        .unwrap();
-    let meta = memory("meta");
-    let database = DatabaseKey::new("idempotency-test").unwrap();
-    let lease = LeaseConfig {
-        ttl: Duration::from_secs(5),
-        safety_margin: Duration::from_secs(1),
-        store_call_timeout: Duration::from_secs(1),
+    let runtime = support::primary("idempotency-test", |store| store).await;
+    let retention = Retention {
+        max_keys: 1000,
+        max_age_ms: 3_600_000,
     };
-    let stores = RuntimeStores {
-        log: LogStores { replicas, register },
-        snapshots: SnapshotStore::new(
-            meta.clone(),
-            database.clone(),
-            SnapshotConfig::default(),
-            SystemClock::shared(),
-        ),
-        leases: LeaseStore::new(meta, database, lease, SystemClock::shared()).unwrap(),
-    };
-    let config = RuntimeConfig::new(HolderId::new("http://test").unwrap());
-    let runtime = Arc::new(Runtime::<KvState>::start(stores, config).unwrap());
-    let deadline = Instant::now() + PATIENCE;
-    while !runtime.is_primary_and_sure() {
-        assert!(
-            Instant::now() < deadline,
-            "no primary: {:?}",
-            runtime.status()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let (_stop, shutdown) = watch::channel(false);
-    Arc::new(AppState::new(
-        runtime,
-        ServiceConfig {
-            token: None,
-            max_body_bytes: 1 << 20,
-            request_timeout: Duration::from_secs(10),
-            advertise_url: None,
-            ready_as_standby: false,
-            connections: chorus_server::listener::ConnectionLimits::default(),
-            memory: chorus_server::limits::MemoryLimits::default(),
-            idempotency: Retention {
-                max_keys: 1000,
-                max_age_ms: 3_600_000,
-            },
-        },
-        None,
-        shutdown,
-    ))
+    support::app_state(&runtime, Duration::from_secs(10), retention)
 }
 
 /// An answer: status, whether it was replayed, and the JSON body.

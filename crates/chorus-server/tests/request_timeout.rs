@@ -10,16 +10,9 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use chorus::blob::{DynBlobStore, Fault, FaultController, FaultRule, FaultyStore, OpSet};
-use chorus::clock::SystemClock;
 use chorus::kv::KvState;
-use chorus::lease::{DatabaseKey, HolderId, LeaseConfig, LeaseStore};
-use chorus::log::LogStores;
-use chorus::register::{DEFAULT_WINDOW, ManifestStore, MemoryRegister, initialize};
-use chorus::runtime::{Runtime, RuntimeConfig, RuntimeStores};
-use chorus::snapshot::{SnapshotConfig, SnapshotStore};
-use chorus_server::limits::MemoryLimits;
-use chorus_server::listener::ConnectionLimits;
-use chorus_server::{AppState, ServiceConfig, router};
+use chorus::runtime::Runtime;
+use chorus_server::router;
 use serde_json::Value;
 use tower::ServiceExt;
 
@@ -27,84 +20,24 @@ use tower::ServiceExt;
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(300);
 /// How long each replica write is held back once the replicas are slowed.
 const REPLICA_DELAY: Duration = Duration::from_millis(1500);
-/// Bound on every wait (boot, apply): a poll, never a sleep to synchronize.
-const PATIENCE: Duration = Duration::from_secs(20);
+mod support;
 
-fn memory(name: &str) -> DynBlobStore {
-    let url = format!("memory://request-timeout-{name}-{}", std::process::id())
-        .parse()
-        .expect("a memory URL");
-    chorus::blob::open_store_unprobed(&url).expect("a memory store")
-}
+use support::wait_until;
 
 /// A primary over three in-memory replicas whose calls `replicas` can slow down.
 async fn primary() -> (Arc<Runtime<KvState>>, FaultController) {
-    let replicas_faults = FaultController::new(7);
-    let replicas: Vec<(String, DynBlobStore)> = (0..3)
-        .map(|position| {
-            let store: DynBlobStore = Arc::new(FaultyStore::new(
-                memory(&format!("r{position}")),
-                replicas_faults.clone(),
-            ));
-            (format!("memory://r{position}"), store)
-        })
-        .collect();
-    let register: Arc<dyn ManifestStore> = Arc::new(MemoryRegister::new());
-    let identities = replicas.iter().map(|(name, _)| name.clone()).collect();
-    initialize(register.as_ref(), identities, DEFAULT_WINDOW)
-        .await
-        .expect("a new log");
-    let meta = memory("meta");
-    let database = DatabaseKey::new("timeout").unwrap();
-    let lease = LeaseConfig {
-        ttl: Duration::from_secs(10),
-        safety_margin: Duration::from_secs(2),
-        store_call_timeout: Duration::from_secs(2),
-    };
-    let stores = RuntimeStores {
-        log: LogStores { replicas, register },
-        snapshots: SnapshotStore::new(
-            meta.clone(),
-            database.clone(),
-            SnapshotConfig::default(),
-            SystemClock::shared(),
-        ),
-        leases: LeaseStore::new(meta, database, lease, SystemClock::shared()).unwrap(),
-    };
-    let config = RuntimeConfig::new(HolderId::new("http://test:1").unwrap());
-    let runtime = Arc::new(Runtime::start(stores, config).expect("a valid config"));
-    wait_until("primary", || runtime.is_primary_and_sure()).await;
-    (runtime, replicas_faults)
-}
-
-async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !done() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not {what} within {PATIENCE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let faults = FaultController::new(7);
+    let wrap = |store| -> DynBlobStore { Arc::new(FaultyStore::new(store, faults.clone())) };
+    let runtime = support::primary("timeout", wrap).await;
+    (runtime, faults)
 }
 
 fn app(runtime: &Arc<Runtime<KvState>>) -> axum::Router {
-    let (_stop, shutdown) = tokio::sync::watch::channel(false);
-    router(Arc::new(AppState::new(
-        Arc::clone(runtime),
-        ServiceConfig {
-            token: None,
-            max_body_bytes: 1 << 20,
-            request_timeout: REQUEST_TIMEOUT,
-            advertise_url: None,
-            ready_as_standby: false,
-            connections: ConnectionLimits::default(),
-            idempotency: chorus::kv::Retention::default(),
-            memory: MemoryLimits::default(),
-        },
-        None,
-        shutdown,
-    )))
+    router(support::app_state(
+        runtime,
+        REQUEST_TIMEOUT,
+        chorus::kv::Retention::default(),
+    ))
 }
 
 async fn send(
