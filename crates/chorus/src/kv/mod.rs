@@ -27,6 +27,7 @@
 //! comes the checksum); it still decodes, to a state with no remembered keys.
 
 mod command;
+pub mod etcd;
 pub mod idempotency;
 
 use std::collections::BTreeMap;
