@@ -29,7 +29,7 @@ use chorus::lease::{
 use chorus::log::{LogConfig, LogError, LogStores, Reader};
 use chorus::register::{FaultyRegister, ManifestStore};
 use chorus::runtime::{
-    Role, Runtime, RuntimeConfig, RuntimeStores, Unavailable, WriteError, Written,
+    LOG_VIEW_MAX_AGE, Role, Runtime, RuntimeConfig, RuntimeStores, Unavailable, WriteError, Written,
 };
 use chorus::snapshot::{Head, SnapshotConfig, SnapshotStore};
 use log_support::{Cluster, test_config, wait_until};
@@ -1088,6 +1088,50 @@ async fn status_pages_read_a_cached_log_view() {
     assert!(spent <= 3, "{spent} replica listings for 50 status calls");
     let floor = primary.log_floor().await.unwrap();
     assert_eq!(floor, RecordIndex(0));
+    primary.shutdown().await.unwrap();
+}
+
+/// Regression: a first status call whose future was dropped mid-refresh (a
+/// client that hung up during a slow replica listing) left the view cache
+/// empty; a second first call queued behind it then panicked on the empty
+/// cache while holding the cache's lock, and every later status call
+/// panicked on the poisoned lock. A refresh is now a task of its own that
+/// neither caller can cancel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_first_status_call_leaves_status_answering() {
+    /// How long each replica listing takes: a slow replica.
+    const SLOW_LISTING: Duration = Duration::from_millis(800);
+    let db = Db::new().await;
+    let node = db.node(1);
+    let primary = Arc::new(node.start(config("a", 1000)));
+    wait_primary(&primary).await;
+    let slow = node
+        .log_faults
+        .add(FaultRule::new(Fault::Delay(SLOW_LISTING)).ops(OpSet::of(&[Op::List])));
+    let status_call = |primary: &Arc<Kv>| {
+        let primary = Arc::clone(primary);
+        tokio::spawn(async move { primary.log_view().await })
+    };
+    let cancelled = status_call(&primary);
+    tokio::time::sleep(SLOW_LISTING / 4).await;
+    let waiting = status_call(&primary);
+    tokio::time::sleep(SLOW_LISTING / 4).await;
+    cancelled.abort();
+    let observed = tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .expect("the waiting status call answers")
+        .expect("the waiting status call does not panic");
+    let view = observed.view.expect("the stores answer, slowly");
+    assert!(view.replicas.iter().all(|r| r.tail_fragments.is_ok()));
+    node.log_faults.remove(slow);
+    tokio::time::sleep(LOG_VIEW_MAX_AGE).await;
+    for _ in 0..3 {
+        let later = tokio::time::timeout(PATIENCE, status_call(&primary))
+            .await
+            .expect("a later status call answers")
+            .expect("a later status call does not panic");
+        assert!(later.view.is_ok(), "{later:?}");
+    }
     primary.shutdown().await.unwrap();
 }
 
