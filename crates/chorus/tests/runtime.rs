@@ -13,6 +13,7 @@
 mod log_support;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -29,7 +30,8 @@ use chorus::lease::{
 use chorus::log::{LogConfig, LogError, LogStores, Reader};
 use chorus::register::{FaultyRegister, ManifestStore};
 use chorus::runtime::{
-    Role, Runtime, RuntimeConfig, RuntimeStores, Unavailable, WriteError, Written,
+    Checkpoint, LOG_VIEW_MAX_AGE, RestoreError, Role, Runtime, RuntimeConfig, RuntimeStores,
+    StateMachine, Unavailable, WriteError, Written,
 };
 use chorus::snapshot::{Head, SnapshotConfig, SnapshotStore};
 use log_support::{Cluster, test_config, wait_until};
@@ -292,7 +294,7 @@ fn state_of(runtime: &Kv) -> (KvState, RecordIndex) {
     runtime.read_stale(KvState::clone)
 }
 
-async fn wait_primary(runtime: &Kv) {
+async fn wait_primary<M: StateMachine>(runtime: &Runtime<M>) {
     let what = format!("{} is a primary sure of its lease", runtime.config().holder);
     wait_until(&what, PATIENCE, || async { runtime.is_primary_and_sure() }).await;
 }
@@ -1091,6 +1093,50 @@ async fn status_pages_read_a_cached_log_view() {
     primary.shutdown().await.unwrap();
 }
 
+/// Regression: a first status call whose future was dropped mid-refresh (a
+/// client that hung up during a slow replica listing) left the view cache
+/// empty; a second first call queued behind it then panicked on the empty
+/// cache while holding the cache's lock, and every later status call
+/// panicked on the poisoned lock. A refresh is now a task of its own that
+/// neither caller can cancel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_first_status_call_leaves_status_answering() {
+    /// How long each replica listing takes: a slow replica.
+    const SLOW_LISTING: Duration = Duration::from_millis(800);
+    let db = Db::new().await;
+    let node = db.node(1);
+    let primary = Arc::new(node.start(config("a", 1000)));
+    wait_primary(&primary).await;
+    let slow = node
+        .log_faults
+        .add(FaultRule::new(Fault::Delay(SLOW_LISTING)).ops(OpSet::of(&[Op::List])));
+    let status_call = |primary: &Arc<Kv>| {
+        let primary = Arc::clone(primary);
+        tokio::spawn(async move { primary.log_view().await })
+    };
+    let cancelled = status_call(&primary);
+    tokio::time::sleep(SLOW_LISTING / 4).await;
+    let waiting = status_call(&primary);
+    tokio::time::sleep(SLOW_LISTING / 4).await;
+    cancelled.abort();
+    let observed = tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .expect("the waiting status call answers")
+        .expect("the waiting status call does not panic");
+    let view = observed.view.expect("the stores answer, slowly");
+    assert!(view.replicas.iter().all(|r| r.tail_fragments.is_ok()));
+    node.log_faults.remove(slow);
+    tokio::time::sleep(LOG_VIEW_MAX_AGE).await;
+    for _ in 0..3 {
+        let later = tokio::time::timeout(PATIENCE, status_call(&primary))
+            .await
+            .expect("a later status call answers")
+            .expect("a later status call does not panic");
+        assert!(later.view.is_ok(), "{later:?}");
+    }
+    primary.shutdown().await.unwrap();
+}
+
 /// Regression: the status's lease was the document as acquired, so on a
 /// healthy primary its expiry lay in the past after one ttl (status pages
 /// showed `expires_in_ms: 0` beside seconds of `lease_remaining_ms`).
@@ -1152,4 +1198,94 @@ async fn a_snapshot_whose_state_disagrees_with_its_head_wal_index_is_refused() {
     );
     assert_eq!(runtime.status().role, Role::Stopped);
     assert_eq!(state_of(&runtime).1, RecordIndex(0));
+}
+
+/// How many checkpoints of a [`CountingMachine`] were taken in this test
+/// binary (only `a_boot_that_finds_a_head_encodes_no_checkpoint` runs one).
+static CHECKPOINTS_TAKEN: AtomicU64 = AtomicU64::new(0);
+
+/// A state machine that counts its records and every checkpoint taken of it.
+#[derive(Debug, Default)]
+struct CountingMachine {
+    records: u64,
+}
+
+/// A [`CountingMachine`]'s record count, as its snapshot payload.
+struct RecordCount(u64);
+
+impl Checkpoint for RecordCount {
+    fn write_to(&self, sink: &mut dyn std::io::Write) -> std::io::Result<()> {
+        sink.write_all(&self.0.to_le_bytes())
+    }
+}
+
+impl StateMachine for CountingMachine {
+    type Output = ();
+    type Checkpoint = RecordCount;
+
+    fn apply(&mut self, _index: RecordIndex, _record: &[u8]) {
+        self.records += 1;
+    }
+
+    fn checkpoint(&self) -> RecordCount {
+        CHECKPOINTS_TAKEN.fetch_add(1, Ordering::SeqCst);
+        RecordCount(self.records)
+    }
+
+    fn restore(source: &mut dyn std::io::Read) -> Result<Self, RestoreError> {
+        let mut count = [0; 8];
+        source
+            .read_exact(&mut count)
+            .map_err(|e| RestoreError(e.to_string()))?;
+        Ok(CountingMachine {
+            records: u64::from_le_bytes(count),
+        })
+    }
+}
+
+/// Regression guard: every boot's claim used to encode the whole state as a
+/// checkpoint (O(state) CPU and memory per takeover) although only a first
+/// boot, which finds no HEAD, installs one. A boot that finds a HEAD, after
+/// a graceful stop or a crash, takes no checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_boot_that_finds_a_head_encodes_no_checkpoint() {
+    let db = Db::new().await;
+    let start = |node: &Node, holder_id: &str| {
+        Runtime::<CountingMachine>::start(node.stores.clone(), config(holder_id, 1000))
+            .expect("valid runtime config")
+    };
+    let first_node = db.node(1);
+    let first = start(&first_node, "a");
+    wait_primary(&first).await;
+    assert!(db.head().await.is_some(), "the first boot installed HEAD");
+    assert_eq!(
+        CHECKPOINTS_TAKEN.load(Ordering::SeqCst),
+        1,
+        "a first boot installs its state as the first snapshot"
+    );
+    first.shutdown().await.unwrap();
+
+    // A restart after a graceful stop.
+    let before = CHECKPOINTS_TAKEN.load(Ordering::SeqCst);
+    let second_node = db.node(2);
+    let second = start(&second_node, "b");
+    wait_primary(&second).await;
+    assert_eq!(
+        CHECKPOINTS_TAKEN.load(Ordering::SeqCst),
+        before,
+        "a boot that found HEAD encoded a checkpoint"
+    );
+
+    // A takeover after a crash: the lease expires, nothing is released.
+    second_node.isolate();
+    second.abort();
+    let third_node = db.node(3);
+    let third = start(&third_node, "c");
+    wait_primary(&third).await;
+    assert_eq!(
+        CHECKPOINTS_TAKEN.load(Ordering::SeqCst),
+        before,
+        "a takeover that found HEAD encoded a checkpoint"
+    );
+    third.abort();
 }

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use super::NewerFormat;
 use crate::ids::{RecordIndex, SegmentId};
 
 /// Which byte format a [`CodecError`] is about, so a message says what was being
@@ -16,13 +17,30 @@ pub enum Format {
     Frames,
 }
 
-impl fmt::Display for Format {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Format {
+    /// The format's name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
             Format::Fragment => "fragment",
             Format::Sealed => "sealed segment",
             Format::Frames => "record frames",
-        })
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The message of [`CodecError::UnsupportedVersion`].
+fn unsupported_version(format: Format, version: u16, supported: u16) -> String {
+    match NewerFormat::check(format.name(), version.into(), supported.into()) {
+        Some(newer) => newer.to_string(),
+        None => format!(
+            "{format} has unsupported format version: version={version} supported={supported}"
+        ),
     }
 }
 
@@ -54,8 +72,9 @@ pub enum CodecError {
         /// The bytes found instead.
         actual: [u8; 4],
     },
-    /// A format version this build cannot read.
-    #[error("{format} has unsupported format version: version={version} supported={supported}")]
+    /// A format version this build cannot read: a newer one (written by a
+    /// newer Chorus, said in one line) or one no build ever wrote.
+    #[error("{}", unsupported_version(*format, *version, *supported))]
     UnsupportedVersion {
         /// What was being decoded.
         format: Format,
@@ -256,6 +275,19 @@ mod tests {
     fn messages_are_lowercase_what_failed_then_key_values() {
         for error in one_of_each() {
             let message = error.to_string();
+            if let CodecError::UnsupportedVersion {
+                format,
+                version,
+                supported,
+            } = &error
+                && version > supported
+            {
+                // The one line every reader gives for a newer format.
+                let newer =
+                    NewerFormat::check(format.name(), (*version).into(), (*supported).into());
+                assert_eq!(Some(message), newer.map(|n| n.to_string()));
+                continue;
+            }
             let (what, details) = message.split_once(": ").expect("what: details");
             assert!(what.chars().all(|c| !c.is_uppercase()), "{message}");
             assert!(

@@ -32,6 +32,7 @@ pub mod frame;
 pub mod sealed;
 #[cfg(test)]
 mod testing;
+mod version;
 
 pub use document::{DOCUMENT_CHECKSUM_FIELD, checksum_failure, document_checksum};
 pub use error::{CodecError, Format};
@@ -41,6 +42,7 @@ pub use sealed::{
     MAX_SEALED_PAYLOAD_BYTES, SEALED_HEADER_BYTES, SealedSegment, object_crc32c,
     parse_sealed_key_name, sealed_key_name,
 };
+pub use version::NewerFormat;
 
 // A maximal record fits in one fragment, and a maximal fragment in one sealed
 // segment, so anything admitted can always be written and sealed.

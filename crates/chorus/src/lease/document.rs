@@ -11,21 +11,40 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use crate::codec::{
-    DOCUMENT_CHECKSUM_FIELD as CHECKSUM_FIELD, checksum_failure, document_checksum,
+    DOCUMENT_CHECKSUM_FIELD as CHECKSUM_FIELD, NewerFormat, checksum_failure, document_checksum,
 };
 
 /// Largest lease or HEAD document accepted, in bytes; real ones are < 1 KiB.
 pub const MAX_DOCUMENT_BYTES: usize = 16 * 1024;
 
-/// A stored document that is malformed or breaks an invariant; names the field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {document} document: key={key} field={field}: {reason}")]
+/// A stored document that is malformed, breaks an invariant or is in a
+/// format newer than this build reads; names the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DocumentError {
     document: &'static str,
     key: String,
     field: &'static str,
     reason: String,
+    /// Set when the document claims a newer format: the message leads with
+    /// that, and `reason` (if any) says why it might be damage instead.
+    newer: Option<NewerFormat>,
 }
+
+impl std::fmt::Display for DocumentError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (document, key, field, reason) = (self.document, &self.key, self.field, &self.reason);
+        match &self.newer {
+            None => write!(
+                f,
+                "invalid {document} document: key={key} field={field}: {reason}"
+            ),
+            Some(newer) if reason.is_empty() => write!(f, "{newer}: key={key}"),
+            Some(newer) => write!(f, "{newer}: key={key} (unless it is damaged: {reason})"),
+        }
+    }
+}
+
+impl std::error::Error for DocumentError {}
 
 impl DocumentError {
     pub(crate) fn new(
@@ -39,6 +58,7 @@ impl DocumentError {
             key: key.to_owned(),
             field,
             reason: reason.into(),
+            newer: None,
         }
     }
 
@@ -50,6 +70,11 @@ impl DocumentError {
     /// The key of the offending document.
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// The newer format the document claims, when that is why it was refused.
+    pub fn newer_format(&self) -> Option<&NewerFormat> {
+        self.newer.as_ref()
     }
 }
 
@@ -86,19 +111,32 @@ impl Fields {
             Ok(_) => return Err(fields.invalid("document", "not a JSON object")),
             Err(error) => return Err(fields.invalid("document", format!("not JSON: {error}"))),
         }
-        // A claimed format is worth naming only when this build cannot read it.
+        // A newer build's document may checksum differently: say that first.
+        let newer = fields
+            .map
+            .get("format")
+            .and_then(Value::as_u64)
+            .and_then(|found| {
+                NewerFormat::check(&format!("{document} document"), found, *supported.end())
+            });
+        // Another claimed format is worth naming only when this build cannot
+        // read it.
         let claimed = fields
             .map
             .get("format")
             .filter(|format| !format.as_u64().is_some_and(|f| supported.contains(&f)))
             .map(Value::to_string);
         let supported_text = formats_text(&supported);
-        let unsupported_or = |reason: String| {
-            checksum_failure("format", claimed.as_deref(), &supported_text, reason)
+        let refuse = |fields: &Fields, field: &'static str, reason: String| match &newer {
+            Some(newer) => fields.newer(newer.clone(), format!("{field} {reason}")),
+            None => fields.invalid(
+                field,
+                checksum_failure("format", claimed.as_deref(), &supported_text, reason),
+            ),
         };
         if !fields.map.contains_key(CHECKSUM_FIELD) {
             let reason = "missing (written by hand, or by a build before checksums)";
-            return Err(fields.invalid(CHECKSUM_FIELD, unsupported_or(reason.into())));
+            return Err(refuse(&fields, CHECKSUM_FIELD, reason.into()));
         }
         let stored = fields.string(CHECKSUM_FIELD)?;
         let computed = document_checksum(&fields.map);
@@ -107,7 +145,10 @@ impl Fields {
                 "checksum mismatch: stored {stored:?}, the fields give {computed:?} \
                  (the document is damaged, or was edited by hand)"
             );
-            return Err(fields.invalid(CHECKSUM_FIELD, unsupported_or(reason)));
+            return Err(refuse(&fields, CHECKSUM_FIELD, reason));
+        }
+        if let Some(newer) = newer {
+            return Err(fields.newer(newer, String::new()));
         }
         fields.format = fields.format(&supported)?;
         Ok(fields)
@@ -116,6 +157,15 @@ impl Fields {
     /// The document's format (one of those `parse` was given).
     pub(crate) fn format_version(&self) -> u64 {
         self.format
+    }
+
+    /// The document claims a `newer` format; `reason`, if not empty, says
+    /// why it might be damaged instead.
+    fn newer(&self, newer: NewerFormat, reason: String) -> DocumentError {
+        DocumentError {
+            newer: Some(newer),
+            ..self.invalid("format", reason)
+        }
     }
 
     /// An error about `field` of this document.
@@ -299,28 +349,54 @@ mod tests {
     }
 
     #[test]
-    fn another_format_is_named_even_when_its_checksum_does_not_fit() {
+    fn a_newer_format_is_said_in_one_line_even_when_its_checksum_does_not_fit() {
         let newer = encode(serde_json::json!({"format": 2, "s": "x"}));
         let error = Fields::parse("test", "k", &newer, 1..=1).err().unwrap();
         assert_eq!(error.field(), "format");
-        assert!(
-            error
-                .to_string()
-                .contains("unsupported format=2 (this build reads 1)")
+        assert_eq!(error.newer_format().map(|n| n.found), Some(2));
+        assert_eq!(
+            error.to_string(),
+            "test document written by a newer Chorus: format 2; this build reads up to 1: key=k"
         );
         let text = String::from_utf8(newer.to_vec()).unwrap();
         let unchecked = Bytes::from(text.replace(CHECKSUM_FIELD, "other"));
         let error = Fields::parse("test", "k", &unchecked, 1..=1).err().unwrap();
         let message = error.to_string();
         assert!(
-            message.contains("unsupported format: field=format value=2 supported=1, or missing"),
+            message.starts_with(
+                "test document written by a newer Chorus: format 2; this build reads up to 1: \
+                 key=k (unless it is damaged: crc32c missing"
+            ),
             "{message}"
         );
         let changed = Bytes::from(text.replace("\"x\"", "\"y\""));
         let error = Fields::parse("test", "k", &changed, 1..=1).err().unwrap();
         let message = error.to_string();
         assert!(
-            message.contains("value=2 supported=1, or checksum mismatch"),
+            message
+                .contains("reads up to 1: key=k (unless it is damaged: crc32c checksum mismatch"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn another_unsupported_format_is_named_even_when_its_checksum_does_not_fit() {
+        let older = encode(serde_json::json!({"format": 0, "s": "x"}));
+        let error = Fields::parse("test", "k", &older, 1..=2).err().unwrap();
+        assert_eq!(error.field(), "format");
+        assert_eq!(error.newer_format(), None);
+        assert!(
+            error
+                .to_string()
+                .contains("unsupported format=0 (this build reads 1-2)"),
+            "{error}"
+        );
+        let text = String::from_utf8(older.to_vec()).unwrap();
+        let unchecked = Bytes::from(text.replace(CHECKSUM_FIELD, "other"));
+        let error = Fields::parse("test", "k", &unchecked, 1..=2).err().unwrap();
+        let message = error.to_string();
+        assert!(
+            message.contains("unsupported format: field=format value=0 supported=1-2, or missing"),
             "{message}"
         );
         let formatless = encode(serde_json::json!({"s": "x"}));

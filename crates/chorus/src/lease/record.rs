@@ -221,6 +221,23 @@ mod tests {
         assert_eq!(decode(&missing).unwrap_err().field(), "incarnation");
     }
 
+    /// What an older build's standby says on meeting a newer build's lease:
+    /// one line naming both formats (here, this build meets format 3).
+    #[test]
+    fn a_newer_lease_format_is_said_in_one_line() {
+        let newer = with("format", json!(LEASE_FORMAT + 1));
+        let error = decode(&newer).unwrap_err();
+        assert_eq!(error.field(), "format");
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "lease document written by a newer Chorus: format {}; this build reads up to \
+                 {LEASE_FORMAT}: key=db/lease.json",
+                LEASE_FORMAT + 1
+            )
+        );
+    }
+
     #[test]
     fn liveness_follows_the_wall_clock() {
         let record = record();

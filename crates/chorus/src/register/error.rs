@@ -1,6 +1,7 @@
 //! Errors of the register layer.
 
 use crate::blob::Source;
+use crate::codec::NewerFormat;
 
 /// A register store call failed.
 #[derive(Debug, thiserror::Error)]
@@ -73,10 +74,9 @@ impl RegisterError {
 /// message names the offending field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ManifestError {
-    /// The register was written by an unknown format version.
-    #[error(
-        "unsupported register format: field=chorus.format value={found:?} supported={supported}"
-    )]
+    /// The register was written by an unknown format version: a newer one
+    /// (written by a newer Chorus, said in one line) or one never written.
+    #[error("{}", unsupported_format(found, *supported))]
     UnsupportedFormat {
         /// The format found.
         found: String,
@@ -97,6 +97,16 @@ pub enum ManifestError {
         /// The unknown field name.
         field: String,
     },
+}
+
+/// The message of [`ManifestError::UnsupportedFormat`].
+fn unsupported_format(found: &str, supported: u32) -> String {
+    match NewerFormat::check_text("register", found, supported.into()) {
+        Some(newer) => format!("{newer}: field=chorus.format"),
+        None => format!(
+            "unsupported register format: field=chorus.format value={found:?} supported={supported}"
+        ),
+    }
 }
 
 impl ManifestError {

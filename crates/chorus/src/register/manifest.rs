@@ -577,6 +577,18 @@ pub(crate) mod tests {
                 }
             );
         }
+        // A newer build's register is said to be one, in one line.
+        let newer = decode_with("chorus.format", "2").unwrap_err();
+        assert_eq!(
+            newer.to_string(),
+            "register written by a newer Chorus: format 2; this build reads up to 1: \
+             field=chorus.format"
+        );
+        let never = decode_with("chorus.format", "0").unwrap_err();
+        assert_eq!(
+            never.to_string(),
+            "unsupported register format: field=chorus.format value=\"0\" supported=1"
+        );
         // A future format may add fields: the format check comes first.
         let mut fields = rich_fields();
         fields.insert("chorus.format".into(), "2".into());

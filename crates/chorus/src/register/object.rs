@@ -10,7 +10,7 @@ use super::{
     VersionToken, VersionedManifest,
 };
 use crate::blob::{BlobError, DynBlobStore};
-use crate::codec::{DOCUMENT_CHECKSUM_FIELD, checksum_failure, document_checksum};
+use crate::codec::{DOCUMENT_CHECKSUM_FIELD, NewerFormat, checksum_failure, document_checksum};
 
 /// The register document's key in its store.
 pub const REGISTER_KEY: &str = "manifest.json";
@@ -65,8 +65,14 @@ pub fn decode_document(bytes: &[u8]) -> Result<Fields, String> {
         .map_err(|e| format!("register document is not a JSON object of strings: {e}"))?;
     let claimed = fields.get(F_FORMAT).cloned();
     let supported = FORMAT.to_string();
-    let unsupported_or =
-        |reason: String| checksum_failure(F_FORMAT, claimed.as_deref(), &supported, reason);
+    // A newer build's register may checksum differently: say that first.
+    let newer = claimed
+        .as_deref()
+        .and_then(|found| NewerFormat::check_text("register", found, FORMAT.into()));
+    let unsupported_or = |reason: String| match &newer {
+        Some(newer) => format!("{newer} (unless it is damaged: {reason})"),
+        None => checksum_failure(F_FORMAT, claimed.as_deref(), &supported, reason),
+    };
     let Some(stored) = fields.remove(DOCUMENT_CHECKSUM_FIELD) else {
         return Err(unsupported_or(format!(
             "register document has no {DOCUMENT_CHECKSUM_FIELD:?} checksum entry (written by \
@@ -167,20 +173,39 @@ mod tests {
     }
 
     #[test]
-    fn another_format_is_named_when_its_checksum_does_not_fit() {
+    fn a_newer_format_is_named_when_its_checksum_does_not_fit() {
         let mut newer = fields();
         newer.insert("chorus.format".into(), "2".into());
         let unsigned = serde_json::to_vec(&newer).unwrap();
         let error = decode_document(&unsigned).unwrap_err();
         assert!(
-            error.starts_with("unsupported format: field=chorus.format value=2 supported=1, or register document has no"),
+            error.starts_with(
+                "register written by a newer Chorus: format 2; this build reads up to 1 \
+                 (unless it is damaged: register document has no"
+            ),
             "{error}"
         );
         let text = String::from_utf8(encode_document(&newer).to_vec()).unwrap();
         let damaged = text.replace("\"120\"", "\"130\"");
         let error = decode_document(damaged.as_bytes()).unwrap_err();
         assert!(
-            error.contains("supported=1, or register document checksum mismatch"),
+            error.contains(
+                "reads up to 1 (unless it is damaged: register document checksum mismatch"
+            ),
+            "{error}"
+        );
+        // Intact, it decodes here; the manifest refuses its format in one line.
+        assert_eq!(decode_document(text.as_bytes()).unwrap(), newer);
+    }
+
+    #[test]
+    fn another_format_is_named_when_its_checksum_does_not_fit() {
+        let mut other = fields();
+        other.insert("chorus.format".into(), "one".into());
+        let unsigned = serde_json::to_vec(&other).unwrap();
+        let error = decode_document(&unsigned).unwrap_err();
+        assert!(
+            error.starts_with("unsupported format: field=chorus.format value=one supported=1, or register document has no"),
             "{error}"
         );
     }

@@ -7,10 +7,12 @@
 //! [`LOG_VIEW_MAX_AGE`], in the background, and a caller gets the newest one
 //! with its age (only the very first call waits for a refresh).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::ids::{Epoch, RecordIndex, SegmentId};
@@ -117,59 +119,104 @@ impl LogReader {
 }
 
 /// The cache behind [`Runtime::log_view`](super::Runtime::log_view).
-#[derive(Debug, Default)]
+///
+/// A refresh runs in a task of its own and stores its result there, so a
+/// caller whose future is dropped (a client that hung up, a request timeout
+/// shorter than a slow listing) cancels nothing: callers that wait for the
+/// first view wait for that task's answer, never for each other.
+#[derive(Debug)]
 pub(super) struct LogViewCache {
-    state: Mutex<CacheState>,
-    /// Serializes refreshes, so concurrent callers share one.
-    refreshing: tokio::sync::Mutex<()>,
+    /// The newest view and when its refresh finished; `None` until the first.
+    newest: watch::Sender<Option<Refreshed>>,
+    /// Set while a refresh task runs, so at most one runs at a time.
+    refreshing: Arc<AtomicBool>,
 }
 
-#[derive(Debug, Default)]
-struct CacheState {
-    newest: Option<(Result<LogView, String>, Instant)>,
+/// One refresh's outcome and when it finished.
+type Refreshed = (Result<LogView, String>, Instant);
+
+impl Default for LogViewCache {
+    fn default() -> LogViewCache {
+        LogViewCache {
+            newest: watch::Sender::new(None),
+            refreshing: Arc::new(AtomicBool::new(false)),
+        }
+    }
 }
 
 impl LogViewCache {
     /// The newest view: a fresh one as is, a stale one with a refresh
-    /// started in the background, none yet after a refresh awaited here.
-    pub(super) async fn get(self: &Arc<Self>, stores: &LogStores) -> Observed {
-        let newest = self.state().newest.clone();
-        match newest {
-            Some((view, at)) => {
-                if at.elapsed() >= LOG_VIEW_MAX_AGE {
-                    let (cache, stores) = (Arc::clone(self), stores.clone());
-                    tokio::spawn(async move { cache.refresh(&stores).await });
-                }
-                Observed {
-                    view,
-                    age: at.elapsed(),
-                }
-            }
-            None => {
-                self.refresh(stores).await;
-                let (view, at) = self.state().newest.clone().expect("just refreshed");
-                Observed {
-                    view,
-                    age: at.elapsed(),
-                }
-            }
+    /// started in the background, and before the first refresh finished,
+    /// that refresh's answer once it has one.
+    pub(super) async fn get(&self, stores: &LogStores) -> Observed {
+        if self.newest.borrow().as_ref().is_none_or(is_stale) {
+            self.start_refresh(stores);
+        }
+        let mut newest = self.newest.subscribe();
+        let refreshed = match newest.wait_for(Option::is_some).await {
+            Ok(newest) => newest.clone(),
+            // Unreachable while `self` holds the sender; said, not panicked.
+            Err(_) => None,
+        };
+        match refreshed {
+            Some((view, at)) => Observed {
+                view,
+                age: at.elapsed(),
+            },
+            None => Observed {
+                view: Err("log view cache closed".to_owned()),
+                age: Duration::ZERO,
+            },
         }
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, CacheState> {
-        self.state.lock().expect("log view cache poisoned")
-    }
-
-    /// Refreshes unless another refresh is running or one finished within
-    /// the max age (callers that queued behind it share its result).
-    async fn refresh(&self, stores: &LogStores) {
-        let Ok(_only) = self.refreshing.try_lock() else {
-            // One is running: wait for it rather than start another.
-            let _wait = self.refreshing.lock().await;
+    /// Spawns a refresh unless one is running or the newest view became
+    /// fresh meanwhile: at most one refresh per [`LOG_VIEW_MAX_AGE`].
+    fn start_refresh(&self, stores: &LogStores) {
+        if self.refreshing.swap(true, Ordering::AcqRel) {
             return;
+        }
+        let slot = RefreshSlot {
+            newest: self.newest.clone(),
+            refreshing: Arc::clone(&self.refreshing),
         };
-        let view = observe(stores).await.map_err(|e| e.to_string());
-        self.state().newest = Some((view, Instant::now()));
+        // Checked again while holding the slot: a refresh that finished
+        // between the caller's look and the swap above is fresh enough.
+        if !self.newest.borrow().as_ref().is_none_or(is_stale) {
+            return;
+        }
+        let stores = stores.clone();
+        tokio::spawn(async move {
+            let view = observe(&stores).await.map_err(|e| e.to_string());
+            slot.newest.send_replace(Some((view, Instant::now())));
+        });
+    }
+}
+
+fn is_stale((_, at): &Refreshed) -> bool {
+    at.elapsed() >= LOG_VIEW_MAX_AGE
+}
+
+/// The right to run the one refresh, released when the refresh task ends
+/// however it ends (finished, panicked, or dropped with the tokio runtime):
+/// a refresh that stored nothing leaves an error for the first callers
+/// rather than leaving them waiting.
+struct RefreshSlot {
+    newest: watch::Sender<Option<Refreshed>>,
+    refreshing: Arc<AtomicBool>,
+}
+
+impl Drop for RefreshSlot {
+    fn drop(&mut self) {
+        self.newest.send_if_modified(|newest| {
+            let first = newest.is_none();
+            if first {
+                let reason = "the log view refresh ended without an answer".to_owned();
+                *newest = Some((Err(reason), Instant::now()));
+            }
+            first
+        });
+        self.refreshing.store(false, Ordering::Release);
     }
 }
 

@@ -443,6 +443,21 @@ mod tests {
         }
     }
 
+    /// What an older build's boot says on meeting a newer build's HEAD.
+    #[test]
+    fn a_newer_head_format_is_said_in_one_line() {
+        let error = decode(&with("format", json!(HEAD_FORMAT + 1))).unwrap_err();
+        assert_eq!(error.field(), "format");
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "HEAD document written by a newer Chorus: format {}; this build reads up to \
+                 {HEAD_FORMAT}: key=db/HEAD.json",
+                HEAD_FORMAT + 1
+            )
+        );
+    }
+
     #[test]
     fn decode_names_the_bad_field() {
         let cases = [

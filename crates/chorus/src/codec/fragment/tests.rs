@@ -125,6 +125,17 @@ fn rejects_unsupported_version() {
             supported: 1
         })
     );
+    let newer = Fragment::decode(&patched(&fence(), 4, &[2])).unwrap_err();
+    assert_eq!(
+        newer.to_string(),
+        "fragment written by a newer Chorus: format 2; this build reads up to 1"
+    );
+    // Below every format written: not a newer build, so not said to be one.
+    let unknown = Fragment::decode(&patched(&fence(), 4, &[0])).unwrap_err();
+    assert_eq!(
+        unknown.to_string(),
+        "fragment has unsupported format version: version=0 supported=1"
+    );
 }
 
 #[test]

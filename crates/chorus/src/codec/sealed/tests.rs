@@ -210,6 +210,11 @@ fn rejects_unsupported_version() {
             supported: 1
         })
     );
+    let newer = SealedSegment::decode(&patched(&segment(&[b"a"]), 4, &[0, 1])).unwrap_err();
+    assert_eq!(
+        newer.to_string(),
+        "sealed segment written by a newer Chorus: format 256; this build reads up to 1"
+    );
 }
 
 #[test]
