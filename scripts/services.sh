@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Test services for Chorus: three moto S3 servers (one per "zone"), an Azurite
-# blob server (Azure Blob Storage emulator) and a throwaway PostgreSQL
-# cluster, all on loopback.
+# blob server (Azure Blob Storage emulator), a throwaway PostgreSQL cluster and
+# a single-member etcd (the oracle of the etcd API tests), all on loopback.
 #
 #   bash scripts/services.sh start   # idempotent; writes .ci/state/env
 #   bash scripts/services.sh stop    # kills everything, removes the pg data dir
@@ -11,7 +11,10 @@
 # Everything needed is installed by this script (CI runs on a fresh machine):
 # moto goes into a virtualenv under .ci/state/venv (gitignored), PostgreSQL
 # comes from Debian's packages if no initdb/pg_ctl is found, Azurite from the
-# npm registry into .ci/state/azurite.
+# npm registry into .ci/state/azurite, etcd and etcdctl from Debian's
+# etcd-server and etcd-client, and protoc from protobuf-compiler (the build
+# script of the `etcd-client` crate, a dev-dependency, runs it; the product
+# itself builds without one, which scripts/test.sh checks before this runs).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -52,6 +55,15 @@ PG_OS_USER="postgres"
 PG_ROOT="/tmp/chorus-ci-pg-$PG_PORT"
 PG_DATA="$PG_ROOT/data"
 PG_LOG="$PG_ROOT/postgres.log"
+
+# etcd: one member on loopback. Not 2379/2380, etcd's defaults: `chorus
+# serve` answers etcd clients on 127.0.0.1:2379 by default, and a developer's
+# own etcd may hold them.
+ETCD_HOST="127.0.0.1"
+ETCD_CLIENT_PORT=12379
+ETCD_PEER_PORT=12380
+ETCD_NAME="chorus-test"
+ETCD_DATA="$STATE/etcd"
 
 WAIT_SECS="${CHORUS_SERVICES_WAIT_SECS:-60}"
 
@@ -96,8 +108,13 @@ export CHORUS_TEST_POSTGRES_URL="postgresql://postgres@127.0.0.1:$PG_PORT/$PG_DB
 export CHORUS_TEST_MOTO_PID_FILES="$(pid_files)"
 export AZURE_STORAGE_USE_EMULATOR="true"
 export CHORUS_TEST_AZURE_CONTAINER="$AZURE_CONTAINER"
+export CHORUS_TEST_ETCD_ENDPOINT="$(etcd_endpoint)"
+export CHORUS_TEST_ETCD_BIN="$(command -v etcd || true)"
+export CHORUS_TEST_ETCDCTL_BIN="$(command -v etcdctl || true)"
 EOF
 }
+
+etcd_endpoint() { echo "http://$ETCD_HOST:$ETCD_CLIENT_PORT"; }
 
 # ----------------------------------------------------------- packages ----
 
@@ -112,13 +129,17 @@ apt_install() {
 
 # The tools the services and the tests need besides Rust: curl (readiness
 # checks), python3 with venv (moto), a C++ compiler (libfuzzer-sys, built when
-# the fuzz targets are checked).
+# the fuzz targets are checked), etcd and etcdctl (the etcd API's oracle),
+# protoc (the `etcd-client` dev-dependency's build script).
 ensure_tools() {
   local missing=()
   command -v curl >/dev/null || missing+=(curl)
   command -v python3 >/dev/null || missing+=(python3)
   python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
   command -v c++ >/dev/null || missing+=(g++)
+  command -v etcd >/dev/null || missing+=(etcd-server)
+  command -v etcdctl >/dev/null || missing+=(etcd-client)
+  command -v protoc >/dev/null || missing+=(protobuf-compiler)
   if ((${#missing[@]})); then apt_install "${missing[@]}"; fi
 }
 
@@ -338,6 +359,52 @@ stop_postgres() {
   rm -rf "$PG_ROOT"
 }
 
+# --------------------------------------------------------------- etcd ----
+
+etcdctl_here() {
+  ETCDCTL_API=3 etcdctl --endpoints "$(etcd_endpoint)" --dial-timeout 2s --command-timeout 5s "$@"
+}
+
+start_etcd() {
+  local pidfile="$STATE/etcd.pid" logf="$STATE/etcd.log" pid
+  pid="$(cat "$pidfile" 2>/dev/null || true)"
+  if pid_alive "$pid" && grep -q etcd "/proc/$pid/cmdline" 2>/dev/null &&
+    port_open "$ETCD_HOST" "$ETCD_CLIENT_PORT"; then
+    log "etcd already running (pid $pid, port $ETCD_CLIENT_PORT)"
+  else
+    port_open "$ETCD_HOST" "$ETCD_CLIENT_PORT" &&
+      die "port $ETCD_CLIENT_PORT is taken by a process not started by this script"
+    port_open "$ETCD_HOST" "$ETCD_PEER_PORT" &&
+      die "port $ETCD_PEER_PORT is taken by a process not started by this script"
+    # Throwaway member: a data dir left by an earlier run is discarded, so
+    # every start is a fresh cluster at revision 1.
+    rm -rf "$ETCD_DATA"
+    log "starting $(etcd --version | head -n 1) on $(etcd_endpoint) (log $logf)"
+    # setsid: keep etcd out of the caller's process group, like the others.
+    setsid etcd --name "$ETCD_NAME" --data-dir "$ETCD_DATA" \
+      --listen-client-urls "$(etcd_endpoint)" --advertise-client-urls "$(etcd_endpoint)" \
+      --listen-peer-urls "http://$ETCD_HOST:$ETCD_PEER_PORT" \
+      --initial-advertise-peer-urls "http://$ETCD_HOST:$ETCD_PEER_PORT" \
+      --initial-cluster "$ETCD_NAME=http://$ETCD_HOST:$ETCD_PEER_PORT" \
+      --initial-cluster-state new --logger zap --log-outputs stderr \
+      >"$logf" 2>&1 </dev/null &
+    echo $! >"$pidfile"
+  fi
+  wait_for "etcd" "$logf" etcdctl_here endpoint health
+}
+
+stop_etcd() {
+  local pidfile="$STATE/etcd.pid" pid
+  pid="$(cat "$pidfile" 2>/dev/null || true)"
+  # Only a pid that still is an etcd (pids get reused).
+  if pid_alive "$pid" && grep -q etcd "/proc/$pid/cmdline" 2>/dev/null; then
+    log "stopping etcd (pid $pid)"
+    kill_wait "$pid"
+  fi
+  rm -f "$pidfile"
+  rm -rf "$ETCD_DATA"
+}
+
 # ------------------------------------------------------------- helpers ----
 
 # wait_for NAME LOGFILE CMD...: retry CMD until it succeeds or WAIT_SECS pass.
@@ -374,6 +441,7 @@ cmd_start() {
   start_moto
   start_azurite
   start_postgres
+  start_etcd
   env_lines >"$ENV_FILE"
   # Chorus relies on S3 conditional writes; fail now if the fake S3 does not
   # enforce them rather than letting tests pass vacuously.
@@ -388,6 +456,7 @@ cmd_stop() {
   stop_moto
   stop_azurite
   stop_postgres
+  stop_etcd
   rm -f "$ENV_FILE"
   log "all services stopped"
 }
@@ -412,6 +481,12 @@ cmd_status() {
     echo "postgres: running (port $PG_PORT, data $PG_DATA)"
   else
     echo "postgres: down"; rc=1
+  fi
+  pid="$(cat "$STATE/etcd.pid" 2>/dev/null || true)"
+  if pid_alive "$pid" && etcdctl_here endpoint health >/dev/null 2>&1; then
+    echo "etcd: running (pid $pid, $(etcd_endpoint), data $ETCD_DATA)"
+  else
+    echo "etcd: down"; rc=1
   fi
   return "$rc"
 }

@@ -1,15 +1,60 @@
 #!/usr/bin/env bash
 # The project's test command: bash scripts/test.sh
 #
-# Starts the test services (3 moto S3 zones, Azurite, PostgreSQL; see services.sh),
-# runs cargo test, clippy and rustfmt with the services' env, then stops the
-# services again (also on failure). Set CHORUS_KEEP_SERVICES=1 to leave them
-# running afterwards.
+# First builds the workspace with no protoc anywhere (the product must build
+# on a machine without one), then starts the test services (3 moto S3 zones,
+# Azurite, PostgreSQL, etcd; see services.sh, which also installs protoc for a
+# dev-dependency's build script), runs cargo test, clippy and rustfmt with the
+# services' env, then stops the services again (also on failure). Set
+# CHORUS_KEEP_SERVICES=1 to leave them running afterwards.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 section() { printf '\n==================== %s ====================\n' "$*"; }
+
+# Run every stage even if an earlier one fails, then fail at the end, so one
+# CI run reports all problems.
+failed=()
+
+# path_without_protoc SHADOW_DIR: $PATH with every `protoc` hidden. A PATH
+# directory holding one is replaced by a directory (under SHADOW_DIR) of links
+# to everything else in it: dropping the directory itself would drop the
+# linker and the rest of /usr/bin with it.
+path_without_protoc() {
+  local shadow_root="$1" dir entry shadow n=0 out=()
+  local IFS=:
+  for dir in $PATH; do
+    if [[ -n "$dir" && -e "$dir/protoc" ]]; then
+      n=$((n + 1)); shadow="$shadow_root/$n"
+      mkdir -p "$shadow"
+      for entry in "$dir"/*; do
+        [[ "${entry##*/}" == protoc ]] || ln -s "$entry" "$shadow/"
+      done
+      out+=("$shadow")
+    else
+      out+=("$dir")
+    fi
+  done
+  echo "${out[*]}"
+}
+
+# Before the services: services.sh installs protoc (the `etcd-client`
+# dev-dependency's build script runs it), and the product must build without
+# it, as on the fresh machine of the README's first command. `cargo build`
+# builds libraries and binaries, not dev-dependencies. On a fresh clone (CI)
+# every build script runs here for the first time; a warm target directory may
+# skip a build script that ran before.
+section "cargo build --workspace, with no protoc"
+no_protoc_dir="$(mktemp -d)"
+no_protoc_path="$(path_without_protoc "$no_protoc_dir")"
+if PATH="$no_protoc_path" command -v protoc >/dev/null; then
+  echo "a protoc is still on the PATH: $(PATH="$no_protoc_path" command -v protoc)"
+  failed+=("build without protoc")
+elif ! env -u PROTOC PATH="$no_protoc_path" cargo build --workspace; then
+  failed+=("build without protoc")
+fi
+rm -rf "$no_protoc_dir"
 
 cleanup() {
   if [[ "${CHORUS_KEEP_SERVICES:-0}" != 1 ]]; then
@@ -27,9 +72,6 @@ source .ci/state/env
 set +a
 grep -E '^export ' .ci/state/env | sed 's/^export /  /'
 
-# Run every stage even if an earlier one fails, then fail at the end, so one
-# CI run reports all problems.
-failed=()
 test_log="$ROOT/.ci/state/cargo-test.log"
 
 section "cargo test --workspace --all-targets --no-fail-fast"
