@@ -26,6 +26,38 @@ use super::etcd::{KeyValue, Revision};
 /// value: the change record, two entries' metadata and the map's node share.
 pub const CHANGE_OVERHEAD_BYTES: usize = 160;
 
+/// The most bytes of history the machine retains (see
+/// [`Change::charged_bytes`]) before it compacts on its own. A constant of
+/// the machine, so every replica running this code drops the same history.
+pub const HISTORY_BUDGET_BYTES: usize = 256 * 1024 * 1024;
+
+/// A compaction for the budget trims the history to this share of it
+/// (percent), so it runs once per many writes rather than on every one.
+pub const HISTORY_TRIM_PERCENT: usize = 75;
+
+/// The compaction revision that brings `history` within `budget_bytes`:
+/// `None` while it fits; otherwise the lowest revision whose dropping of
+/// everything below it leaves at most [`HISTORY_TRIM_PERCENT`] of the
+/// budget, never above the current revision nor at or below the current
+/// compaction revision. Pure, so every replica picks the same.
+pub fn compaction_for_budget(history: &History, budget_bytes: usize) -> Option<Revision> {
+    if history.bytes <= budget_bytes {
+        return None;
+    }
+    let target = budget_bytes / 100 * HISTORY_TRIM_PERCENT;
+    let mut remaining = history.bytes;
+    let mut revision = history.compacted + 1;
+    for (at, changes) in &history.changes {
+        if remaining <= target {
+            break;
+        }
+        remaining -= changes.iter().map(Change::charged_bytes).sum::<usize>();
+        revision = at + 1;
+    }
+    let revision = revision.min(history.revision);
+    (revision > history.compacted).then_some(revision)
+}
+
 /// One key's change at one revision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Change {
@@ -98,6 +130,13 @@ impl History {
         self.changes
             .range(from..=to)
             .map(|(revision, changes)| (*revision, changes.as_slice()))
+    }
+
+    /// Compacts to stay within `budget_bytes` (see [`compaction_for_budget`]).
+    pub(super) fn keep_within(&mut self, budget_bytes: usize) {
+        if let Some(revision) = compaction_for_budget(self, budget_bytes) {
+            self.compact(revision);
+        }
     }
 
     /// Records `change` at `revision` (the revision being written).
@@ -174,6 +213,43 @@ impl Entry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::RecordIndex;
+
+    fn change(value_bytes: usize) -> Change {
+        let entry = Entry {
+            value: Bytes::from(vec![0; value_bytes]),
+            index: RecordIndex(0),
+            create_revision: 1,
+            mod_revision: 1,
+            version: 1,
+            lease: 0,
+        };
+        Change {
+            key: Bytes::from_static(b"k"),
+            before: Some(entry),
+            after: None,
+        }
+    }
+
+    #[test]
+    fn the_budget_compacts_the_oldest_revisions_to_three_quarters() {
+        let mut history = History::default();
+        for revision in 2..=11 {
+            history.record(revision, change(1000 - CHANGE_OVERHEAD_BYTES - 1));
+            history.revision = revision;
+        }
+        assert_eq!(history.bytes(), 10_000);
+        assert_eq!(compaction_for_budget(&history, 10_000), None);
+        // Over 8,000: keep at most 6,000, so drop revisions 2 to 5.
+        assert_eq!(compaction_for_budget(&history, 8_000), Some(6));
+        history.keep_within(8_000);
+        assert_eq!((history.bytes(), history.compact_revision()), (6_000, 6));
+        // Never past the current revision, nor at or below the compaction.
+        assert_eq!(compaction_for_budget(&history, 0), Some(11));
+        history.compact(11);
+        history.record(11, change(100));
+        assert_eq!(compaction_for_budget(&history, 0), None);
+    }
 
     #[test]
     fn key_ranges_follow_etcds_conventions() {

@@ -406,6 +406,7 @@ impl KvState {
     pub(super) fn finish_write(&mut self, write: Write) {
         if write.changed {
             self.history.revision = write.revision;
+            self.history.keep_within(super::mvcc::HISTORY_BUDGET_BYTES);
         }
     }
 
