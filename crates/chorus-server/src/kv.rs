@@ -193,6 +193,12 @@ fn answer(
             tracing::error!(message = %error.message);
             Err(error)
         }
+        // The HTTP API appends no etcd request; an answer of one here means
+        // the record at this index is not the one it wrote.
+        Applied::Etcd(_) => Err(ApiError::committed_unapplied(
+            index.0,
+            "an etcd answer to an HTTP write",
+        )),
     }
 }
 
@@ -278,7 +284,7 @@ pub async fn get(
     };
     let mut response = entry.value.into_response();
     let headers = response.headers_mut();
-    headers.insert(header::ETAG, etag(entry.version));
+    headers.insert(header::ETAG, etag(entry.index));
     headers.insert(INDEX_HEADER, HeaderValue::from(applied.0));
     headers.insert(
         header::CONTENT_TYPE,
@@ -342,7 +348,7 @@ fn list_item(key: &[u8], entry: &Entry) -> Value {
     let mut item = Map::new();
     insert_bytes(&mut item, "key", key);
     insert_bytes(&mut item, "value", &entry.value);
-    item.insert("version".into(), entry.version.0.into());
+    item.insert("version".into(), entry.index.0.into());
     Value::Object(item)
 }
 

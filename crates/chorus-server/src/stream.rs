@@ -409,7 +409,7 @@ fn stamped(record: &[u8]) -> Option<(IdempotencyKey, Option<Bytes>)> {
     let decoded = Record::decode(record).ok()?;
     let payload = match decoded.body {
         Body::Raw(payload) => Some(payload),
-        Body::Command(_) => None,
+        Body::Command(_) | Body::Etcd(_) => None,
     };
     Some((decoded.stamp?.key, payload))
 }

@@ -197,7 +197,7 @@ async fn concurrent_twins_with_one_key_apply_once() {
             .runtime
             .read_stale(|state| state.get(name.as_bytes()).cloned());
         assert_eq!(
-            entry.unwrap().version.0,
+            entry.unwrap().index.0,
             index,
             "round {round}: applied twice"
         );

@@ -379,7 +379,7 @@ async fn primary_boots_on_empty_stores_installs_head_and_serves_writes_and_reads
     assert_eq!(b.as_deref(), Some("2"));
     assert_eq!(missing, None);
     assert_eq!(applied, RecordIndex(3));
-    let (version, _) = read(&runtime, |state| state.get(b"a").unwrap().version).await;
+    let (version, _) = read(&runtime, |state| state.get(b"a").unwrap().index).await;
     assert_eq!(
         version,
         RecordIndex(2),

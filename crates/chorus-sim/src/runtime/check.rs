@@ -408,13 +408,13 @@ impl RuntimePhase<'_> {
             match put_state {
                 PutState::Acked(index) if *index < end => {
                     let value = &self.put_values[key];
-                    let holds = found
-                        .is_some_and(|entry| entry.value == *value && entry.version.0 == *index);
+                    let holds =
+                        found.is_some_and(|entry| entry.value == *value && entry.index.0 == *index);
                     if !holds {
                         return Err(format!(
                             "{what} (below {end}) lost the put of {key:?} acknowledged at index \
                              {index}: it holds {:?}",
-                            found.map(|entry| (label(&entry.value), entry.version))
+                            found.map(|entry| (label(&entry.value), entry.index))
                         ));
                     }
                 }
@@ -428,19 +428,19 @@ impl RuntimePhase<'_> {
         }
         let (entries, _) = state.list(b"", None, usize::MAX);
         for (key, entry) in entries {
-            if entry.version.0 >= end {
+            if entry.index.0 >= end {
                 return Err(format!(
                     "{what} (below {end}) holds {key:?} at version {}",
-                    entry.version
+                    entry.index
                 ));
             }
-            if let Some(record) = self.applied.get(&entry.version.0)
+            if let Some(record) = self.applied.get(&entry.index.0)
                 && put_value(record).as_ref() != Some(&entry.value)
             {
                 return Err(format!(
                     "{what} holds {key:?} = {} at version {}, but the record applied there is {}",
                     label(&entry.value),
-                    entry.version,
+                    entry.index,
                     record_label(record)
                 ));
             }

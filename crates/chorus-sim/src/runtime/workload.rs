@@ -38,7 +38,7 @@ pub(super) fn increment(state: &KvState) -> Command {
     let (next, condition) = match state.get(COUNTER) {
         Some(entry) => (
             counter_value(&entry.value).unwrap_or(0) + 1,
-            Condition::Version(entry.version),
+            Condition::Version(entry.index),
         ),
         None => (1, Condition::Absent),
     };

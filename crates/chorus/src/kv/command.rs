@@ -13,6 +13,7 @@
 //! kind 2 delete: condition | key
 //! kind 3 batch:  count u32 | count × (op u8: 1 put / 2 delete, condition, key [, value])
 //! kind 4 raw:    payload (format 2 only: a `POST /v1/log` record with a key)
+//! kind 5 etcd:   an etcd request (format 1 only; see `etcd_codec`)
 //! condition:     0 = none | 1 = absent | 2 = version u64 (the index that last set the key)
 //! key, value, payload: length u32 | bytes
 //! ```
@@ -26,6 +27,8 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use sha2::{Digest, Sha256};
 
+use super::etcd::EtcdCommand;
+use super::etcd_codec;
 use super::idempotency::{IdempotencyKey, RequestDigest, Retention, Stamp};
 use crate::ids::RecordIndex;
 
@@ -38,6 +41,7 @@ const KIND_PUT: u8 = 1;
 const KIND_DELETE: u8 = 2;
 const KIND_BATCH: u8 = 3;
 const KIND_RAW: u8 = 4;
+const KIND_ETCD: u8 = 5;
 const CHECKSUM_BYTES: usize = 4;
 
 /// The longest key, in bytes.
@@ -143,6 +147,9 @@ pub enum CommandError {
     /// A raw payload without a stamp: it is its own record, not a command.
     #[error("invalid record: a raw payload is wrapped only with an idempotency key")]
     UnstampedRaw,
+    /// An etcd request with an idempotency stamp (etcd has no such key).
+    #[error("invalid record: an etcd request carries no idempotency key")]
+    StampedEtcd,
 }
 
 /// What a record does: a key-value command, or a raw payload the machine
@@ -154,6 +161,8 @@ pub enum Body {
     Command(Command),
     /// A raw payload.
     Raw(Bytes),
+    /// An etcd request, applied as one transaction.
+    Etcd(EtcdCommand),
 }
 
 /// One log record of the key-value machine: a body and, for an
@@ -177,6 +186,7 @@ impl Record {
         match &self.stamp {
             None if matches!(self.body, Body::Raw(_)) => return Err(CommandError::UnstampedRaw),
             None => out.put_u8(FORMAT_PLAIN),
+            Some(_) if matches!(self.body, Body::Etcd(_)) => return Err(CommandError::StampedEtcd),
             Some(stamp) => {
                 stamp.retention.validate()?;
                 out.put_u8(FORMAT_STAMPED);
@@ -207,6 +217,9 @@ impl Record {
         }
         if stamp.is_none() && matches!(body, Body::Raw(_)) {
             return Err(malformed("a raw payload in a record without a stamp"));
+        }
+        if stamp.is_some() && matches!(body, Body::Etcd(_)) {
+            return Err(malformed("an etcd request in a record with a stamp"));
         }
         if let Body::Command(command) = &body {
             command.validate()?;
@@ -278,8 +291,30 @@ impl Command {
     pub fn decode(record: &[u8]) -> Result<Command, CommandError> {
         match Record::decode(record)?.body {
             Body::Command(command) => Ok(command),
-            Body::Raw(_) => Err(CommandError::Malformed {
-                reason: "a raw payload, not a command".into(),
+            Body::Raw(_) | Body::Etcd(_) => Err(CommandError::Malformed {
+                reason: "not a key-value command".into(),
+            }),
+        }
+    }
+}
+
+impl EtcdCommand {
+    /// The log record of this request: format 1, body kind 5.
+    pub fn encode(&self) -> Bytes {
+        Record {
+            stamp: None,
+            body: Body::Etcd(self.clone()),
+        }
+        .encode()
+        .expect("an unstamped etcd request always encodes")
+    }
+
+    /// Decodes a record that holds an etcd request.
+    pub fn decode(record: &[u8]) -> Result<EtcdCommand, CommandError> {
+        match Record::decode(record)?.body {
+            Body::Etcd(command) => Ok(command),
+            Body::Raw(_) | Body::Command(_) => Err(CommandError::Malformed {
+                reason: "not an etcd request".into(),
             }),
         }
     }
@@ -296,6 +331,10 @@ fn encode_body(body: &Body) -> Result<BytesMut, CommandError> {
         Body::Raw(payload) => {
             out.put_u8(KIND_RAW);
             put_bytes(&mut out, payload);
+        }
+        Body::Etcd(command) => {
+            out.put_u8(KIND_ETCD);
+            etcd_codec::put_command(&mut out, command);
         }
     }
     Ok(out)
@@ -335,6 +374,7 @@ fn take_body(input: &mut &[u8]) -> Result<Body, CommandError> {
             Body::Command(Command::Batch(operations))
         }
         KIND_RAW => Body::Raw(take_bytes(input)?),
+        KIND_ETCD => Body::Etcd(etcd_codec::take_command(input)?),
         kind => Body::Command(Command::Single(take_operation(input, kind)?)),
     };
     Ok(body)

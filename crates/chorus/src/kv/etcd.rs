@@ -260,6 +260,33 @@ pub struct CompactionResponse {
     pub header_revision: Revision,
 }
 
+/// One etcd write request as a log record carries it: each applies as one
+/// transaction, at most one revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EtcdCommand {
+    /// A put.
+    Put(PutRequest),
+    /// A delete of a key or a range.
+    DeleteRange(DeleteRangeRequest),
+    /// A transaction.
+    Txn(TxnRequest),
+    /// A compaction of the history.
+    Compact(CompactionRequest),
+}
+
+/// The answer to an applied [`EtcdCommand`], one variant per request kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EtcdResponse {
+    /// A put's answer.
+    Put(PutResponse),
+    /// A delete's answer.
+    DeleteRange(DeleteRangeResponse),
+    /// A transaction's answer.
+    Txn(TxnResponse),
+    /// A compaction's answer.
+    Compact(CompactionResponse),
+}
+
 /// The gRPC status class of an [`EtcdError`], as etcd answers it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EtcdErrorCode {

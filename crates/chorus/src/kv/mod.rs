@@ -3,59 +3,66 @@
 //! no I/O, no clock, so every replica of the state that applied the same
 //! prefix of the log is the same map.
 //!
-//! A key's version is the index of the record that last set it. Conditions
-//! are checked at apply time against the state at that index; a record whose
-//! condition fails changes nothing (and the service checks conditions before
-//! appending, so normally such a record is never written).
+//! The map is multi-version, with etcd's revisions ([`mvcc`]): a store
+//! revision that rises by exactly 1 per record that changes something, and
+//! per key `create_revision`, `mod_revision`, `version` and `lease`. Both
+//! the HTTP commands ([`Command`]) and etcd's requests ([`EtcdCommand`],
+//! see [`txn`]) apply as transactions in that one revision space.
+//!
+//! HTTP conditions are checked at apply time against the state at that
+//! index; a record whose condition fails changes nothing (and the service
+//! checks conditions before appending, so normally such a record is never
+//! written).
 //!
 //! A record may carry an idempotency key ([`idempotency`]): the machine
 //! remembers it with the request's digest and outcome, and applies a later
 //! record with the same key as a no-op that answers that outcome.
 //!
-//! Snapshot encoding (little-endian, CRC32C over everything before it):
-//!
-//! ```text
-//! "CHKS" | format u8 = 2 | applied_end u64 | count u64 | count × (key, version u64, value)
-//!        | idempotency_clock_ms u64 | keys u64 | keys × remembered | crc32c u32
-//! remembered: key length u8 | key | digest [32] | index u64 | recorded_ms u64 | outcome
-//! outcome:    0 = done | 1 = condition failed: key | present u8 (0/1) [| version u64]
-//! ```
-//!
-//! Keys in order, each key and value a `u32` length then the bytes;
-//! remembered keys oldest first. Format 1, written before idempotency keys
-//! existed, is the same without the idempotency part (after the entries
-//! comes the checksum); it still decodes, to a state with no remembered keys.
+//! The snapshot encoding, and how earlier formats map onto revisions, is
+//! described in the `snapshot` module.
 
 mod command;
 pub mod etcd;
+mod etcd_codec;
 pub mod idempotency;
+pub mod mvcc;
+mod snapshot;
+mod txn;
+
+#[cfg(test)]
+mod mvcc_tests;
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 
 pub use command::{
     Body, Command, CommandError, Condition, MAX_BATCH_OPERATIONS, MAX_KEY_BYTES, Operation, Record,
 };
+pub use etcd::{EtcdCommand, EtcdError, EtcdResponse, Revision};
+pub use etcd_codec::MAX_TXN_DEPTH;
 pub use idempotency::{IdempotencyKey, IdempotencyTable, Outcome, Retention, Stamp};
+pub use txn::DEFAULT_MAX_TXN_OPS;
 
 use crate::ids::RecordIndex;
 use crate::runtime::{Checkpoint, RestoreError, StateMachine};
 
-const SNAPSHOT_MAGIC: [u8; 4] = *b"CHKS";
-/// Snapshots before idempotency keys: entries only.
-const SNAPSHOT_FORMAT_ENTRIES: u8 = 1;
-/// Entries and the idempotency table.
-const SNAPSHOT_FORMAT: u8 = 2;
-
-/// A stored value and the index of the record that set it.
+/// A stored value and its metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     /// The value.
     pub value: Bytes,
     /// The index of the record that last set the key.
-    pub version: RecordIndex,
+    pub index: RecordIndex,
+    /// The revision that created the key (since its last delete).
+    pub create_revision: Revision,
+    /// The revision that last set the key.
+    pub mod_revision: Revision,
+    /// 1 on creation, +1 per put (etcd's `version`).
+    pub version: i64,
+    /// The etcd lease the key is attached to, 0 for none.
+    pub lease: i64,
 }
 
 /// What applying one record did.
@@ -87,6 +94,9 @@ pub enum Applied {
         /// How it ended.
         outcome: Outcome,
     },
+    /// An etcd request applied (`Ok`, with etcd's answer) or was refused
+    /// as etcd refuses it (`Err`, nothing changed).
+    Etcd(Result<EtcdResponse, EtcdError>),
     /// The record's idempotency key is remembered for a different request;
     /// nothing changed.
     KeyReused {
@@ -110,6 +120,8 @@ pub struct KvState {
     applied_end: RecordIndex,
     /// The remembered idempotency keys.
     idempotency: IdempotencyTable,
+    /// The store revision, the compaction point and the retained changes.
+    history: mvcc::History,
 }
 
 impl Applied {
@@ -172,7 +184,7 @@ impl KvState {
     /// appending, so a failed condition appends nothing.
     pub fn check(&self, command: &Command) -> Result<(), Applied> {
         for operation in command.operations() {
-            let current = self.entries.get(operation.key()).map(|e| e.version);
+            let current = self.entries.get(operation.key()).map(|e| e.index);
             let holds = match operation.condition() {
                 Condition::None => true,
                 Condition::Absent => current.is_none(),
@@ -245,90 +257,38 @@ impl KvState {
         let command = match body {
             Body::Command(command) => command,
             Body::Raw(_) => return Applied::done(),
+            Body::Etcd(command) => return Applied::Etcd(self.apply_etcd(index, command)),
         };
         if let Err(failed) = self.check(command) {
             return failed;
         }
         let mut unchanged = Vec::new();
+        let mut write = self.begin_write(index);
         for (position, operation) in command.operations().iter().enumerate() {
             match operation {
                 Operation::Put { key, value, .. } => {
-                    let entry = Entry {
-                        value: value.clone(),
-                        version: index,
-                    };
-                    self.entries.insert(key.clone(), entry);
+                    self.put_key(&mut write, key, value.clone(), 0);
                 }
                 Operation::Delete { key, .. } => {
-                    if self.entries.remove(key).is_none() {
+                    if self.delete_key(&mut write, key).is_none() {
                         unchanged.push(position);
                     }
                 }
             }
         }
+        self.finish_write(write);
         Applied::Done { unchanged }
     }
 
-    /// The snapshot bytes (see the module docs).
+    /// The snapshot bytes (format 3, see [`snapshot`]).
     pub fn encode_snapshot(&self) -> Bytes {
-        let mut out = BytesMut::new();
-        out.put_slice(&SNAPSHOT_MAGIC);
-        out.put_u8(SNAPSHOT_FORMAT);
-        out.put_u64_le(self.applied_end.0);
-        out.put_u64_le(self.entries.len() as u64);
-        for (key, entry) in &self.entries {
-            out.put_u32_le(key.len() as u32);
-            out.put_slice(key);
-            out.put_u64_le(entry.version.0);
-            out.put_u32_le(entry.value.len() as u32);
-            out.put_slice(&entry.value);
-        }
-        self.idempotency.encode(&mut out);
-        let crc = crc32c::crc32c(&out);
-        out.put_u32_le(crc);
-        out.freeze()
+        snapshot::encode(self)
     }
 
-    /// Restores a state from [`encode_snapshot`](Self::encode_snapshot)'s bytes.
+    /// Restores a state from [`encode_snapshot`](Self::encode_snapshot)'s
+    /// bytes, or from a snapshot of an earlier format.
     pub fn decode_snapshot(bytes: &[u8]) -> Result<KvState, SnapshotError> {
-        let fail = |reason: &str| SnapshotError {
-            reason: reason.to_owned(),
-        };
-        let formats = [SNAPSHOT_FORMAT_ENTRIES, SNAPSHOT_FORMAT];
-        let (format, mut input) =
-            command::open_envelope(bytes, &SNAPSHOT_MAGIC, &formats, 16).map_err(fail)?;
-        let applied_end = RecordIndex(input.get_u64_le());
-        let count = input.get_u64_le();
-        let mut entries = BTreeMap::new();
-        let mut previous: Option<Bytes> = None;
-        for _ in 0..count {
-            let key = take_sized(&mut input).ok_or_else(|| fail("truncated key"))?;
-            if input.len() < 8 {
-                return Err(fail("truncated version"));
-            }
-            let version = RecordIndex(input.get_u64_le());
-            let value = take_sized(&mut input).ok_or_else(|| fail("truncated value"))?;
-            if previous.as_ref().is_some_and(|previous| *previous >= key) {
-                return Err(fail("keys out of order"));
-            }
-            if version >= applied_end {
-                return Err(fail("a version at or past the applied end"));
-            }
-            previous = Some(key.clone());
-            entries.insert(key, Entry { value, version });
-        }
-        let idempotency = match format {
-            SNAPSHOT_FORMAT_ENTRIES => IdempotencyTable::default(),
-            _ => IdempotencyTable::decode(&mut input, applied_end).map_err(fail)?,
-        };
-        if !input.is_empty() {
-            return Err(fail("trailing bytes"));
-        }
-        Ok(KvState {
-            entries,
-            applied_end,
-            idempotency,
-        })
+        snapshot::decode(bytes)
     }
 }
 
@@ -365,19 +325,6 @@ impl Checkpoint for KvState {
     }
 }
 
-fn take_sized(input: &mut &[u8]) -> Option<Bytes> {
-    if input.len() < 4 {
-        return None;
-    }
-    let length = input.get_u32_le() as usize;
-    if input.len() < length {
-        return None;
-    }
-    let bytes = Bytes::copy_from_slice(&input[..length]);
-    input.advance(length);
-    Some(bytes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,7 +352,7 @@ mod tests {
         state.get(key.as_bytes()).map(|entry| {
             (
                 String::from_utf8(entry.value.to_vec()).unwrap(),
-                entry.version.0,
+                entry.index.0,
             )
         })
     }
@@ -725,7 +672,7 @@ mod tests {
         assert!(state.idempotency().is_empty());
         // It is written back in the current format, which keeps the same state.
         let encoded = state.encode_snapshot();
-        assert_eq!(encoded[4], SNAPSHOT_FORMAT);
+        assert_eq!(encoded[4], snapshot::FORMAT_REVISIONS);
         assert_eq!(KvState::decode_snapshot(&encoded).unwrap(), state);
         // A format-1 snapshot followed by an idempotency part is refused.
         let mut longer = bytes[..bytes.len() - 4].to_vec();

@@ -1,0 +1,312 @@
+//! The key-value state's snapshot encoding (little-endian, CRC32C over
+//! everything before it).
+//!
+//! ```text
+//! format 3:
+//! "CHKS" | 3 | applied_end u64 | revision i64 | compacted i64
+//!        | count u64 | count × (key | entry)
+//!        | idempotency table (as format 2)
+//!        | revisions u64 | revisions × (revision i64 | changes u32 | changes × (key | before))
+//!        | crc32c u32
+//! entry:  index u64 | create_revision i64 | mod_revision i64 | version i64 | lease i64 | value
+//! before: 0 (absent) | 1 entry
+//! key, value: length u32 | bytes
+//! ```
+//!
+//! Keys in order, revisions ascending, each revision's changes in the order
+//! they applied. A change stores only the key's entry before it: the entry
+//! after it is the key's next change's entry before, or, for its last
+//! change, its current entry (absent if deleted), so decoding rebuilds it.
+//!
+//! Formats 1 and 2 (before revisions) hold `key | index u64 | value` per
+//! entry, format 2 then the idempotency table. They decode onto revisions
+//! deterministically, so every replica restoring one agrees: each key's
+//! create and mod revision become its index + 1 and its version 1, the
+//! store revision `max(1, applied_end)` (at least every key's), and the
+//! history starts empty at the store revision (it is the compaction
+//! revision: a read below it answers "compacted", never a guess).
+
+use std::collections::BTreeMap;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use super::command;
+use super::etcd::Revision;
+use super::mvcc::{Change, History};
+use super::{Entry, IdempotencyTable, KvState, SnapshotError};
+use crate::ids::RecordIndex;
+
+const SNAPSHOT_MAGIC: [u8; 4] = *b"CHKS";
+/// Snapshots before idempotency keys: entries only.
+const FORMAT_ENTRIES: u8 = 1;
+/// Entries and the idempotency table.
+const FORMAT_IDEMPOTENCY: u8 = 2;
+/// Revisions, entries with their metadata, the table and the history.
+pub(super) const FORMAT_REVISIONS: u8 = 3;
+
+fn fail(reason: &str) -> SnapshotError {
+    SnapshotError {
+        reason: reason.to_owned(),
+    }
+}
+
+/// The snapshot bytes of `state` (format 3).
+pub(super) fn encode(state: &KvState) -> Bytes {
+    let mut out = BytesMut::new();
+    out.put_slice(&SNAPSHOT_MAGIC);
+    out.put_u8(FORMAT_REVISIONS);
+    out.put_u64_le(state.applied_end.0);
+    out.put_i64_le(state.history.revision);
+    out.put_i64_le(state.history.compacted);
+    out.put_u64_le(state.entries.len() as u64);
+    for (key, entry) in &state.entries {
+        put_sized(&mut out, key);
+        put_entry(&mut out, entry);
+    }
+    state.idempotency.encode(&mut out);
+    out.put_u64_le(state.history.changes.len() as u64);
+    for (revision, changes) in &state.history.changes {
+        out.put_i64_le(*revision);
+        out.put_u32_le(changes.len() as u32);
+        for change in changes {
+            put_sized(&mut out, &change.key);
+            match &change.before {
+                None => out.put_u8(0),
+                Some(entry) => {
+                    out.put_u8(1);
+                    put_entry(&mut out, entry);
+                }
+            }
+        }
+    }
+    let crc = crc32c::crc32c(&out);
+    out.put_u32_le(crc);
+    out.freeze()
+}
+
+/// Restores a state from [`encode`]'s bytes, or a format 1 or 2 snapshot.
+pub(super) fn decode(bytes: &[u8]) -> Result<KvState, SnapshotError> {
+    let formats = [FORMAT_ENTRIES, FORMAT_IDEMPOTENCY, FORMAT_REVISIONS];
+    let (format, mut input) =
+        command::open_envelope(bytes, &SNAPSHOT_MAGIC, &formats, 16).map_err(fail)?;
+    let input = &mut input;
+    let applied_end = RecordIndex(input.get_u64_le());
+    let state = if format == FORMAT_REVISIONS {
+        decode_revisions(input, applied_end)?
+    } else {
+        decode_index_versions(input, applied_end, format)?
+    };
+    if !input.is_empty() {
+        return Err(fail("trailing bytes"));
+    }
+    Ok(state)
+}
+
+fn decode_revisions(input: &mut &[u8], applied_end: RecordIndex) -> Result<KvState, SnapshotError> {
+    let revision = take_i64(input).ok_or_else(|| fail("truncated revision"))?;
+    let compacted = take_i64(input).ok_or_else(|| fail("truncated compaction revision"))?;
+    if revision < 1 || compacted < -1 || compacted > revision {
+        return Err(fail("revisions out of bounds"));
+    }
+    let count = take_u64(input).ok_or_else(|| fail("truncated count"))?;
+    let mut entries = BTreeMap::new();
+    for _ in 0..count {
+        let key = take_key(input, entries.last_key_value().map(|(key, _)| key))?;
+        let entry = take_entry(input, applied_end, revision)?;
+        entries.insert(key, entry);
+    }
+    let idempotency = IdempotencyTable::decode(input, applied_end).map_err(fail)?;
+    let history = take_history(input, applied_end, &entries, revision, compacted)?;
+    Ok(KvState {
+        entries,
+        applied_end,
+        idempotency,
+        history,
+    })
+}
+
+/// Formats 1 and 2: index versions, mapped onto revisions (module docs).
+fn decode_index_versions(
+    input: &mut &[u8],
+    applied_end: RecordIndex,
+    format: u8,
+) -> Result<KvState, SnapshotError> {
+    let count = take_u64(input).ok_or_else(|| fail("truncated count"))?;
+    let revision = Revision::try_from(applied_end.0.max(1))
+        .map_err(|_| fail("an applied end past the revision range"))?;
+    let mut entries = BTreeMap::new();
+    for _ in 0..count {
+        let key = take_key(input, entries.last_key_value().map(|(key, _)| key))?;
+        let index = take_u64(input).ok_or_else(|| fail("truncated version"))?;
+        let value = take_sized(input).ok_or_else(|| fail("truncated value"))?;
+        if index >= applied_end.0 {
+            return Err(fail("a version at or past the applied end"));
+        }
+        let key_revision = index as Revision + 1;
+        let entry = Entry {
+            value,
+            index: RecordIndex(index),
+            create_revision: key_revision,
+            mod_revision: key_revision,
+            version: 1,
+            lease: 0,
+        };
+        entries.insert(key, entry);
+    }
+    let idempotency = match format {
+        FORMAT_ENTRIES => IdempotencyTable::default(),
+        _ => IdempotencyTable::decode(input, applied_end).map_err(fail)?,
+    };
+    let mut history = History::default();
+    if applied_end.0 > 0 {
+        history.revision = revision;
+        history.compacted = revision;
+    }
+    Ok(KvState {
+        entries,
+        applied_end,
+        idempotency,
+        history,
+    })
+}
+
+/// The retained changes; rebuilds each change's entry after from the
+/// key's next change or its current entry.
+fn take_history(
+    input: &mut &[u8],
+    applied_end: RecordIndex,
+    entries: &BTreeMap<Bytes, Entry>,
+    revision: Revision,
+    compacted: Revision,
+) -> Result<History, SnapshotError> {
+    let revisions = take_u64(input).ok_or_else(|| fail("truncated history"))?;
+    let mut changes: BTreeMap<Revision, Vec<Change>> = BTreeMap::new();
+    for _ in 0..revisions {
+        let at = take_i64(input).ok_or_else(|| fail("truncated history revision"))?;
+        let in_order = changes.last_key_value().is_none_or(|(last, _)| *last < at);
+        if !in_order || at < compacted.max(1) || at > revision {
+            return Err(fail("a history revision out of order or bounds"));
+        }
+        let count = take_u32(input).ok_or_else(|| fail("truncated history count"))?;
+        if count == 0 {
+            return Err(fail("a history revision without changes"));
+        }
+        let mut list = Vec::new();
+        for _ in 0..count {
+            let key = take_sized(input).ok_or_else(|| fail("truncated history key"))?;
+            let before = match take_u8(input) {
+                Some(0) => None,
+                Some(1) => Some(take_entry(input, applied_end, at - 1)?),
+                _ => return Err(fail("a bad history entry flag")),
+            };
+            list.push(Change {
+                key,
+                before,
+                after: None,
+            });
+        }
+        changes.insert(at, list);
+    }
+    let mut after: BTreeMap<Bytes, Option<Entry>> = BTreeMap::new();
+    for change in changes
+        .values_mut()
+        .rev()
+        .flat_map(|list| list.iter_mut().rev())
+    {
+        let next = after
+            .remove(&change.key)
+            .unwrap_or_else(|| entries.get(&change.key).cloned());
+        change.after = next;
+        after.insert(change.key.clone(), change.before.clone());
+    }
+    let bytes = changes.values().flatten().map(Change::charged_bytes).sum();
+    Ok(History {
+        revision,
+        compacted,
+        changes,
+        bytes,
+    })
+}
+
+fn put_sized(out: &mut BytesMut, bytes: &[u8]) {
+    out.put_u32_le(bytes.len() as u32);
+    out.put_slice(bytes);
+}
+
+fn put_entry(out: &mut BytesMut, entry: &Entry) {
+    out.put_u64_le(entry.index.0);
+    out.put_i64_le(entry.create_revision);
+    out.put_i64_le(entry.mod_revision);
+    out.put_i64_le(entry.version);
+    out.put_i64_le(entry.lease);
+    put_sized(out, &entry.value);
+}
+
+/// An entry, checked: written below `applied_end`, its revisions within
+/// `1..=revision` and in order, its version positive.
+fn take_entry(
+    input: &mut &[u8],
+    applied_end: RecordIndex,
+    revision: Revision,
+) -> Result<Entry, SnapshotError> {
+    if input.len() < 40 {
+        return Err(fail("truncated entry"));
+    }
+    let index = RecordIndex(input.get_u64_le());
+    let create_revision = input.get_i64_le();
+    let mod_revision = input.get_i64_le();
+    let version = input.get_i64_le();
+    let lease = input.get_i64_le();
+    let value = take_sized(input).ok_or_else(|| fail("truncated value"))?;
+    if index >= applied_end {
+        return Err(fail("an entry at or past the applied end"));
+    }
+    if create_revision < 1 || create_revision > mod_revision || mod_revision > revision {
+        return Err(fail("an entry's revisions out of bounds"));
+    }
+    if version < 1 {
+        return Err(fail("an entry's version below 1"));
+    }
+    Ok(Entry {
+        value,
+        index,
+        create_revision,
+        mod_revision,
+        version,
+        lease,
+    })
+}
+
+fn take_key(input: &mut &[u8], previous: Option<&Bytes>) -> Result<Bytes, SnapshotError> {
+    let key = take_sized(input).ok_or_else(|| fail("truncated key"))?;
+    if previous.is_some_and(|previous| *previous >= key) {
+        return Err(fail("keys out of order"));
+    }
+    Ok(key)
+}
+
+fn take_u8(input: &mut &[u8]) -> Option<u8> {
+    (!input.is_empty()).then(|| input.get_u8())
+}
+
+fn take_u32(input: &mut &[u8]) -> Option<u32> {
+    (input.len() >= 4).then(|| input.get_u32_le())
+}
+
+fn take_u64(input: &mut &[u8]) -> Option<u64> {
+    (input.len() >= 8).then(|| input.get_u64_le())
+}
+
+fn take_i64(input: &mut &[u8]) -> Option<i64> {
+    (input.len() >= 8).then(|| input.get_i64_le())
+}
+
+fn take_sized(input: &mut &[u8]) -> Option<Bytes> {
+    let length = take_u32(input)? as usize;
+    if input.len() < length {
+        return None;
+    }
+    let bytes = Bytes::copy_from_slice(&input[..length]);
+    input.advance(length);
+    Some(bytes)
+}
