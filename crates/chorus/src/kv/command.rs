@@ -176,6 +176,21 @@ pub struct Record {
 }
 
 impl Record {
+    /// The prefix every record of the machine begins with, in every format
+    /// and kind (see [`is_reserved`](Self::is_reserved)).
+    pub const PREFIX: &'static [u8] = &MAGIC;
+
+    /// Whether `bytes` lie in the machine's own record space: they begin
+    /// with [`PREFIX`](Self::PREFIX), whatever follows. Every record the
+    /// machine reads as its own begins so (the envelope checks it first),
+    /// including formats and kinds a later build adds; bytes that do not
+    /// are skipped as not its own. A raw append of such bytes could forge
+    /// a key-value write, now or after an upgrade, so the service refuses
+    /// it.
+    pub fn is_reserved(bytes: &[u8]) -> bool {
+        bytes.starts_with(Self::PREFIX)
+    }
+
     /// The record bytes: format 1 without a stamp, format 2 with one.
     /// Refuses a command that breaks the limits, a stamp outside its
     /// limits, and a raw payload without a stamp.
@@ -632,6 +647,7 @@ mod tests {
             let encoded = record.encode().unwrap();
             prop_assert_eq!(encoded[4], if record.stamp.is_some() { FORMAT_STAMPED } else { FORMAT_PLAIN });
             prop_assert_eq!(Record::decode(&encoded).unwrap(), record.clone());
+            prop_assert!(Record::is_reserved(&encoded));
             // The digest is the request's, whatever the stamp.
             let unstamped = Record { stamp: None, body: record.body.clone() };
             prop_assert_eq!(record.digest().unwrap(), unstamped.digest().unwrap());
@@ -653,6 +669,19 @@ mod tests {
             let encoded = record.encode().unwrap();
             let cut = cut.index(encoded.len());
             prop_assert!(Record::decode(&encoded[..cut]).is_err());
+        }
+
+        #[test]
+        fn only_reserved_bytes_decode(record in record(), position in 0..MAGIC.len(), byte in any::<u8>()) {
+            // A valid record with one byte of its prefix replaced, re-signed
+            // so that only the prefix can refuse it.
+            let mut encoded = record.encode().unwrap().to_vec();
+            encoded[position] = byte;
+            let encoded = resigned(encoded);
+            prop_assert_eq!(Record::is_reserved(&encoded), byte == MAGIC[position]);
+            if !Record::is_reserved(&encoded) {
+                prop_assert!(Record::decode(&encoded).is_err());
+            }
         }
 
         #[test]
