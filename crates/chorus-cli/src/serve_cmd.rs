@@ -124,6 +124,13 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = listener::DEFAULT_HEADER_READ_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
     header_read_timeout_secs: u64,
 
+    /// Bound on an answer that makes no progress: a client that takes no
+    /// byte of it (a page, a watch or follow stream) for this long is
+    /// disconnected, and the permits and buffers the answer held are
+    /// released. Every byte taken restarts it, so slow links are served.
+    #[arg(long, default_value_t = chorus_server::send_timeout::DEFAULT_SEND_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
+    send_timeout_secs: u64,
+
     /// At shutdown, how long requests and streams in flight may take to
     /// finish before their connections are closed and the lease released.
     #[arg(long, default_value_t = listener::DEFAULT_SHUTDOWN_GRACE.as_secs(), value_parser = clap::value_parser!(u64).range(0..=3600))]
@@ -281,6 +288,7 @@ impl ServeArgs {
         let connections = ConnectionLimits {
             max_connections: listener::connection_cap(requested, listener::descriptor_limit()),
             header_read_timeout: Duration::from_secs(self.header_read_timeout_secs),
+            send_timeout: Duration::from_secs(self.send_timeout_secs),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
         };
         let memory = MemoryLimits {
@@ -392,6 +400,7 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         "request_timeout_secs": service.request_timeout.as_secs(),
         "max_connections": service.connections.max_connections,
         "header_read_timeout_secs": service.connections.header_read_timeout.as_secs(),
+        "send_timeout_secs": service.connections.send_timeout.as_secs(),
         "shutdown_grace_secs": service.connections.shutdown_grace.as_secs(),
         "idempotency_max_keys": service.idempotency.max_keys,
         "idempotency_max_age_secs": service.idempotency.max_age_ms / 1000,
@@ -440,6 +449,7 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
         max_connections = connections.max_connections,
         descriptor_limit = listener::descriptor_limit(),
         header_read_timeout_secs = connections.header_read_timeout.as_secs(),
+        send_timeout_secs = connections.send_timeout.as_secs(),
         shutdown_grace_secs = connections.shutdown_grace.as_secs(),
         "connection limits"
     );
