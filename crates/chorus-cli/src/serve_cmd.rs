@@ -156,6 +156,17 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = limits::DEFAULT_MAX_LOG_PAGES as u64, value_parser = clap::value_parser!(u64).range(1..=1024))]
     max_log_pages: u64,
 
+    /// Bound on the JSON of one `GET /v1/kv` page, in bytes: a page stops
+    /// taking items once it reaches it (exceeding it by less than one item),
+    /// and the client continues from its `next`.
+    #[arg(long, default_value_t = limits::DEFAULT_LIST_PAGE_BYTES as u64, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    list_page_bytes: u64,
+
+    /// Most `GET /v1/kv` pages built and sent at once; more wait (until
+    /// the request timeout). Each costs its rendered page.
+    #[arg(long, default_value_t = limits::DEFAULT_MAX_LIST_PAGES as u64, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    max_list_pages: u64,
+
     /// Applied records kept in memory for watches that resume from an
     /// index (0: none); a watch from before them is 410 Gone.
     #[arg(long, default_value_t = DEFAULT_HISTORY_RECORDS as u64)]
@@ -298,6 +309,8 @@ impl ServeArgs {
             ),
             log_page_bytes: to_usize(self.log_page_bytes),
             max_log_pages: to_usize(self.max_log_pages),
+            list_page_bytes: to_usize(self.list_page_bytes),
+            max_list_pages: to_usize(self.max_list_pages),
         };
         let service = ServiceConfig {
             token,
@@ -407,6 +420,8 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         "max_streams": service.memory.max_streams,
         "log_page_bytes": service.memory.log_page_bytes,
         "max_log_pages": service.memory.max_log_pages,
+        "list_page_bytes": service.memory.list_page_bytes,
+        "max_list_pages": service.memory.max_list_pages,
         "history_records": schedule.history_records,
         "history_bytes": schedule.history_bytes,
     });
@@ -458,6 +473,8 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
         max_streams = memory.max_streams,
         log_page_bytes = memory.log_page_bytes,
         max_log_pages = memory.max_log_pages,
+        list_page_bytes = memory.list_page_bytes,
+        max_list_pages = memory.max_list_pages,
         history_records = resolved.schedule.history_records,
         history_bytes = resolved.schedule.history_bytes,
         "memory limits"
