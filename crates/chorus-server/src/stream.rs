@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::body::Body as HttpBody;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -31,7 +30,7 @@ use tokio::sync::{OwnedSemaphorePermit, watch};
 use crate::deadline::admitting;
 use crate::encoding::{Utf8Query, insert_bytes, prefix_bytes};
 use crate::error::ApiError;
-use crate::limits::{LOG_PAGE_CHUNK_BYTES, page_has_room};
+use crate::limits::{held_body, page_has_room};
 use crate::{AppState, body_bytes, kv};
 
 /// Changes fetched from the history per round.
@@ -283,18 +282,9 @@ impl LogPage {
     fn finish(mut self, next: RecordIndex, place: OwnedSemaphorePermit) -> Response {
         self.body
             .extend_from_slice(format!(r#"],"next":{}}}"#, next.0).as_bytes());
-        let body = Bytes::from(self.body);
-        let pieces: Vec<Bytes> = (0..body.len())
-            .step_by(LOG_PAGE_CHUNK_BYTES)
-            .map(|start| body.slice(start..body.len().min(start + LOG_PAGE_CHUNK_BYTES)))
-            .collect();
-        let pieces = holding(
-            place,
-            futures::stream::iter(pieces).map(Ok::<_, Infallible>),
-        );
         (
             [(header::CONTENT_TYPE, "application/json")],
-            HttpBody::from_stream(pieces),
+            held_body(self.body, place),
         )
             .into_response()
     }
