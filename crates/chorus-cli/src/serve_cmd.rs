@@ -124,6 +124,13 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = listener::DEFAULT_HEADER_READ_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
     header_read_timeout_secs: u64,
 
+    /// Bound on an answer that makes no progress: a client that takes no
+    /// byte of it (a page, a watch or follow stream) for this long is
+    /// disconnected, and the permits and buffers the answer held are
+    /// released. Every byte taken restarts it, so slow links are served.
+    #[arg(long, default_value_t = chorus_server::send_timeout::DEFAULT_SEND_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
+    send_timeout_secs: u64,
+
     /// At shutdown, how long requests and streams in flight may take to
     /// finish before their connections are closed and the lease released.
     #[arg(long, default_value_t = listener::DEFAULT_SHUTDOWN_GRACE.as_secs(), value_parser = clap::value_parser!(u64).range(0..=3600))]
@@ -148,6 +155,17 @@ pub struct ServeArgs {
     /// buffer, up to one sealed segment.
     #[arg(long, default_value_t = limits::DEFAULT_MAX_LOG_PAGES as u64, value_parser = clap::value_parser!(u64).range(1..=1024))]
     max_log_pages: u64,
+
+    /// Bound on the JSON of one `GET /v1/kv` page, in bytes: a page stops
+    /// taking items once it reaches it (exceeding it by less than one item),
+    /// and the client continues from its `next`.
+    #[arg(long, default_value_t = limits::DEFAULT_LIST_PAGE_BYTES as u64, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    list_page_bytes: u64,
+
+    /// Most `GET /v1/kv` pages built and sent at once; more wait (until
+    /// the request timeout). Each costs its rendered page.
+    #[arg(long, default_value_t = limits::DEFAULT_MAX_LIST_PAGES as u64, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    max_list_pages: u64,
 
     /// Applied records kept in memory for watches that resume from an
     /// index (0: none); a watch from before them is 410 Gone.
@@ -281,6 +299,7 @@ impl ServeArgs {
         let connections = ConnectionLimits {
             max_connections: listener::connection_cap(requested, listener::descriptor_limit()),
             header_read_timeout: Duration::from_secs(self.header_read_timeout_secs),
+            send_timeout: Duration::from_secs(self.send_timeout_secs),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
         };
         let memory = MemoryLimits {
@@ -290,6 +309,8 @@ impl ServeArgs {
             ),
             log_page_bytes: to_usize(self.log_page_bytes),
             max_log_pages: to_usize(self.max_log_pages),
+            list_page_bytes: to_usize(self.list_page_bytes),
+            max_list_pages: to_usize(self.max_list_pages),
         };
         let service = ServiceConfig {
             token,
@@ -392,12 +413,15 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         "request_timeout_secs": service.request_timeout.as_secs(),
         "max_connections": service.connections.max_connections,
         "header_read_timeout_secs": service.connections.header_read_timeout.as_secs(),
+        "send_timeout_secs": service.connections.send_timeout.as_secs(),
         "shutdown_grace_secs": service.connections.shutdown_grace.as_secs(),
         "idempotency_max_keys": service.idempotency.max_keys,
         "idempotency_max_age_secs": service.idempotency.max_age_ms / 1000,
         "max_streams": service.memory.max_streams,
         "log_page_bytes": service.memory.log_page_bytes,
         "max_log_pages": service.memory.max_log_pages,
+        "list_page_bytes": service.memory.list_page_bytes,
+        "max_list_pages": service.memory.max_list_pages,
         "history_records": schedule.history_records,
         "history_bytes": schedule.history_bytes,
     });
@@ -440,6 +464,7 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
         max_connections = connections.max_connections,
         descriptor_limit = listener::descriptor_limit(),
         header_read_timeout_secs = connections.header_read_timeout.as_secs(),
+        send_timeout_secs = connections.send_timeout.as_secs(),
         shutdown_grace_secs = connections.shutdown_grace.as_secs(),
         "connection limits"
     );
@@ -448,6 +473,8 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
         max_streams = memory.max_streams,
         log_page_bytes = memory.log_page_bytes,
         max_log_pages = memory.max_log_pages,
+        list_page_bytes = memory.list_page_bytes,
+        max_list_pages = memory.max_list_pages,
         history_records = resolved.schedule.history_records,
         history_bytes = resolved.schedule.history_bytes,
         "memory limits"

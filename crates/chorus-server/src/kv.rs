@@ -27,6 +27,7 @@ use serde_json::{Map, Value, json};
 use crate::deadline::admitting;
 use crate::encoding::{Utf8Query, cursor, field_bytes, insert_bytes, parse_cursor, prefix_bytes};
 use crate::error::{ApiError, condition_failed, key_reused};
+use crate::limits::{held_body, page_has_room};
 use crate::{AppState, INDEX_HEADER, body_bytes};
 
 /// The request header that makes a write exactly-once.
@@ -308,7 +309,11 @@ fn path_key(key: String) -> Result<String, ApiError> {
     Ok(key)
 }
 
-/// `GET /v1/kv?prefix=&limit=&after=`: a page of keys in order.
+/// `GET /v1/kv?prefix=&limit=&after=`: a page of keys in order, at most
+/// `limit` items and cut once its JSON reaches
+/// [`MemoryLimits::list_page_bytes`](crate::limits::MemoryLimits); `next`
+/// (a cursor for `after`) is set whenever more may follow. At most
+/// `max_list_pages` pages are built and sent at once, the others wait.
 pub async fn list(
     State(app): State<Arc<AppState>>,
     Utf8Query(query): Utf8Query<ListQuery>,
@@ -321,26 +326,83 @@ pub async fn list(
     }
     let after = query.after.as_deref().map(parse_cursor).transpose()?;
     let prefix = prefix_bytes(query.prefix, query.prefix_b64)?;
-    // Only the copy runs under the state lock (keys and values are `Bytes`:
-    // a clone is a reference count); rendering up to a page of values into
-    // JSON there would stall every apply and `/readyz` meanwhile.
-    let ((page, more), applied) = read(&app, query.consistency, |state| {
-        let (page, more) = state.list(&prefix, after.as_deref(), limit);
-        let page: Vec<(Bytes, Entry)> = page
-            .into_iter()
-            .map(|(key, entry)| (key.clone(), entry.clone()))
-            .collect();
-        (page, more)
+    let place = app.permits.list_page().await;
+    let max_bytes = app.permits.limits().list_page_bytes;
+    // Only the copy runs under the state lock; rendering up to a page of
+    // values into JSON there would stall every apply and `/readyz`.
+    let (copied, applied) = read(&app, query.consistency, |state| {
+        copy_page(state, &prefix, after.as_deref(), limit, max_bytes)
     })?;
+    let body = render_list(copied, applied, max_bytes);
+    let headers = [
+        (INDEX_HEADER, HeaderValue::from(applied.0)),
+        (
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        ),
+    ];
+    Ok((headers, held_body(body, place)).into_response())
+}
+
+/// The entries a list page may render, copied out of the state (keys and
+/// values are `Bytes`: a copy is a reference count), and whether more
+/// follow them.
+#[derive(Debug)]
+struct CopiedPage {
+    entries: Vec<(Bytes, Entry)>,
+    more: bool,
+}
+
+/// Copies up to `limit` entries of the page, stopping once their raw bytes
+/// reach `max_bytes`: an item renders into at least its raw bytes, so the
+/// rendering stops at or before the end of the copy.
+fn copy_page(
+    state: &KvState,
+    prefix: &[u8],
+    after: Option<&[u8]>,
+    limit: usize,
+    max_bytes: usize,
+) -> CopiedPage {
+    let (page, more) = state.list(prefix, after, limit);
+    let mut entries = Vec::new();
+    let mut raw_bytes = 0;
+    for (key, entry) in &page {
+        if !page_has_room(entries.len(), raw_bytes, limit, max_bytes) {
+            return CopiedPage {
+                entries,
+                more: true,
+            };
+        }
+        raw_bytes += key.len() + entry.value.len();
+        entries.push(((*key).clone(), (*entry).clone()));
+    }
+    CopiedPage { entries, more }
+}
+
+/// A list page's JSON, `{"items": [...], "next": cursor, "index": N}`,
+/// rendered item by item until it reaches `max_bytes` (the first item
+/// always goes in); `next` names the last item rendered when more follow.
+fn render_list(page: CopiedPage, applied: RecordIndex, max_bytes: usize) -> Vec<u8> {
+    let mut body = br#"{"items":["#.to_vec();
+    let mut rendered = 0;
+    for (key, entry) in &page.entries {
+        if !page_has_room(rendered, body.len(), usize::MAX, max_bytes) {
+            break;
+        }
+        if rendered > 0 {
+            body.push(b',');
+        }
+        serde_json::to_writer(&mut body, &list_item(key, entry))
+            .expect("a JSON value renders into a Vec");
+        rendered += 1;
+    }
+    let more = page.more || rendered < page.entries.len();
     let next = more
-        .then(|| page.last().map(|(key, _)| cursor(key)))
+        .then(|| page.entries[..rendered].last().map(|(key, _)| cursor(key)))
         .flatten();
-    let items: Vec<Value> = page
-        .iter()
-        .map(|(key, entry)| list_item(key, entry))
-        .collect();
-    let body = json!({ "items": items, "next": next, "index": applied.0 });
-    Ok(([(INDEX_HEADER, HeaderValue::from(applied.0))], Json(body)).into_response())
+    let end = format!(r#"],"next":{},"index":{}}}"#, json!(next), applied.0);
+    body.extend_from_slice(end.as_bytes());
+    body
 }
 
 /// One item of a list page: `{"key", "value", "version"}`.
@@ -735,6 +797,100 @@ mod tests {
         let malformed = Applied::Malformed(chorus::kv::CommandError::UnstampedRaw);
         let error = answer(at, malformed, None).unwrap_err();
         assert_eq!(error.status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    /// A state of `count` keys `k00`, `k01`, … whose values are
+    /// `value_bytes` bytes that are not UTF-8 (rendered as base64).
+    fn state_with_values(count: usize, value_bytes: usize) -> KvState {
+        let mut state = KvState::default();
+        for number in 0..count {
+            let record = Record {
+                stamp: None,
+                body: Body::Command(Command::Single(Operation::Put {
+                    key: Bytes::from(format!("k{number:02}")),
+                    value: Bytes::from(vec![0xff; value_bytes]),
+                    condition: Condition::None,
+                })),
+            };
+            state.apply(RecordIndex(number as u64), &record.encode().unwrap());
+        }
+        state
+    }
+
+    /// A list page as `list` renders it, parsed, and its size.
+    fn list_page(
+        state: &KvState,
+        after: Option<&str>,
+        limit: usize,
+        max_bytes: usize,
+    ) -> (Value, usize) {
+        let after = after.map(|next| parse_cursor(next).unwrap());
+        let copied = copy_page(state, b"", after.as_deref(), limit, max_bytes);
+        let body = render_list(copied, RecordIndex(7), max_bytes);
+        (serde_json::from_slice(&body).unwrap(), body.len())
+    }
+
+    fn keys(page: &Value) -> Vec<&str> {
+        page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|item| item["key"].as_str().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_list_page_is_cut_by_its_rendered_bytes_and_says_where_to_continue() {
+        // 3,000 bytes each, rendered as 4,000 bytes of base64.
+        let state = state_with_values(10, 3000);
+        let (page, bytes) = list_page(&state, None, 1000, 10_000);
+        assert_eq!(
+            keys(&page),
+            ["k00", "k01", "k02"],
+            "the third reaches 10,000"
+        );
+        assert_eq!(page["next"], cursor(b"k02"));
+        assert_eq!(page["index"], 7);
+        assert!(
+            bytes < 10_000 + 4100,
+            "over the budget by less than an item"
+        );
+        // Walking on from `next` sees every key once.
+        let mut walked = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let (page, _) = list_page(&state, after.as_deref(), 1000, 10_000);
+            walked.extend(keys(&page).into_iter().map(str::to_owned));
+            match page["next"].as_str() {
+                Some(next) => after = Some(next.to_owned()),
+                None => break,
+            }
+        }
+        let expected: Vec<String> = (0..10).map(|n| format!("k{n:02}")).collect();
+        assert_eq!(walked, expected);
+        // The count limit still cuts, and a page without a cut has no next.
+        let (page, _) = list_page(&state, None, 2, usize::MAX);
+        assert_eq!(keys(&page), ["k00", "k01"]);
+        assert_eq!(page["next"], cursor(b"k01"));
+        let (page, _) = list_page(&state, None, 1000, usize::MAX);
+        assert_eq!(keys(&page).len(), 10);
+        assert_eq!(page["next"], Value::Null);
+        let (page, _) = list_page(&state, None, 1000, 1);
+        assert_eq!(keys(&page), ["k00"], "one item always fits");
+        let (page, _) = list_page(&state, Some(&cursor(b"k09")), 1000, 1);
+        assert_eq!(page, json!({"items": [], "next": null, "index": 7}));
+    }
+
+    #[test]
+    fn a_list_copies_no_more_than_its_byte_budget_can_render() {
+        let state = state_with_values(10, 3000);
+        let copied = copy_page(&state, b"", None, 1000, 10_000);
+        // 3,003 raw bytes each: the fourth reaches 10,000.
+        assert_eq!(copied.entries.len(), 4);
+        assert!(copied.more);
+        let copied = copy_page(&state, b"", None, 1000, usize::MAX);
+        assert_eq!(copied.entries.len(), 10);
+        assert!(!copied.more);
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod guard;
 pub mod kv;
 pub mod limits;
 pub mod listener;
+pub mod send_timeout;
 pub mod status;
 pub mod stream;
 
@@ -52,7 +53,8 @@ pub struct ServiceConfig {
     pub max_body_bytes: usize,
     /// Bound on a request until its answer starts (`503` after).
     pub request_timeout: Duration,
-    /// Bounds on connections: how many at once, header read time, drain.
+    /// Bounds on connections: how many at once, header read time, an
+    /// answer without progress, drain.
     pub connections: listener::ConnectionLimits,
     /// Bounds on the memory of reads and streams: open streams, log pages.
     pub memory: limits::MemoryLimits,

@@ -1,6 +1,7 @@
 //! Bounds, in bytes and in counts, on the memory that reads and streams
 //! hold: how many event streams are open at once, how large a
-//! `GET /v1/log` page grows, and how many pages are built and sent at once.
+//! `GET /v1/log` or `GET /v1/kv` page grows, and how many pages of each are
+//! built and sent at once.
 //!
 //! Without them memory was bounded by record counts only: one page of
 //! 10,000 records of 1 MiB rendered as JSON (base64, then the body) took
@@ -8,8 +9,12 @@
 //! log reader's buffer and its store polling for as long as it stayed open,
 //! with no limit on how many did.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 
+use axum::body::Body;
+use bytes::Bytes;
+use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::ApiError;
@@ -29,11 +34,18 @@ pub const DEFAULT_LOG_PAGE_BYTES: usize = 16 << 20;
 /// Default number of `GET /v1/log` pages built and sent at once; a page
 /// request beyond them waits for one, bounded by the request timeout.
 pub const DEFAULT_MAX_LOG_PAGES: usize = 4;
+/// Default bound on a `GET /v1/kv` page's rendered JSON, which it exceeds
+/// by less than one item: 1,000 values of 1 MiB rendered about 1.4 GiB.
+pub const DEFAULT_LIST_PAGE_BYTES: usize = 16 << 20;
+/// Default number of `GET /v1/kv` pages built and sent at once; a list
+/// beyond them waits for one, bounded by the request timeout.
+pub const DEFAULT_MAX_LIST_PAGES: usize = 4;
 /// A page body is handed to the connection in pieces of this size, so that
 /// the page's permit is held until its last piece was taken.
 pub const LOG_PAGE_CHUNK_BYTES: usize = 64 << 10;
 
 const _: () = assert!(LOG_PAGE_CHUNK_BYTES <= DEFAULT_LOG_PAGE_BYTES);
+const _: () = assert!(LOG_PAGE_CHUNK_BYTES <= DEFAULT_LIST_PAGE_BYTES);
 const _: () = assert!(
     STREAM_SHARE_DIVISOR >= 2,
     "streams leave connections for requests"
@@ -51,6 +63,12 @@ pub struct MemoryLimits {
     pub log_page_bytes: usize,
     /// Most `GET /v1/log` pages built or being sent at once.
     pub max_log_pages: usize,
+    /// Bound on the rendered bytes of one `GET /v1/kv` page: items are
+    /// added until the page reaches it (the first item always goes in), and
+    /// `next` tells the client where to continue.
+    pub list_page_bytes: usize,
+    /// Most `GET /v1/kv` pages built or being sent at once.
+    pub max_list_pages: usize,
 }
 
 impl Default for MemoryLimits {
@@ -59,6 +77,8 @@ impl Default for MemoryLimits {
             max_streams: DEFAULT_MAX_STREAMS,
             log_page_bytes: DEFAULT_LOG_PAGE_BYTES,
             max_log_pages: DEFAULT_MAX_LOG_PAGES,
+            list_page_bytes: DEFAULT_LIST_PAGE_BYTES,
+            max_list_pages: DEFAULT_MAX_LIST_PAGES,
         }
     }
 }
@@ -83,6 +103,7 @@ pub struct Permits {
     limits: MemoryLimits,
     streams: Arc<Semaphore>,
     log_pages: Arc<Semaphore>,
+    list_pages: Arc<Semaphore>,
 }
 
 impl Permits {
@@ -94,10 +115,19 @@ impl Permits {
             limits.log_page_bytes > 0,
             "log_page_bytes must be at least 1"
         );
+        assert!(
+            limits.max_list_pages > 0,
+            "max_list_pages must be at least 1"
+        );
+        assert!(
+            limits.list_page_bytes > 0,
+            "list_page_bytes must be at least 1"
+        );
         Permits {
             limits,
             streams: Arc::new(Semaphore::new(limits.max_streams)),
             log_pages: Arc::new(Semaphore::new(limits.max_log_pages)),
+            list_pages: Arc::new(Semaphore::new(limits.max_list_pages)),
         }
     }
 
@@ -123,10 +153,36 @@ impl Permits {
             .expect("the semaphore is never closed")
     }
 
+    /// A place for one `GET /v1/kv` page, held until its body was sent;
+    /// waits for one (the request timeout bounds the wait).
+    pub async fn list_page(&self) -> OwnedSemaphorePermit {
+        Arc::clone(&self.list_pages)
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed")
+    }
+
     /// Event streams open now.
     pub fn streams_open(&self) -> usize {
         self.limits.max_streams - self.streams.available_permits()
     }
+}
+
+/// A rendered page as a response body that holds `place` until its last
+/// piece was handed to the connection (or the connection closed). The
+/// body goes out in pieces of [`LOG_PAGE_CHUNK_BYTES`], so the permit is
+/// released when the client took the page, not when it was rendered.
+pub fn held_body(body: Vec<u8>, place: OwnedSemaphorePermit) -> Body {
+    let body = Bytes::from(body);
+    let pieces: Vec<Bytes> = (0..body.len())
+        .step_by(LOG_PAGE_CHUNK_BYTES)
+        .map(|start| body.slice(start..body.len().min(start + LOG_PAGE_CHUNK_BYTES)))
+        .collect();
+    let pieces = futures::stream::iter(pieces).map(move |piece| {
+        let _held = &place;
+        Ok::<_, Infallible>(piece)
+    });
+    Body::from_stream(pieces)
 }
 
 #[cfg(test)]

@@ -22,6 +22,8 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use crate::send_timeout::{DEFAULT_SEND_TIMEOUT, SendTimeout};
+
 /// Connections served at once unless configured otherwise (further bounded
 /// by [`connection_cap`]).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
@@ -52,6 +54,10 @@ pub struct ConnectionLimits {
     /// connection is ready for it (so also on an idle keep-alive
     /// connection); the connection is closed after it.
     pub header_read_timeout: Duration,
+    /// Bound on an answer that makes no progress: once the client took no
+    /// byte of it for this long, the connection is closed and everything
+    /// the answer held (page permits, stream places, buffers) released.
+    pub send_timeout: Duration,
     /// Bound on the drain at shutdown; connections still open after it are
     /// closed, so the runtime can publish its final snapshot and release
     /// the lease.
@@ -63,6 +69,7 @@ impl Default for ConnectionLimits {
         ConnectionLimits {
             max_connections: connection_cap(DEFAULT_MAX_CONNECTIONS, descriptor_limit()),
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            send_timeout: DEFAULT_SEND_TIMEOUT,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
         }
     }
@@ -136,6 +143,7 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
+        let stream = SendTimeout::new(stream, limits.send_timeout);
         let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
         connections.spawn(async move {
             if let Err(error) = connection.await {

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
-use axum::body::Body as HttpBody;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -31,7 +30,7 @@ use tokio::sync::{OwnedSemaphorePermit, watch};
 use crate::deadline::admitting;
 use crate::encoding::{Utf8Query, insert_bytes, prefix_bytes};
 use crate::error::ApiError;
-use crate::limits::{LOG_PAGE_CHUNK_BYTES, page_has_room};
+use crate::limits::{held_body, page_has_room};
 use crate::{AppState, body_bytes, kv};
 
 /// Changes fetched from the history per round.
@@ -283,18 +282,9 @@ impl LogPage {
     fn finish(mut self, next: RecordIndex, place: OwnedSemaphorePermit) -> Response {
         self.body
             .extend_from_slice(format!(r#"],"next":{}}}"#, next.0).as_bytes());
-        let body = Bytes::from(self.body);
-        let pieces: Vec<Bytes> = (0..body.len())
-            .step_by(LOG_PAGE_CHUNK_BYTES)
-            .map(|start| body.slice(start..body.len().min(start + LOG_PAGE_CHUNK_BYTES)))
-            .collect();
-        let pieces = holding(
-            place,
-            futures::stream::iter(pieces).map(Ok::<_, Infallible>),
-        );
         (
             [(header::CONTENT_TYPE, "application/json")],
-            HttpBody::from_stream(pieces),
+            held_body(self.body, place),
         )
             .into_response()
     }
@@ -354,7 +344,8 @@ fn follow(app: Arc<AppState>, reader: LogReader, place: OwnedSemaphorePermit) ->
 }
 
 /// `POST /v1/log`: appends the body as one raw record → `{"index": N}`.
-/// The key-value machine applies records that are not its commands as no-ops.
+/// The key-value machine applies records that are not its own as no-ops,
+/// and a body it would read as its own is refused ([`refuse_machine_record`]).
 /// With an `Idempotency-Key`, the body travels as the payload of a stamped
 /// key-value record (so the machine remembers the key), and a retry is
 /// answered the original index.
@@ -365,6 +356,7 @@ pub async fn append_log(
 ) -> Result<Response, ApiError> {
     let key = kv::idempotency_key(&headers)?;
     let record = body_bytes(body)?;
+    refuse_machine_record(&record)?;
     if let Some(key) = key {
         let answered = kv::submit(&app, Body::Raw(record), Some(key)).await?;
         if answered.outcome != Outcome::Done {
@@ -382,6 +374,34 @@ pub async fn append_log(
         .write(|_: &KvState| Ok::<_, ApiError>(admitting(record)))
         .await?;
     Ok(Json(json!({ "index": written.index.0 })).into_response())
+}
+
+/// `422` for a raw record the key-value machine would read as one of its
+/// own: appended as is, it would apply as a key-value write with the
+/// sender's keys, values, time and retention (changing keys, evicting or
+/// pre-registering idempotency keys). Two tests, so that a record kind the
+/// machine learns later is covered either way: the machine's record prefix
+/// (reserved whatever follows it, so a format only a later build reads is
+/// refused today), and whether the machine, applying the bytes to an empty
+/// state, reads them as anything but a record not its own. Refused with a
+/// key too, so that one body is accepted or refused whatever the headers.
+fn refuse_machine_record(record: &[u8]) -> Result<(), ApiError> {
+    let applied = KvState::default().apply(RecordIndex(0), record);
+    let read_as_own = !matches!(applied, Applied::Malformed(_));
+    if !Record::is_reserved(record) && !read_as_own {
+        return Ok(());
+    }
+    let prefix = String::from_utf8_lossy(Record::PREFIX);
+    let why = if Record::is_reserved(record) {
+        format!("it begins with {prefix:?}, the prefix of the key-value machine's own records")
+    } else {
+        "the key-value machine reads it as one of its own records".to_owned()
+    };
+    let message = format!(
+        "reserved record: a raw record cannot be appended: {why}, so it would apply as a \
+         key-value write; write keys through /v1/kv, or change the record's first bytes"
+    );
+    Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, message).with("reserved_prefix", prefix))
 }
 
 /// A record as JSON: its index and bytes, and for a key-value record that

@@ -139,6 +139,11 @@ impl Db {
 
     /// A process's view: every store behind fault controllers seeded from `seed`.
     fn node(&self, seed: u64) -> Node {
+        self.node_with_snapshots(seed, snapshot_config())
+    }
+
+    /// [`node`](Db::node) with its own snapshot store settings.
+    fn node_with_snapshots(&self, seed: u64, snapshots: SnapshotConfig) -> Node {
         let log_faults = FaultController::new(seed);
         let meta_faults = FaultController::new(seed + 1000);
         let replicas = self
@@ -163,7 +168,7 @@ impl Db {
             snapshots: SnapshotStore::new(
                 meta.clone(),
                 database(),
-                snapshot_config(),
+                snapshots,
                 SystemClock::shared(),
             ),
             leases: LeaseStore::new(meta, database(), lease_config(), SystemClock::shared())
@@ -997,6 +1002,52 @@ async fn a_lease_lost_during_a_long_publication_is_acted_on_at_once() {
     assert!(taken.elapsed() < STALL, "{:?}", taken.elapsed());
     node.meta_faults.clear();
     primary.abort();
+}
+
+/// Regression: a graceful shutdown awaited a snapshot upload in flight (up
+/// to the payload timeout, minutes in production) and then published a
+/// final snapshot before it released the lease, so a standby waited behind a
+/// stalled snapshot store. Now the upload is abandoned and the lease
+/// released within the drain bound; the next primary serves every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_abandons_a_stalled_snapshot_upload_and_releases_the_lease() {
+    const STALL: Duration = Duration::from_secs(30);
+    let db = Db::new().await;
+    let patient_uploads = SnapshotConfig {
+        payload_call_timeout: STALL * 2,
+        ..snapshot_config()
+    };
+    let node = db.node_with_snapshots(1, patient_uploads);
+    let primary = node.start(config("a", 3));
+    wait_primary(&primary).await;
+    node.meta_faults.add(
+        FaultRule::new(Fault::Delay(STALL))
+            .ops(OpSet::of(&[Op::Create]))
+            .keys(KeyMatch::Prefix(format!("{}/snapshots/", database()))),
+    );
+    let uploads = node.meta_faults.calls(Op::Create);
+    for sequence in 0..3 {
+        put(&primary, &format!("key-{sequence}"), "v").await;
+    }
+    wait_until("a snapshot upload started", PATIENCE, || async {
+        node.meta_faults.calls(Op::Create) > uploads
+    })
+    .await;
+    let stopping = Instant::now();
+    tokio::time::timeout(PATIENCE, primary.shutdown())
+        .await
+        .expect("the shutdown does not wait for the stalled upload")
+        .unwrap();
+    assert!(stopping.elapsed() < STALL, "{:?}", stopping.elapsed());
+    let lease = db.lease().await;
+    assert!(lease.released, "shutdown releases the lease: {lease:?}");
+
+    let next = db.node(2).start(config("b", 1000));
+    wait_primary(&next).await;
+    let (values, _) = read(&next, |state| value(state, "key-2")).await;
+    assert_eq!(values.as_deref(), Some("v"));
+    put(&next, "after", "takeover").await;
+    next.shutdown().await.unwrap();
 }
 
 /// Regression: a boot that failed after acquiring the lease kept it (and

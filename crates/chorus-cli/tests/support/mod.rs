@@ -9,6 +9,7 @@ mod shared;
 #[path = "../../../chorus/tests/support/moto.rs"]
 pub mod moto;
 
+pub mod raw;
 pub mod server;
 pub mod test_s3;
 

@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,8 +19,23 @@ use std::time::Duration;
 pub struct Faults {
     /// Ignore `If-None-Match` and `If-Match`.
     pub careless: bool,
-    /// Never answer a PUT whose path contains this.
+    /// Never answer a PUT whose path contains this (while `stall_switch`,
+    /// if given, is armed).
     pub stall_puts_containing: Option<String>,
+    /// Arms the stall at run time and counts the requests it held; without
+    /// one the stall is always armed.
+    pub stall_switch: Option<Arc<StallSwitch>>,
+}
+
+/// Turns [`Faults::stall_puts_containing`] on and off while the server runs
+/// (a store that hangs only after a first boot uploaded its snapshot), and
+/// counts the requests held.
+#[derive(Debug, Default)]
+pub struct StallSwitch {
+    /// Whether matching PUTs are held now.
+    pub armed: AtomicBool,
+    /// How many requests were held so far.
+    pub held: AtomicU64,
 }
 
 /// A running server; it lives until the test process exits.
@@ -77,11 +93,19 @@ fn serve(stream: TcpStream, objects: &Objects, faults: &Faults) -> std::io::Resu
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
     while let Some(request) = read_request(&mut reader)? {
-        let stalled = faults
-            .stall_puts_containing
-            .as_deref()
-            .is_some_and(|part| request.method == "PUT" && request.path.contains(part));
+        let armed = faults
+            .stall_switch
+            .as_ref()
+            .is_none_or(|switch| switch.armed.load(Ordering::SeqCst));
+        let stalled = armed
+            && faults
+                .stall_puts_containing
+                .as_deref()
+                .is_some_and(|part| request.method == "PUT" && request.path.contains(part));
         if stalled {
+            if let Some(switch) = &faults.stall_switch {
+                switch.held.fetch_add(1, Ordering::SeqCst);
+            }
             // Hold the connection open and never answer.
             loop {
                 std::thread::sleep(Duration::from_secs(3600));

@@ -30,6 +30,7 @@ use sha2::{Digest, Sha256};
 use super::etcd::EtcdCommand;
 use super::etcd_codec;
 use super::idempotency::{IdempotencyKey, RequestDigest, Retention, Stamp};
+use crate::codec::NewerFormat;
 use crate::ids::RecordIndex;
 
 const MAGIC: [u8; 4] = *b"CHKV";
@@ -176,6 +177,21 @@ pub struct Record {
 }
 
 impl Record {
+    /// The prefix every record of the machine begins with, in every format
+    /// and kind (see [`is_reserved`](Self::is_reserved)).
+    pub const PREFIX: &'static [u8] = &MAGIC;
+
+    /// Whether `bytes` lie in the machine's own record space: they begin
+    /// with [`PREFIX`](Self::PREFIX), whatever follows. Every record the
+    /// machine reads as its own begins so (the envelope checks it first),
+    /// including formats and kinds a later build adds; bytes that do not
+    /// are skipped as not its own. A raw append of such bytes could forge
+    /// a key-value write, now or after an upgrade, so the service refuses
+    /// it.
+    pub fn is_reserved(bytes: &[u8]) -> bool {
+        bytes.starts_with(Self::PREFIX)
+    }
+
     /// The record bytes: format 1 without a stamp, format 2 with one.
     /// Refuses a command that breaks the limits, a stamp outside its
     /// limits, and a raw payload without a stamp.
@@ -205,8 +221,14 @@ impl Record {
         let malformed = |reason: &str| CommandError::Malformed {
             reason: reason.to_owned(),
         };
-        let (format, mut input) =
-            open_envelope(record, &MAGIC, &[FORMAT_PLAIN, FORMAT_STAMPED], 1).map_err(malformed)?;
+        let (format, mut input) = open_envelope(
+            record,
+            &MAGIC,
+            &[FORMAT_PLAIN, FORMAT_STAMPED],
+            1,
+            "key-value record",
+        )
+        .map_err(|reason| malformed(&reason))?;
         let stamp = match format {
             FORMAT_STAMPED => Some(take_stamp(&mut input)?),
             _ => None,
@@ -412,27 +434,33 @@ fn take_stamp(input: &mut &[u8]) -> Result<Stamp, CommandError> {
 /// Checks the envelope shared by the key-value encodings (`magic | format u8
 /// | body | crc32c u32` over everything before the checksum) and returns the
 /// format, one of `formats`, and the body, which holds at least `min_body`
-/// bytes.
+/// bytes. A format above every one of `formats` is named as a newer build's
+/// (`what` says what was being read).
 pub(super) fn open_envelope<'a>(
     bytes: &'a [u8],
     magic: &[u8; 4],
     formats: &[u8],
     min_body: usize,
-) -> Result<(u8, &'a [u8]), &'static str> {
+    what: &str,
+) -> Result<(u8, &'a [u8]), String> {
     if bytes.len() < magic.len() + 1 + min_body + CHECKSUM_BYTES {
-        return Err("shorter than a header");
+        return Err("shorter than a header".to_owned());
     }
     let (covered, stored) = bytes.split_at(bytes.len() - CHECKSUM_BYTES);
     let stored = u32::from_le_bytes(stored.try_into().expect("four bytes"));
     if crc32c::crc32c(covered) != stored {
-        return Err("checksum mismatch");
+        return Err("checksum mismatch".to_owned());
     }
     if covered[..magic.len()] != *magic {
-        return Err("bad magic");
+        return Err("bad magic".to_owned());
     }
     let format = covered[magic.len()];
+    let newest = formats.iter().copied().max().unwrap_or(0);
+    if let Some(newer) = NewerFormat::check(what, format.into(), newest.into()) {
+        return Err(newer.to_string());
+    }
     if !formats.contains(&format) {
-        return Err("unsupported format");
+        return Err(format!("unsupported format={format}"));
     }
     Ok((format, &covered[magic.len() + 1..]))
 }
@@ -529,6 +557,50 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// `encoded` with its format byte set to `format` and its checksum
+    /// recomputed: what a newer build would write.
+    fn in_format(encoded: &[u8], format: u8) -> Vec<u8> {
+        let mut covered = encoded[..encoded.len() - CHECKSUM_BYTES].to_vec();
+        covered[MAGIC.len()] = format;
+        let crc = crc32c::crc32c(&covered);
+        covered.extend_from_slice(&crc.to_le_bytes());
+        covered
+    }
+
+    #[test]
+    fn a_newer_record_or_snapshot_format_is_said_in_one_line() {
+        let command = Command::Single(Operation::Delete {
+            key: Bytes::from_static(b"k"),
+            condition: Condition::None,
+        });
+        let newer = in_format(&command.encode().unwrap(), FORMAT_STAMPED + 1);
+        let error = Record::decode(&newer).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "malformed key-value record: key-value record written by a newer Chorus: \
+             format 3; this build reads up to 2"
+        );
+        // Below every format written: not said to be a newer build's.
+        let unknown = Record::decode(&in_format(&command.encode().unwrap(), 0)).unwrap_err();
+        assert!(
+            unknown.to_string().ends_with("unsupported format=0"),
+            "{unknown}"
+        );
+
+        let snapshot = crate::kv::KvState::default().encode_snapshot();
+        let newest = super::super::snapshot::FORMAT_REVISIONS;
+        let newer = in_format(&snapshot, newest + 1);
+        let error = crate::kv::KvState::decode_snapshot(&newer).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "malformed key-value snapshot: key-value snapshot written by a newer Chorus: \
+                 format {}; this build reads up to {newest}",
+                newest + 1
+            )
+        );
+    }
 
     fn condition() -> impl Strategy<Value = Condition> {
         prop_oneof![
@@ -632,6 +704,7 @@ mod tests {
             let encoded = record.encode().unwrap();
             prop_assert_eq!(encoded[4], if record.stamp.is_some() { FORMAT_STAMPED } else { FORMAT_PLAIN });
             prop_assert_eq!(Record::decode(&encoded).unwrap(), record.clone());
+            prop_assert!(Record::is_reserved(&encoded));
             // The digest is the request's, whatever the stamp.
             let unstamped = Record { stamp: None, body: record.body.clone() };
             prop_assert_eq!(record.digest().unwrap(), unstamped.digest().unwrap());
@@ -653,6 +726,19 @@ mod tests {
             let encoded = record.encode().unwrap();
             let cut = cut.index(encoded.len());
             prop_assert!(Record::decode(&encoded[..cut]).is_err());
+        }
+
+        #[test]
+        fn only_reserved_bytes_decode(record in record(), position in 0..MAGIC.len(), byte in any::<u8>()) {
+            // A valid record with one byte of its prefix replaced, re-signed
+            // so that only the prefix can refuse it.
+            let mut encoded = record.encode().unwrap().to_vec();
+            encoded[position] = byte;
+            let encoded = resigned(encoded);
+            prop_assert_eq!(Record::is_reserved(&encoded), byte == MAGIC[position]);
+            if !Record::is_reserved(&encoded) {
+                prop_assert!(Record::decode(&encoded).is_err());
+            }
         }
 
         #[test]

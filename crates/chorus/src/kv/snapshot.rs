@@ -88,7 +88,8 @@ pub(super) fn encode(state: &KvState) -> Bytes {
 pub(super) fn decode(bytes: &[u8]) -> Result<KvState, SnapshotError> {
     let formats = [FORMAT_ENTRIES, FORMAT_IDEMPOTENCY, FORMAT_REVISIONS];
     let (format, mut input) =
-        command::open_envelope(bytes, &SNAPSHOT_MAGIC, &formats, 16).map_err(fail)?;
+        command::open_envelope(bytes, &SNAPSHOT_MAGIC, &formats, 16, "key-value snapshot")
+            .map_err(|reason| fail(&reason))?;
     let input = &mut input;
     let applied_end = RecordIndex(input.get_u64_le());
     let state = if format == FORMAT_REVISIONS {

@@ -61,7 +61,11 @@ pub struct RuntimeConfig {
     /// How often a standby reads the lease to see whether it expired. With
     /// the lease ttl, this bounds the takeover time.
     pub lease_check_interval: Duration,
-    /// How long a graceful shutdown waits for admitted writes to commit.
+    /// The bound on a graceful shutdown before it releases the lease: the
+    /// drain of admitted writes and the final snapshot together. A snapshot
+    /// upload in flight at the stop is abandoned at once and the final
+    /// snapshot at this bound (the next primary publishes its own), so a
+    /// slow snapshot store never holds the lease from a standby.
     pub drain_timeout: Duration,
     /// Applied records kept in memory for watchers that resume from an index
     /// (0: none). More lets a watcher resume from further back instead of

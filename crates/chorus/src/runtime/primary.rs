@@ -371,39 +371,39 @@ pub(super) async fn serve<M: StateMachine>(shared: &Arc<Shared<M>>, primary: Box
         let running = publish_owned(Arc::clone(shared), Arc::clone(&lease), store);
         publishing = Some(Box::pin(running));
     };
-    // A graceful stop lets a publication in flight finish (its store calls
-    // are bounded); any other exit abandons it with the lease or the writer.
-    if let Some(in_flight) = publishing.take()
-        && matches!(exit, Exit::Shutdown)
-    {
-        let (store, outcome) = in_flight.await;
-        idle = Some(store);
-        if let Err(error) = outcome {
-            tracing::warn!(%error, "snapshot failed");
-        }
-    }
     // Close the write path first, so nothing new is admitted.
     drop(shared.write_path().take());
     let writer = Arc::try_unwrap(writer).ok();
     match &exit {
         Exit::Shutdown => {
             shared.set_role(Role::Stopped);
+            let deadline = tokio::time::Instant::now() + shared.config.drain_timeout;
+            let publication = match publishing.take() {
+                // The lease must not wait behind an upload (its store call may
+                // take minutes): the next primary publishes its own snapshot.
+                Some(_abandoned) => {
+                    tracing::warn!(
+                        "shutdown abandons the snapshot upload in flight; the next primary publishes its own snapshot"
+                    );
+                    None
+                }
+                None => idle.take(),
+            };
             if let Some(writer) = writer
                 && let Err(error) = writer.shutdown(shared.config.drain_timeout).await
             {
                 tracing::warn!(%error, "draining the writer failed");
             }
             let _ = apply_task.await;
-            if let Some(publication) = idle.as_mut()
-                && snapshot_pending(shared)
-                && let Err(error) = publish(shared, &lease, publication).await
-            {
-                tracing::warn!(%error, "final snapshot failed");
+            if let Some(mut publication) = publication {
+                final_snapshot(shared, &lease, &mut publication, deadline).await;
             }
             keeper.stop();
             release(&lease, "at shutdown").await;
         }
         Exit::LeaseLost | Exit::LeaseStoreFailed(_) | Exit::WriterFailed(_) => {
+            // Any publication in flight is abandoned with the lease or the
+            // writer.
             shared.set_role(Role::Booting);
             if let Some(writer) = writer {
                 writer.abort();
@@ -413,6 +413,31 @@ pub(super) async fn serve<M: StateMachine>(shared: &Arc<Shared<M>>, primary: Box
         }
     }
     exit
+}
+
+/// Publishes the final snapshot of a graceful shutdown if records were
+/// applied since the last one, abandoning it at `deadline` (the drain bound,
+/// after which the lease is released whatever is left).
+async fn final_snapshot<M: StateMachine>(
+    shared: &Shared<M>,
+    lease: &LeaseHolder,
+    publication: &mut PublicationStore,
+    deadline: tokio::time::Instant,
+) {
+    if !snapshot_pending(shared) {
+        return;
+    }
+    match tokio::time::timeout_at(deadline, publish(shared, lease, publication)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::warn!(%error, "final snapshot failed"),
+        Err(_) => {
+            let drain_timeout_ms = shared.config.drain_timeout.as_millis() as u64;
+            tracing::warn!(
+                drain_timeout_ms,
+                "shutdown abandons the final snapshot at the drain bound; the next primary publishes its own snapshot"
+            );
+        }
+    }
 }
 
 /// The exit for a writer that stopped, with its reason.

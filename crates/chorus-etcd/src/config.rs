@@ -1,0 +1,60 @@
+//! How the etcd service behaves: etcd's request limits and this node's
+//! identity.
+
+/// etcd's default `--max-request-bytes`: 1.5 MiB.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 3 << 19;
+/// etcd's default `--max-txn-ops`: operations in one transaction branch.
+pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+/// What etcd's gRPC server accepts beyond `--max-request-bytes` before it
+/// refuses a message outright (etcd's `grpcOverheadBytes`): a message between
+/// the two reaches the request check and gets "request is too large".
+pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
+
+/// The etcd service's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdConfig {
+    /// A write request (Put, DeleteRange, Txn, Compact) whose encoding is
+    /// larger is refused with etcd's "request is too large"; a message more
+    /// than [`GRPC_OVERHEAD_BYTES`] larger is refused before it is decoded.
+    /// Larger: bigger values and transactions, more memory per request.
+    pub max_request_bytes: usize,
+    /// Most operations in one transaction branch (nested ones counted
+    /// separately, as etcd does).
+    pub max_txn_ops: usize,
+    /// The database's identity, hashed into the cluster id: the same for
+    /// every node serving the database, different between databases.
+    pub database: String,
+    /// This node's etcd client URLs, listed by MemberList.
+    pub client_urls: Vec<String>,
+}
+
+impl EtcdConfig {
+    /// etcd's default limits for the database named `database`, with no
+    /// client URL listed.
+    pub fn new(database: impl Into<String>) -> EtcdConfig {
+        EtcdConfig {
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_txn_ops: DEFAULT_MAX_TXN_OPS,
+            database: database.into(),
+            client_urls: Vec::new(),
+        }
+    }
+
+    /// The largest gRPC message decoded at all.
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_request_bytes.saturating_add(GRPC_OVERHEAD_BYTES)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_etcds() {
+        assert_eq!(DEFAULT_MAX_REQUEST_BYTES, 1_572_864);
+        let config = EtcdConfig::new("db");
+        assert_eq!(config.max_txn_ops, 128);
+        assert_eq!(config.max_message_bytes(), 2 << 20);
+    }
+}
