@@ -381,13 +381,11 @@ impl KvState {
                 prev_kvs.push(before.key_value(key));
             }
         }
-        let header_revision = if keys.is_empty() {
-            write.revision - 1
-        } else {
-            write.revision
-        };
         DeleteRangeResponse {
-            header_revision,
+            // etcd's `txn.Rev()`: the revision being written once anything in
+            // the transaction changed (an earlier operation included), even
+            // when this delete found nothing.
+            header_revision: write.read_revision(),
             deleted: keys.len() as i64,
             prev_kvs,
         }
