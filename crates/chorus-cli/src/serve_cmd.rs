@@ -167,6 +167,15 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = limits::DEFAULT_MAX_LIST_PAGES as u64, value_parser = clap::value_parser!(u64).range(1..=1024))]
     max_list_pages: u64,
 
+    /// Bound on what the log readers of `follow` streams hold at once, in
+    /// bytes. A reader below the active segments holds a whole sealed
+    /// segment (64 MiB), so this makes bytes / 64 MiB slots (at least 1): a
+    /// follower takes one before its reader reads and gives it back once
+    /// the reader holds nothing; followers beyond them wait, sending
+    /// keep-alives.
+    #[arg(long, default_value_t = limits::DEFAULT_FOLLOW_BUFFER_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
+    follow_buffer_bytes: u64,
+
     /// Applied records kept in memory for watches that resume from an
     /// index (0: none); a watch from before them is 410 Gone.
     #[arg(long, default_value_t = DEFAULT_HISTORY_RECORDS as u64)]
@@ -311,6 +320,7 @@ impl ServeArgs {
             max_log_pages: to_usize(self.max_log_pages),
             list_page_bytes: to_usize(self.list_page_bytes),
             max_list_pages: to_usize(self.max_list_pages),
+            follow_buffer_bytes: self.follow_buffer_bytes,
         };
         let service = ServiceConfig {
             token,
@@ -422,6 +432,7 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         "max_log_pages": service.memory.max_log_pages,
         "list_page_bytes": service.memory.list_page_bytes,
         "max_list_pages": service.memory.max_list_pages,
+        "follow_buffer_bytes": service.memory.follow_buffer_bytes,
         "history_records": schedule.history_records,
         "history_bytes": schedule.history_bytes,
     });
@@ -475,6 +486,7 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
         max_log_pages = memory.max_log_pages,
         list_page_bytes = memory.list_page_bytes,
         max_list_pages = memory.max_list_pages,
+        follow_buffer_bytes = memory.follow_buffer_bytes,
         history_records = resolved.schedule.history_records,
         history_bytes = resolved.schedule.history_bytes,
         "memory limits"
