@@ -193,8 +193,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_payload_timeout_secs: u64,
     /// Idempotency keys remembered for exactly-once writes; beyond this many
-    /// the oldest are forgotten. Each costs about 100 bytes of memory and of
-    /// every snapshot (plus the key of a remembered 412).
+    /// (or beyond --idempotency-max-bytes) the oldest are forgotten.
     #[arg(
         long,
         default_value_t = idempotency::DEFAULT_RETAINED_KEYS,
@@ -210,6 +209,17 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u64).range(1..=idempotency::MAX_RETENTION_AGE_MS / 1000)
     )]
     idempotency_max_age_secs: u64,
+
+    /// Bytes of the idempotency table: beyond them the oldest keys are
+    /// forgotten. Each key counts its length, the key of a remembered 412,
+    /// and 320 bytes; this bounds the table's memory, the copy each
+    /// checkpoint takes of it, and its share of every snapshot.
+    #[arg(
+        long,
+        default_value_t = idempotency::DEFAULT_RETAINED_BYTES,
+        value_parser = clap::value_parser!(u64).range(idempotency::MAX_ENTRY_BYTES..=idempotency::MAX_RETAINED_BYTES)
+    )]
+    idempotency_max_bytes: u64,
 
     /// Print the merged configuration (secrets redacted) and exit.
     #[arg(long)]
@@ -332,6 +342,7 @@ impl ServeArgs {
             idempotency: Retention {
                 max_keys: self.idempotency_max_keys,
                 max_age_ms: self.idempotency_max_age_secs * 1000,
+                max_bytes: self.idempotency_max_bytes,
             },
             memory,
         };
@@ -427,6 +438,7 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         "shutdown_grace_secs": service.connections.shutdown_grace.as_secs(),
         "idempotency_max_keys": service.idempotency.max_keys,
         "idempotency_max_age_secs": service.idempotency.max_age_ms / 1000,
+        "idempotency_max_bytes": service.idempotency.max_bytes,
         "max_streams": service.memory.max_streams,
         "log_page_bytes": service.memory.log_page_bytes,
         "max_log_pages": service.memory.max_log_pages,

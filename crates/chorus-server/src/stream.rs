@@ -421,8 +421,9 @@ fn record_json(index: RecordIndex, record: &[u8]) -> Value {
 /// The idempotency key of a stamped key-value record, and its payload if
 /// it is a raw append.
 fn stamped(record: &[u8]) -> Option<(IdempotencyKey, Option<Bytes>)> {
-    // Only a stamped record (format 2) is worth decoding.
-    if !record.starts_with(b"CHKV\x02") {
+    // Only a stamped record (format 2, or 3 since byte budgets) is worth
+    // decoding.
+    if !(record.starts_with(b"CHKV\x02") || record.starts_with(b"CHKV\x03")) {
         return None;
     }
     let decoded = Record::decode(record).ok()?;
