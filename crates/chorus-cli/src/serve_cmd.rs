@@ -167,6 +167,15 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = limits::DEFAULT_MAX_LIST_PAGES as u64, value_parser = clap::value_parser!(u64).range(1..=1024))]
     max_list_pages: u64,
 
+    /// Bound on what the log readers of `follow` streams hold at once, in
+    /// bytes. A reader below the active segments holds a whole sealed
+    /// segment (64 MiB), so this makes bytes / 64 MiB slots (at least 1): a
+    /// follower takes one before its reader reads and gives it back once
+    /// the reader holds nothing; followers beyond them wait, sending
+    /// keep-alives.
+    #[arg(long, default_value_t = limits::DEFAULT_FOLLOW_BUFFER_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
+    follow_buffer_bytes: u64,
+
     /// Applied records kept in memory for watches that resume from an
     /// index (0: none); a watch from before them is 410 Gone.
     #[arg(long, default_value_t = DEFAULT_HISTORY_RECORDS as u64)]
@@ -184,8 +193,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_payload_timeout_secs: u64,
     /// Idempotency keys remembered for exactly-once writes; beyond this many
-    /// the oldest are forgotten. Each costs about 100 bytes of memory and of
-    /// every snapshot (plus the key of a remembered 412).
+    /// (or beyond --idempotency-max-bytes) the oldest are forgotten.
     #[arg(
         long,
         default_value_t = idempotency::DEFAULT_RETAINED_KEYS,
@@ -201,6 +209,17 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u64).range(1..=idempotency::MAX_RETENTION_AGE_MS / 1000)
     )]
     idempotency_max_age_secs: u64,
+
+    /// Bytes of the idempotency table: beyond them the oldest keys are
+    /// forgotten. Each key counts its length, the key of a remembered 412,
+    /// and 320 bytes; this bounds the table's memory, the copy each
+    /// checkpoint takes of it, and its share of every snapshot.
+    #[arg(
+        long,
+        default_value_t = idempotency::DEFAULT_RETAINED_BYTES,
+        value_parser = clap::value_parser!(u64).range(idempotency::MAX_ENTRY_BYTES..=idempotency::MAX_RETAINED_BYTES)
+    )]
+    idempotency_max_bytes: u64,
 
     /// Print the merged configuration (secrets redacted) and exit.
     #[arg(long)]
@@ -311,6 +330,7 @@ impl ServeArgs {
             max_log_pages: to_usize(self.max_log_pages),
             list_page_bytes: to_usize(self.list_page_bytes),
             max_list_pages: to_usize(self.max_list_pages),
+            follow_buffer_bytes: self.follow_buffer_bytes,
         };
         let service = ServiceConfig {
             token,
@@ -322,6 +342,7 @@ impl ServeArgs {
             idempotency: Retention {
                 max_keys: self.idempotency_max_keys,
                 max_age_ms: self.idempotency_max_age_secs * 1000,
+                max_bytes: self.idempotency_max_bytes,
             },
             memory,
         };
@@ -417,11 +438,13 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         "shutdown_grace_secs": service.connections.shutdown_grace.as_secs(),
         "idempotency_max_keys": service.idempotency.max_keys,
         "idempotency_max_age_secs": service.idempotency.max_age_ms / 1000,
+        "idempotency_max_bytes": service.idempotency.max_bytes,
         "max_streams": service.memory.max_streams,
         "log_page_bytes": service.memory.log_page_bytes,
         "max_log_pages": service.memory.max_log_pages,
         "list_page_bytes": service.memory.list_page_bytes,
         "max_list_pages": service.memory.max_list_pages,
+        "follow_buffer_bytes": service.memory.follow_buffer_bytes,
         "history_records": schedule.history_records,
         "history_bytes": schedule.history_bytes,
     });
@@ -475,6 +498,7 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
         max_log_pages = memory.max_log_pages,
         list_page_bytes = memory.list_page_bytes,
         max_list_pages = memory.max_list_pages,
+        follow_buffer_bytes = memory.follow_buffer_bytes,
         history_records = resolved.schedule.history_records,
         history_bytes = resolved.schedule.history_bytes,
         "memory limits"
