@@ -9,6 +9,9 @@ mod shared;
 #[path = "../../../chorus/tests/support/moto.rs"]
 pub mod moto;
 
+#[path = "../../../chorus/tests/support/etcd.rs"]
+pub mod etcd;
+
 pub mod raw;
 pub mod server;
 pub mod test_s3;
