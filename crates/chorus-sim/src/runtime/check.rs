@@ -648,7 +648,7 @@ impl RuntimePhase<'_> {
                 _ => None,
             };
             let entry = state.get(&op.target);
-            let put = entry.map(|entry| (entry.version.0, entry.value == op.value));
+            let put = entry.map(|entry| (entry.index.0, entry.value == op.value));
             if remembered != Some(first) || put != Some((first, true)) {
                 return Err(format!(
                     "exactly-once: {what} (below {end}) should remember idempotency key {key} \

@@ -3,7 +3,7 @@
 //! with the same key), as `kv` records, and how their records read back.
 
 use bytes::Bytes;
-use chorus::kv::idempotency::{Lookup, MAX_RETENTION_AGE_MS, RequestDigest};
+use chorus::kv::idempotency::{Lookup, MAX_RETAINED_BYTES, MAX_RETENTION_AGE_MS, RequestDigest};
 use chorus::kv::{
     Applied, Body, Command, Condition, IdempotencyKey, KvState, Operation, Record, Retention, Stamp,
 };
@@ -38,6 +38,7 @@ pub(super) enum WriteKind {
 pub(super) const KEYED_RETENTION: Retention = Retention {
     max_keys: 1_000_000,
     max_age_ms: MAX_RETENTION_AGE_MS,
+    max_bytes: MAX_RETAINED_BYTES,
 };
 
 /// The record a write's prepare appends, decided against the applied
