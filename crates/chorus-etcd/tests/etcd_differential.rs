@@ -24,7 +24,7 @@ use etcd_workload::{
 use support::Served;
 use support::memory_runtime::{MemoryStores, wait_for_takeover, wait_until};
 
-/// Seeds per run unless `CHORUS_ETCD_DIFF_SEEDS` says otherwise (about 25 s
+/// Seeds per run unless `CHORUS_ETCD_DIFF_SEEDS` says otherwise (25 to 35 s
 /// each on a loaded 2-core machine): odd ones take over warm, even ones cold.
 const DEFAULT_SEEDS: u64 = 3;
 
