@@ -12,5 +12,6 @@ pub mod convert;
 pub mod error;
 pub mod identity;
 pub mod proto;
+pub mod watch;
 
 pub use config::{DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, EtcdConfig};
