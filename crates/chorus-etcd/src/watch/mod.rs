@@ -42,7 +42,6 @@ use chorus::runtime::Runtime;
 use tonic::codegen::tokio_stream::Stream;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::config::{DEFAULT_MAX_REQUEST_BYTES, GRPC_OVERHEAD_BYTES};
 use crate::identity::Identity;
 use crate::proto::etcdserverpb as pb;
 
@@ -79,9 +78,6 @@ pub struct WatchConfig {
     /// A stream whose buffer stays full this long with nothing taken is
     /// closed with `ResourceExhausted`.
     pub stall_timeout: Duration,
-    /// A fragmenting watch's response of this many encoded bytes or more
-    /// is split (etcd's `--max-request-bytes` plus its gRPC overhead).
-    pub max_message_bytes: usize,
 }
 
 impl Default for WatchConfig {
@@ -90,7 +86,6 @@ impl Default for WatchConfig {
             progress_notify_interval: DEFAULT_PROGRESS_NOTIFY_INTERVAL,
             send_buffer_bytes: DEFAULT_SEND_BUFFER_BYTES,
             stall_timeout: DEFAULT_STALL_TIMEOUT,
-            max_message_bytes: DEFAULT_MAX_REQUEST_BYTES + GRPC_OVERHEAD_BYTES,
         }
     }
 }
@@ -115,6 +110,9 @@ pub(crate) struct WatchShared {
     pub(crate) runtime: Arc<Runtime<KvState>>,
     pub(crate) identity: Identity,
     pub(crate) config: WatchConfig,
+    /// A fragmenting watch's response of this many encoded bytes or more
+    /// is split (etcd's `--max-request-bytes` plus its gRPC overhead).
+    pub(crate) max_message_bytes: usize,
     /// Bytes waiting in every stream's send buffer.
     pub(crate) pending_bytes: Arc<AtomicUsize>,
 }
@@ -129,17 +127,21 @@ pub struct WatchService {
 pub type WatchResponses = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> + Send>>;
 
 impl WatchService {
-    /// The service of `runtime`'s state, answering with `identity`'s ids.
+    /// The service of `runtime`'s state, answering with `identity`'s ids;
+    /// a fragmenting watch's responses of `max_message_bytes` or more are
+    /// split ([`EtcdConfig::max_message_bytes`](crate::EtcdConfig::max_message_bytes)).
     pub fn new(
         runtime: Arc<Runtime<KvState>>,
         identity: Identity,
         config: WatchConfig,
+        max_message_bytes: usize,
     ) -> WatchService {
         WatchService {
             shared: Arc::new(WatchShared {
                 runtime,
                 identity,
                 config,
+                max_message_bytes,
                 pending_bytes: Arc::default(),
             }),
         }

@@ -70,7 +70,7 @@ pub(crate) struct WatchStream {
 impl WatchStream {
     pub(crate) fn new(shared: Arc<WatchShared>, outbox: Outbox) -> WatchStream {
         let identity = shared.identity;
-        let max_message_bytes = shared.config.max_message_bytes;
+        let max_message_bytes = shared.max_message_bytes;
         WatchStream {
             shared,
             responses: Responses {
@@ -242,6 +242,9 @@ impl WatchStream {
         self.cancel_compacted(&read);
         let mut batches: BTreeMap<i64, Vec<mvccpb::Event>> = BTreeMap::new();
         for (revision, changes) in &read.revisions {
+            if self.responses.outbox.is_full() {
+                break;
+            }
             for watcher in self.watchers.values_mut() {
                 if !watcher.behind(*revision) {
                     continue;
@@ -257,9 +260,6 @@ impl WatchStream {
                 } else {
                     batches.entry(watcher.id).or_default().extend(events);
                 }
-            }
-            if self.responses.outbox.is_full() {
-                break;
             }
         }
         for (id, events) in batches {

@@ -872,3 +872,42 @@ fn a_snapshot_keeps_a_key_changed_twice_in_one_transaction() {
     let restored = KvState::decode_snapshot(&state.encode_snapshot()).unwrap();
     assert_eq!(restored, state);
 }
+
+/// A read-only transaction answered from the state answers exactly what
+/// the same transaction applied as a record answers, and changes nothing.
+#[test]
+fn a_read_only_transaction_read_from_the_state_answers_as_applied() {
+    let mut state = KvState::default();
+    apply_put(&mut state, "a", "1");
+    apply_put(&mut state, "b", "2");
+    apply_put(&mut state, "a", "3");
+    for holds in [true, false] {
+        let expected = if holds { b("3") } else { b("x") };
+        let txn = TxnRequest {
+            compare: vec![compare(
+                "a",
+                CompareResult::Equal,
+                CompareTarget::Value(expected),
+            )],
+            success: vec![RequestOp::Range(get("a", "c"))],
+            failure: vec![RequestOp::Range(RangeRequest {
+                revision: 2,
+                ..get("a", "")
+            })],
+        };
+        let read = state.read_txn(&txn).unwrap();
+        let before = state.clone();
+        let applied = apply_txn(&mut state, txn);
+        assert_eq!(read, applied);
+        assert_eq!(read.succeeded, holds);
+        assert_eq!(state.revision(), before.revision(), "a read writes nothing");
+    }
+    let future = TxnRequest {
+        success: vec![RequestOp::Range(RangeRequest {
+            revision: 9,
+            ..get("a", "")
+        })],
+        ..TxnRequest::default()
+    };
+    assert_eq!(state.read_txn(&future), Err(EtcdError::FutureRevision));
+}
