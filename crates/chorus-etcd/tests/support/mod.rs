@@ -55,3 +55,40 @@ pub async fn serve(database: &str, configure: impl FnOnce(&mut EtcdConfig)) -> S
         _stop: stop,
     }
 }
+
+/// Real etcd servers, the oracle of the comparison tests.
+#[path = "../../../chorus/tests/support/etcd.rs"]
+pub mod etcd;
+
+/// The value of the service variable `name`, or `None` (after printing why)
+/// when it is unset outside CI. Panics under CI.
+#[allow(dead_code)] // used by the tests that start a real etcd
+pub fn service_var(name: &str) -> Option<String> {
+    match std::env::var(name) {
+        Ok(value) if !value.is_empty() => Some(value),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!(
+                "{name} is not set under CI: the test services did not start (scripts/services.sh)"
+            )
+        }
+        _ => {
+            eprintln!(
+                "skipping: {name} is not set; run `bash scripts/services.sh start` and source .ci/state/env"
+            );
+            None
+        }
+    }
+}
+
+/// A name no other test run uses.
+#[allow(dead_code)] // used by the tests that start a real etcd
+pub fn unique(label: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_nanos();
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{label}-{nanos:x}-{:x}-{count}", std::process::id())
+}
