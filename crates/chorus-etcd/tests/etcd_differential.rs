@@ -11,11 +11,12 @@
 //! the first one published when it shut down). The takeover must change no
 //! answer.
 
-#[path = "../../chorus/tests/support/etcd.rs"]
-mod etcd_server;
 #[path = "../../chorus/tests/support/etcd_workload.rs"]
 mod etcd_workload;
 mod support;
+
+/// The real etcd, where the shared workload expects it.
+use support::etcd as etcd_server;
 
 use etcd_client::KvClient;
 use etcd_workload::{

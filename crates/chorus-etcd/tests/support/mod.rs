@@ -79,3 +79,7 @@ pub async fn serve_runtime(
         _stop: stop,
     }
 }
+
+/// Real etcd servers, the oracle of the comparison tests.
+#[path = "../../../chorus/tests/support/etcd.rs"]
+pub mod etcd;
