@@ -3,8 +3,9 @@
 //!
 //! Startup creates the log if the register has none yet, opens the snapshot
 //! and lease store, starts the runtime (which boots as primary, or stands by
-//! while another process holds the lease), and serves HTTP. SIGTERM, SIGINT
-//! or SIGHUP shuts down gracefully: the listener closes and requests in
+//! while another process holds the lease), and serves HTTP and etcd's v3
+//! gRPC API (`--etcd-listen`, 127.0.0.1:2379 by default). SIGTERM, SIGINT
+//! or SIGHUP shuts down gracefully: the listeners close and requests in
 //! flight finish (for at most `--shutdown-grace-secs`, then their
 //! connections are closed), then the runtime drains, publishes a final
 //! snapshot and releases the lease. A second signal exits at once.
@@ -21,10 +22,12 @@ use chorus::runtime::{
     DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_RECORDS, Role, Runtime, RuntimeConfig, RuntimeStores,
 };
 use chorus::snapshot::{SnapshotConfig, SnapshotStore};
+use chorus_etcd::{DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, EtcdConfig, EtcdService};
 use chorus_server::limits::{self, MemoryLimits};
 use chorus_server::listener::{self, ConnectionLimits};
 use chorus_server::{AppState, ServiceConfig};
 use serde_json::json;
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::CommandError;
@@ -53,6 +56,25 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "CHORUS_LISTEN", default_value = "127.0.0.1:7070")]
     listen: SocketAddr,
+
+    /// Address etcd v3 clients (etcdctl, etcd client libraries) reach this
+    /// instance's gRPC API on, or `off`. When the default is taken (a real
+    /// etcd on this host, say) that is logged and HTTP is served anyway; an
+    /// address given here that cannot be bound is an error
+    /// [default: 127.0.0.1:2379, etcdctl's default endpoint].
+    #[arg(long, env = "CHORUS_ETCD_LISTEN", value_name = "ADDR|off", value_parser = parse_etcd_listen)]
+    etcd_listen: Option<EtcdListen>,
+
+    /// Largest etcd write request (Put, DeleteRange, Txn, Compact) in bytes,
+    /// etcd's --max-request-bytes; a larger one is refused with "etcdserver:
+    /// request is too large", as is one whose record exceeds the log's
+    /// largest record (1 MiB).
+    #[arg(long, default_value_t = DEFAULT_MAX_REQUEST_BYTES as u64, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    etcd_max_request_bytes: u64,
+
+    /// Most operations in one etcd transaction branch, etcd's --max-txn-ops.
+    #[arg(long, default_value_t = DEFAULT_MAX_TXN_OPS as u64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    etcd_max_txn_ops: u64,
 
     /// This instance's URL as clients and other instances reach it
     /// [default: http://<listen address>, or http://<hostname>:<port> when
@@ -167,6 +189,15 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = limits::DEFAULT_MAX_LIST_PAGES as u64, value_parser = clap::value_parser!(u64).range(1..=1024))]
     max_list_pages: u64,
 
+    /// Bound on what the log readers of `follow` streams hold at once, in
+    /// bytes. A reader below the active segments holds a whole sealed
+    /// segment (64 MiB), so this makes bytes / 64 MiB slots (at least 1): a
+    /// follower takes one before its reader reads and gives it back once
+    /// the reader holds nothing; followers beyond them wait, sending
+    /// keep-alives.
+    #[arg(long, default_value_t = limits::DEFAULT_FOLLOW_BUFFER_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
+    follow_buffer_bytes: u64,
+
     /// Applied records kept in memory for watches that resume from a
     /// revision (0: none); a watch from before them is 410 Gone.
     #[arg(long, default_value_t = DEFAULT_HISTORY_RECORDS as u64)]
@@ -184,8 +215,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_payload_timeout_secs: u64,
     /// Idempotency keys remembered for exactly-once writes; beyond this many
-    /// the oldest are forgotten. Each costs about 100 bytes of memory and of
-    /// every snapshot (plus the key of a remembered 412).
+    /// (or beyond --idempotency-max-bytes) the oldest are forgotten.
     #[arg(
         long,
         default_value_t = idempotency::DEFAULT_RETAINED_KEYS,
@@ -201,6 +231,17 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u64).range(1..=idempotency::MAX_RETENTION_AGE_MS / 1000)
     )]
     idempotency_max_age_secs: u64,
+
+    /// Bytes of the idempotency table: beyond them the oldest keys are
+    /// forgotten. Each key counts its length, the key of a remembered 412,
+    /// and 320 bytes; this bounds the table's memory, the copy each
+    /// checkpoint takes of it, and its share of every snapshot.
+    #[arg(
+        long,
+        default_value_t = idempotency::DEFAULT_RETAINED_BYTES,
+        value_parser = clap::value_parser!(u64).range(idempotency::MAX_ENTRY_BYTES..=idempotency::MAX_RETAINED_BYTES)
+    )]
+    idempotency_max_bytes: u64,
 
     /// Print the merged configuration (secrets redacted) and exit.
     #[arg(long)]
@@ -219,7 +260,39 @@ struct Resolved {
     snapshots: SnapshotConfig,
     service: ServiceConfig,
     listen: SocketAddr,
+    etcd: EtcdSettings,
     data_dir: Option<PathBuf>,
+}
+
+/// Where the etcd API is served, as `--etcd-listen` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EtcdListen {
+    /// Not served.
+    Off,
+    /// On this address, exiting with an error when it cannot be bound.
+    At(SocketAddr),
+}
+
+/// The default etcd address: etcdctl's default endpoint.
+const DEFAULT_ETCD_LISTEN: &str = "127.0.0.1:2379";
+
+/// `--etcd-listen`: an address or `off`.
+fn parse_etcd_listen(text: &str) -> Result<EtcdListen, String> {
+    if text == "off" {
+        return Ok(EtcdListen::Off);
+    }
+    text.parse()
+        .map(EtcdListen::At)
+        .map_err(|e| format!("{e}: give an address such as 127.0.0.1:2379, or off"))
+}
+
+/// The etcd API's settings.
+#[derive(Debug, Clone, Copy)]
+struct EtcdSettings {
+    /// `None`: the default address, served only if it is free.
+    listen: Option<EtcdListen>,
+    max_request_bytes: usize,
+    max_txn_ops: usize,
 }
 
 /// The runtime settings `serve` takes from its flags.
@@ -244,6 +317,21 @@ impl Resolved {
         runtime.history_records = self.schedule.history_records;
         runtime.history_bytes = self.schedule.history_bytes;
         runtime
+    }
+
+    /// The etcd service's settings for an API bound at `bound`: the
+    /// database's identity is its snapshot store and name.
+    fn etcd_config(&self, bound: SocketAddr) -> EtcdConfig {
+        let identity = format!(
+            "{}/{}",
+            self.database.store,
+            self.database.database.as_str()
+        );
+        let mut config = EtcdConfig::new(identity);
+        config.max_request_bytes = self.etcd.max_request_bytes;
+        config.max_txn_ops = self.etcd.max_txn_ops;
+        config.client_urls = vec![default_advertise_url(bound, &hostname())];
+        config
     }
 
     /// The advertised URL: the flag, or `http://` and the bound address, or
@@ -311,6 +399,7 @@ impl ServeArgs {
             max_log_pages: to_usize(self.max_log_pages),
             list_page_bytes: to_usize(self.list_page_bytes),
             max_list_pages: to_usize(self.max_list_pages),
+            follow_buffer_bytes: self.follow_buffer_bytes,
         };
         let service = ServiceConfig {
             token,
@@ -322,6 +411,7 @@ impl ServeArgs {
             idempotency: Retention {
                 max_keys: self.idempotency_max_keys,
                 max_age_ms: self.idempotency_max_age_secs * 1000,
+                max_bytes: self.idempotency_max_bytes,
             },
             memory,
         };
@@ -338,6 +428,11 @@ impl ServeArgs {
             snapshots,
             service,
             listen: self.listen,
+            etcd: EtcdSettings {
+                listen: self.etcd_listen,
+                max_request_bytes: to_usize(self.etcd_max_request_bytes),
+                max_txn_ops: to_usize(self.etcd_max_txn_ops),
+            },
             data_dir: self.store.data_dir.clone(),
         };
         // Relations between flags (--history-bytes against the largest
@@ -396,6 +491,13 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         .map_or(advertise_url.as_str(), HolderId::as_str);
     let config = json!({
         "listen": resolved.listen.to_string(),
+        "etcd_listen": match resolved.etcd.listen {
+            None => DEFAULT_ETCD_LISTEN.to_owned(),
+            Some(EtcdListen::Off) => "off".to_owned(),
+            Some(EtcdListen::At(address)) => address.to_string(),
+        },
+        "etcd_max_request_bytes": resolved.etcd.max_request_bytes,
+        "etcd_max_txn_ops": resolved.etcd.max_txn_ops,
         "advertise_url": advertise_url,
         "holder": holder,
         "replicas": resolved.location.replicas.iter().map(ToString::to_string).collect::<Vec<_>>(),
@@ -417,11 +519,13 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         "shutdown_grace_secs": service.connections.shutdown_grace.as_secs(),
         "idempotency_max_keys": service.idempotency.max_keys,
         "idempotency_max_age_secs": service.idempotency.max_age_ms / 1000,
+        "idempotency_max_bytes": service.idempotency.max_bytes,
         "max_streams": service.memory.max_streams,
         "log_page_bytes": service.memory.log_page_bytes,
         "max_log_pages": service.memory.max_log_pages,
         "list_page_bytes": service.memory.list_page_bytes,
         "max_list_pages": service.memory.max_list_pages,
+        "follow_buffer_bytes": service.memory.follow_buffer_bytes,
         "history_records": schedule.history_records,
         "history_bytes": schedule.history_bytes,
     });
@@ -438,10 +542,11 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
         resolved.snapshots,
     )
     .await?;
-    let listener = tokio::net::TcpListener::bind(resolved.listen)
+    let listener = TcpListener::bind(resolved.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", resolved.listen))?;
     let bound = listener.local_addr()?;
+    let etcd_listener = bind_etcd(resolved.etcd.listen).await?;
     let advertise = resolved.advertise_url(bound);
     let holder = match &resolved.holder {
         Some(holder) => holder.clone(),
@@ -456,6 +561,15 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
         resolved.location.register,
         resolved.database.store,
     )?;
+    let etcd = match etcd_listener {
+        Some(etcd_listener) => {
+            let etcd_bound = etcd_listener.local_addr()?;
+            outln!("chorus serve: etcd API on {etcd_bound}")?;
+            let service = EtcdService::new(Arc::clone(&runtime), resolved.etcd_config(etcd_bound));
+            Some((etcd_listener, service))
+        }
+        None => None,
+    };
     if let Some(dir) = &resolved.data_dir {
         tracing::debug!(data_dir = %dir.display(), "data directory");
     }
@@ -475,12 +589,18 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
         max_log_pages = memory.max_log_pages,
         list_page_bytes = memory.list_page_bytes,
         max_list_pages = memory.max_list_pages,
+        follow_buffer_bytes = memory.follow_buffer_bytes,
         history_records = resolved.schedule.history_records,
         history_bytes = resolved.schedule.history_bytes,
         "memory limits"
     );
     tokio::spawn(report_roles(Arc::clone(&runtime)));
     let (stop_streams, shutdown) = watch::channel(false);
+    let etcd = etcd.map(|(etcd_listener, service)| {
+        let stopped = stop_streams.subscribe();
+        tokio::spawn(serve_etcd(etcd_listener, service, stopped))
+    });
+    let grace = resolved.service.connections.shutdown_grace;
     let mut service = resolved.service;
     service.advertise_url = Some(advertise);
     let app = Arc::new(AppState::new(
@@ -502,9 +622,73 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
     chorus_server::serve(listener, app, until)
         .await
         .map_err(|e| format!("http server failed: {e}"))?;
+    if let Some(etcd) = etcd {
+        drain_etcd(etcd, grace).await?;
+    }
     runtime.shutdown().await?;
     outln!("chorus serve: stopped")?;
     Ok(())
+}
+
+/// Binds the etcd API's listener: `None` when it is off, or when the
+/// default address cannot be bound (logged once: HTTP is served anyway); an
+/// address given with `--etcd-listen` that cannot be bound is an error.
+async fn bind_etcd(listen: Option<EtcdListen>) -> Result<Option<TcpListener>, CommandError> {
+    match listen {
+        Some(EtcdListen::Off) => Ok(None),
+        Some(EtcdListen::At(address)) => match TcpListener::bind(address).await {
+            Ok(listener) => Ok(Some(listener)),
+            Err(error) => Err(format!(
+                "cannot listen for etcd clients on {address} (--etcd-listen): {error}"
+            )
+            .into()),
+        },
+        None => match TcpListener::bind(DEFAULT_ETCD_LISTEN).await {
+            Ok(listener) => Ok(Some(listener)),
+            Err(error) => {
+                tracing::warn!(
+                    "not serving the etcd API: cannot listen on {DEFAULT_ETCD_LISTEN} ({error}); \
+                     serving HTTP only (--etcd-listen ADDR serves it elsewhere, --etcd-listen off turns it off)"
+                );
+                Ok(None)
+            }
+        },
+    }
+}
+
+/// Serves the etcd API until `stopped` turns true (with the HTTP server).
+async fn serve_etcd(
+    listener: TcpListener,
+    service: EtcdService,
+    mut stopped: watch::Receiver<bool>,
+) -> Result<(), String> {
+    let shutdown = async move {
+        let _ = stopped.wait_for(|stopped| *stopped).await;
+    };
+    chorus_etcd::serve(listener, service, shutdown)
+        .await
+        .map_err(|e| format!("etcd server failed: {e}"))
+}
+
+/// Waits for the etcd server to finish the RPCs in flight, for at most
+/// `grace`; then its connections are closed.
+async fn drain_etcd(
+    etcd: tokio::task::JoinHandle<Result<(), String>>,
+    grace: Duration,
+) -> Result<(), CommandError> {
+    let abort = etcd.abort_handle();
+    match tokio::time::timeout(grace, etcd).await {
+        Ok(Ok(result)) => result.map_err(Into::into),
+        Ok(Err(join)) => Err(format!("etcd server task failed: {join}").into()),
+        Err(_) => {
+            tracing::warn!(
+                grace_secs = grace.as_secs(),
+                "etcd RPCs still in flight after the shutdown grace; closing their connections"
+            );
+            abort.abort();
+            Ok(())
+        }
+    }
 }
 
 /// Creates the log if needed and opens a database's stores: the log (every
@@ -586,6 +770,19 @@ async fn wait_for_signals(first: tokio::sync::oneshot::Sender<()>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn etcd_listen_is_an_address_or_off() {
+        assert_eq!(parse_etcd_listen("off"), Ok(EtcdListen::Off));
+        assert_eq!(
+            parse_etcd_listen("127.0.0.1:2380"),
+            Ok(EtcdListen::At("127.0.0.1:2380".parse().unwrap()))
+        );
+        for bad in ["", "2379", "localhost:2379", "OFF"] {
+            let error = parse_etcd_listen(bad).unwrap_err();
+            assert!(error.contains("or off"), "{bad}: {error}");
+        }
+    }
 
     #[test]
     fn the_default_advertised_url_never_names_an_unspecified_address() {

@@ -1,7 +1,8 @@
 //! `chorus serve`'s memory under large values and many streams, through the
-//! real binary: with values of about 1 MiB, fifty watchers that stop reading
-//! and several clients paging through the whole log at once, the process's
-//! resident set stays within a bound derived from the documented budgets;
+//! real binary: with values of about 1 MiB, fifty watchers and 256 `follow`
+//! readers that stop reading, and several clients paging through the whole
+//! log and the whole key list at once, the process's resident set stays
+//! within a bound derived from the documented budgets;
 //! and the stream cap refuses one stream too many with 503 and
 //! `Retry-After`, while other requests are still served.
 //!
@@ -33,8 +34,18 @@ const WRITERS: usize = 4;
 /// Watchers of every key from the oldest index the history holds, which
 /// read one event and then stop reading.
 const WATCHERS: usize = 50;
-/// `follow` readers from index 0, which also stop after one event.
-const FOLLOWERS: usize = 4;
+/// `follow` readers from index 0, which never read: each would hold a
+/// sealed segment (64 MiB) if nothing bounded their readers by bytes.
+const FOLLOWERS: usize = 256;
+/// Clients walking the key list with `GET /v1/kv?limit=1000` at once; more
+/// than the service's default list permits (4), so some wait for one.
+const LIST_CLIENTS: usize = 8;
+/// Streams the server is started to allow: every watcher and follower.
+const MAX_STREAMS: usize = 512;
+/// The send timeout the server runs with: shorter than the default, so
+/// that followers that never read give their reader slots to others during
+/// the test, yet long enough for the page clients on a loaded machine.
+const SEND_TIMEOUT_SECS: u64 = 20;
 /// Clients walking the log with `GET /v1/log?limit=10000` at once; more than
 /// the service's default page permits (4), so some wait for one.
 const PAGE_CLIENTS: usize = 5;
@@ -50,6 +61,14 @@ const LOG_PAGES: u64 = 4;
 /// Rendered bytes of one page (`--log-page-bytes`, default), which may
 /// exceed it by one record.
 const LOG_PAGE_BYTES: u64 = 16 * MIB;
+/// Concurrent `GET /v1/kv` pages (`--max-list-pages`, default).
+const LIST_PAGES: u64 = 4;
+/// Rendered bytes of one list page (`--list-page-bytes`, default), which
+/// may exceed it by one item.
+const LIST_PAGE_BYTES: u64 = 16 * MIB;
+/// `follow` readers holding records at once: `--follow-buffer-bytes`
+/// (default 512 MiB) over the segment size.
+const FOLLOW_READERS: u64 = 8;
 /// Record bytes of one watcher's batch, which may exceed it by one record.
 const WATCH_BATCH_BYTES: u64 = MIB / 4;
 /// Record bytes of the watch history (`--history-bytes`, default).
@@ -71,9 +90,12 @@ fn stress_bound_bytes() -> u64 {
     // A page is rendered once into its body (which may double while it
     // grows), beside its reader's buffer.
     let page = READER_BYTES + 2 * rendered(LOG_PAGE_BYTES + RECORD_BYTES);
+    let list_page = 2 * rendered(LIST_PAGE_BYTES + RECORD_BYTES);
     let watcher = rendered(WATCH_BATCH_BYTES + RECORD_BYTES);
-    let follower = READER_BYTES + rendered(RECORD_BYTES);
-    LOG_PAGES * page + WATCHERS as u64 * watcher + FOLLOWERS as u64 * follower + SLACK_BYTES
+    // Any follower may hold an event being rendered and one being sent;
+    // only those with a reader slot hold their reader's buffer.
+    let followers = FOLLOW_READERS * READER_BYTES + FOLLOWERS as u64 * 2 * rendered(RECORD_BYTES);
+    LOG_PAGES * page + LIST_PAGES * list_page + WATCHERS as u64 * watcher + followers + SLACK_BYTES
 }
 
 /// `VmRSS` and `VmHWM` of process `pid` in bytes, or `None` once it exited.
@@ -147,6 +169,55 @@ fn open_stream(endpoint: &Endpoint, path: &str) -> Result<Stream, (u16, Option<S
     }
 }
 
+/// Opens a `follow` stream from index 0 and keeps it without reading a
+/// byte of its body; `Err` as for [`open_stream`].
+fn open_follower(endpoint: &Endpoint) -> Result<Stream, (u16, Option<String>, String)> {
+    let path = "/v1/log?from=0&follow=true";
+    let response = match endpoint.request(Method::GET, path).send() {
+        Ok(response) => response,
+        Err(error) => return Err((0, None, error.to_string())),
+    };
+    match response.status().as_u16() {
+        200 => Ok(Stream {
+            _reader: BufReader::new(response),
+        }),
+        status => Err((status, None, response.text().unwrap_or_default())),
+    }
+}
+
+/// A `GET /v1/kv` page, its items skipped.
+#[derive(serde::Deserialize)]
+struct ListPage {
+    items: Vec<serde::de::IgnoredAny>,
+    next: Option<String>,
+}
+
+/// Walks every key under `big/` with the largest pages; returns the items
+/// seen, or `None` once the server was stopped.
+fn walk_list(endpoint: &Endpoint, stopped: &AtomicBool) -> Option<u64> {
+    let mut seen = 0;
+    let mut after = String::new();
+    loop {
+        let path = format!("/v1/kv?prefix=big/&limit=1000{after}");
+        let reply = match endpoint.try_send(endpoint.request(Method::GET, &path)) {
+            Ok(reply) => reply,
+            Err(_) if stopped.load(Ordering::SeqCst) => return None,
+            Err(error) => panic!("a list page failed: {error:?}"),
+        };
+        if reply.status == 503 {
+            // Waited for a list permit past the request timeout.
+            continue;
+        }
+        assert_eq!(reply.status, 200, "list page: {}", reply.text());
+        let page: ListPage = serde_json::from_slice(&reply.body).expect("a list page");
+        seen += page.items.len() as u64;
+        match page.next {
+            Some(next) => after = format!("&after={next}"),
+            None => return Some(seen),
+        }
+    }
+}
+
 /// A `GET /v1/log` page, its records skipped (parsing them would cost the
 /// client more time than the server takes to render them).
 #[derive(serde::Deserialize)]
@@ -167,7 +238,7 @@ fn walk_log(endpoint: &Endpoint, stopped: &AtomicBool) -> Option<u64> {
             let reply = match endpoint.try_send(request) {
                 Ok(reply) => reply,
                 Err(_) if stopped.load(Ordering::SeqCst) => return None,
-                Err(error) => panic!("a log page failed: {error}"),
+                Err(error) => panic!("a log page failed: {error:?}"),
             };
             if reply.status == 503 {
                 // Waited for a page permit past the request timeout.
@@ -228,9 +299,19 @@ fn started(dir: &TempDir, args: &[&str]) -> Server {
 }
 
 #[test]
-fn resident_memory_stays_within_the_budgets_under_large_values_watchers_and_pages() {
+fn resident_memory_stays_within_the_budgets_under_large_values_streams_pages_and_lists() {
     let dir = TempDir::new().unwrap();
-    let mut server = started(&dir, &[]);
+    let max_streams = MAX_STREAMS.to_string();
+    let send_timeout = SEND_TIMEOUT_SECS.to_string();
+    let mut server = started(
+        &dir,
+        &[
+            "--max-streams",
+            &max_streams,
+            "--send-timeout-secs",
+            &send_timeout,
+        ],
+    );
     let endpoint = server.endpoint();
     let began = Instant::now();
     write_values(&endpoint);
@@ -251,13 +332,18 @@ fn resident_memory_stays_within_the_budgets_under_large_values_watchers_and_page
         // Ends the sampler however this thread ends, a panic included.
         let _sampling = Finish(done);
         let mut streams = Vec::new();
-        let paths = std::iter::repeat_n(watch.as_str(), WATCHERS)
-            .chain(std::iter::repeat_n("/v1/log?from=0&follow=true", FOLLOWERS));
-        for path in paths {
-            match open_stream(&endpoint, path) {
+        for _ in 0..WATCHERS {
+            match open_stream(&endpoint, &watch) {
                 Ok(stream) => streams.push(stream),
                 Err(_) if stopped.load(Ordering::SeqCst) => break,
-                Err(refused) => panic!("{path} was refused: {refused:?}"),
+                Err(refused) => panic!("a watch was refused: {refused:?}"),
+            }
+        }
+        for _ in 0..FOLLOWERS {
+            match open_follower(&endpoint) {
+                Ok(stream) => streams.push(stream),
+                Err(_) if stopped.load(Ordering::SeqCst) => break,
+                Err(refused) => panic!("a follower was refused: {refused:?}"),
             }
         }
         let opened = streams.len();
@@ -267,11 +353,18 @@ fn resident_memory_stays_within_the_budgets_under_large_values_watchers_and_page
                 scope.spawn(move || walk_log(&endpoint, stopped))
             })
             .collect();
+        let listers: Vec<_> = (0..LIST_CLIENTS)
+            .map(|_| {
+                let endpoint = endpoint.clone();
+                scope.spawn(move || walk_list(&endpoint, stopped))
+            })
+            .collect();
         let walked: Vec<Option<u64>> = walkers.into_iter().map(|w| w.join().unwrap()).collect();
+        let listed: Vec<Option<u64>> = listers.into_iter().map(|l| l.join().unwrap()).collect();
         drop(streams);
-        (walked, opened)
+        (walked, listed, opened)
     });
-    let (walked, opened) = walked;
+    let (walked, listed, opened) = walked;
     let peak = peak.load(Ordering::SeqCst);
     let mib = |bytes: u64| bytes / MIB;
     let summary = format!(
@@ -301,6 +394,9 @@ fn resident_memory_stays_within_the_budgets_under_large_values_watchers_and_page
             Some((VALUES * WALKS) as u64),
             "every walk saw every record"
         );
+    }
+    for items in listed {
+        assert_eq!(items, Some(VALUES as u64), "every list saw every key");
     }
     server.terminate(Duration::from_secs(30));
 }

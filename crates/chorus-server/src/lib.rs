@@ -92,7 +92,8 @@ impl AppState {
         metrics: Option<PrometheusHandle>,
         shutdown: watch::Receiver<bool>,
     ) -> AppState {
-        let permits = limits::Permits::new(config.memory);
+        let segment_bytes = runtime.config().log.max_segment_bytes;
+        let permits = limits::Permits::new(config.memory, segment_bytes);
         AppState {
             runtime,
             config,

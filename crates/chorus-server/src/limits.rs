@@ -40,6 +40,9 @@ pub const DEFAULT_LIST_PAGE_BYTES: usize = 16 << 20;
 /// Default number of `GET /v1/kv` pages built and sent at once; a list
 /// beyond them waits for one, bounded by the request timeout.
 pub const DEFAULT_MAX_LIST_PAGES: usize = 4;
+/// Default bound on what `follow` streams' log readers hold at once: a
+/// reader holds up to one sealed segment (64 MiB by default), so 8 of them.
+pub const DEFAULT_FOLLOW_BUFFER_BYTES: u64 = 512 << 20;
 /// A page body is handed to the connection in pieces of this size, so that
 /// the page's permit is held until its last piece was taken.
 pub const LOG_PAGE_CHUNK_BYTES: usize = 64 << 10;
@@ -69,6 +72,11 @@ pub struct MemoryLimits {
     pub list_page_bytes: usize,
     /// Most `GET /v1/kv` pages built or being sent at once.
     pub max_list_pages: usize,
+    /// Bound on what the log readers of `follow` streams hold at once. A
+    /// reader may hold a whole sealed segment, so this many bytes make
+    /// [`follow_reader_slots`] slots: a follower takes one before its reader
+    /// reads and gives it back once the reader holds no record.
+    pub follow_buffer_bytes: u64,
 }
 
 impl Default for MemoryLimits {
@@ -79,6 +87,7 @@ impl Default for MemoryLimits {
             max_log_pages: DEFAULT_MAX_LOG_PAGES,
             list_page_bytes: DEFAULT_LIST_PAGE_BYTES,
             max_list_pages: DEFAULT_MAX_LIST_PAGES,
+            follow_buffer_bytes: DEFAULT_FOLLOW_BUFFER_BYTES,
         }
     }
 }
@@ -87,6 +96,14 @@ impl Default for MemoryLimits {
 /// at most 1/[`STREAM_SHARE_DIVISOR`] of the connections, never below 1.
 pub fn stream_cap(requested: usize, connections: usize) -> usize {
     requested.min(connections / STREAM_SHARE_DIVISOR).max(1)
+}
+
+/// How many `follow` readers may hold records at once under a budget of
+/// `buffer_bytes` when a reader holds up to `segment_bytes` (one sealed
+/// segment): never below 1, so followers are slow rather than refused.
+pub fn follow_reader_slots(buffer_bytes: u64, segment_bytes: u64) -> usize {
+    let slots = buffer_bytes / segment_bytes.max(1);
+    usize::try_from(slots).unwrap_or(usize::MAX).max(1)
 }
 
 /// Whether a page of `records` records rendered in `bytes` bytes takes one
@@ -104,11 +121,13 @@ pub struct Permits {
     streams: Arc<Semaphore>,
     log_pages: Arc<Semaphore>,
     list_pages: Arc<Semaphore>,
+    follow_readers: Arc<Semaphore>,
 }
 
 impl Permits {
-    /// Permits for `limits`.
-    pub fn new(limits: MemoryLimits) -> Permits {
+    /// Permits for `limits` over a log whose sealed segments are at most
+    /// `segment_bytes` (what one `follow` reader may hold).
+    pub fn new(limits: MemoryLimits, segment_bytes: u64) -> Permits {
         assert!(limits.max_streams > 0, "max_streams must be at least 1");
         assert!(limits.max_log_pages > 0, "max_log_pages must be at least 1");
         assert!(
@@ -128,6 +147,10 @@ impl Permits {
             streams: Arc::new(Semaphore::new(limits.max_streams)),
             log_pages: Arc::new(Semaphore::new(limits.max_log_pages)),
             list_pages: Arc::new(Semaphore::new(limits.max_list_pages)),
+            follow_readers: Arc::new(Semaphore::new(follow_reader_slots(
+                limits.follow_buffer_bytes,
+                segment_bytes,
+            ))),
         }
     }
 
@@ -157,6 +180,16 @@ impl Permits {
     /// waits for one (the request timeout bounds the wait).
     pub async fn list_page(&self) -> OwnedSemaphorePermit {
         Arc::clone(&self.list_pages)
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed")
+    }
+
+    /// A slot for one `follow` stream's log reader to read and hold
+    /// records, to be dropped once it holds none; waits for one (the
+    /// stream stays open meanwhile, sending keep-alives).
+    pub async fn follow_reader(&self) -> OwnedSemaphorePermit {
+        Arc::clone(&self.follow_readers)
             .acquire_owned()
             .await
             .expect("the semaphore is never closed")
@@ -224,11 +257,46 @@ mod tests {
     }
 
     #[test]
-    fn streams_beyond_the_cap_are_refused_until_one_closes() {
-        let permits = Permits::new(MemoryLimits {
-            max_streams: 2,
+    fn follow_readers_are_bounded_by_bytes_not_by_streams() {
+        const MIB: u64 = 1 << 20;
+        assert_eq!(
+            follow_reader_slots(DEFAULT_FOLLOW_BUFFER_BYTES, 64 * MIB),
+            8
+        );
+        assert_eq!(follow_reader_slots(100 * MIB, 64 * MIB), 1);
+        assert_eq!(follow_reader_slots(MIB, 64 * MIB), 1, "never none");
+        assert_eq!(follow_reader_slots(1 << 30, 4 * MIB), 256);
+        assert_eq!(follow_reader_slots(1, 0), 1);
+    }
+
+    #[tokio::test]
+    async fn a_follower_waits_for_a_reader_slot_until_one_is_given_back() {
+        let limits = MemoryLimits {
+            follow_buffer_bytes: 128,
             ..MemoryLimits::default()
+        };
+        let permits = Permits::new(limits, 64);
+        let first = permits.follow_reader().await;
+        let _second = permits.follow_reader().await;
+        let third = tokio::spawn({
+            let permits = permits.clone();
+            async move { permits.follow_reader().await }
         });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!third.is_finished(), "two slots of 64 bytes in 128");
+        drop(first);
+        let _third = third.await.unwrap();
+    }
+
+    #[test]
+    fn streams_beyond_the_cap_are_refused_until_one_closes() {
+        let permits = Permits::new(
+            MemoryLimits {
+                max_streams: 2,
+                ..MemoryLimits::default()
+            },
+            64 << 20,
+        );
         let first = permits.stream().unwrap();
         let _second = permits.stream().unwrap();
         assert_eq!(permits.streams_open(), 2);

@@ -32,17 +32,19 @@ pub async fn status(State(app): State<Arc<AppState>>) -> Response {
 /// the table as applied here: how many keys, and the oldest.
 fn idempotency_json(app: &AppState, wall_ms: u64) -> Value {
     let retention = app.config.idempotency;
-    let ((keys, oldest), _) = app.runtime.read_stale(|state| {
+    let ((keys, bytes, oldest), _) = app.runtime.read_stale(|state| {
         let table = state.idempotency();
         let oldest = table
             .oldest()
             .map(|(_, remembered)| (remembered.index.0, remembered.recorded_ms));
-        (table.len(), oldest)
+        (table.len(), table.bytes(), oldest)
     });
     json!({
         "retain_keys": retention.max_keys,
         "retain_age_secs": retention.max_age_ms / 1000,
+        "retain_bytes": retention.max_bytes,
         "keys": keys,
+        "bytes": bytes,
         "oldest_index": oldest.map(|(index, _)| index),
         "oldest_age_ms": oldest.map(|(_, recorded_ms)| wall_ms.saturating_sub(recorded_ms)),
     })

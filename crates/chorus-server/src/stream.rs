@@ -313,46 +313,75 @@ fn holding<S: Stream>(place: OwnedSemaphorePermit, events: S) -> impl Stream<Ite
 
 /// Committed records as events, polling the log while caught up.
 fn follow(app: Arc<AppState>, reader: LogReader, place: OwnedSemaphorePermit) -> Response {
-    let state = (reader, app.runtime.applied(), app.shutdown.clone(), false);
-    let events = futures::stream::unfold(
-        state,
-        |(mut reader, mut applied, mut shutdown, ended)| async move {
-            if ended {
+    let follower = Follower {
+        applied: app.runtime.applied(),
+        shutdown: app.shutdown.clone(),
+        app,
+        reader,
+        slot: None,
+        ended: false,
+    };
+    let events = futures::stream::unfold(follower, |mut follower| async move {
+        let event = follower.next_event().await?;
+        Some((Ok::<_, Infallible>(event), follower))
+    });
+    sse(holding(place, events))
+}
+
+/// The state of one `follow` stream.
+struct Follower {
+    app: Arc<AppState>,
+    reader: LogReader,
+    /// A reader slot ([`Permits::follow_reader`](crate::limits::Permits)),
+    /// held from before the reader reads until it holds no record: a reader
+    /// may hold a whole sealed segment, and the slots bound how many do.
+    slot: Option<OwnedSemaphorePermit>,
+    applied: watch::Receiver<RecordIndex>,
+    shutdown: watch::Receiver<bool>,
+    ended: bool,
+}
+
+impl Follower {
+    /// The next event, waiting for records; `None` ends the stream.
+    async fn next_event(&mut self) -> Option<Event> {
+        loop {
+            if self.ended || *self.shutdown.borrow() {
                 return None;
             }
-            loop {
-                if *shutdown.borrow() {
-                    return None;
-                }
-                match reader.try_next().await {
-                    Ok(Some((index, record))) => {
-                        let event = Event::default()
-                            .id(index.0.to_string())
-                            .data(record_json(index, &record).to_string());
-                        return Some((
-                            Ok::<_, Infallible>(event),
-                            (reader, applied, shutdown, false),
-                        ));
-                    }
-                    Ok(None) => {
-                        tokio::select! {
-                            _ = applied.changed() => {}
-                            _ = shutdown.changed() => {}
-                            _ = tokio::time::sleep(FOLLOW_POLL) => {}
-                        }
-                    }
-                    Err(error) => {
-                        let body = ApiError::from(error);
-                        let data =
-                            json!({"error": body.message, "details": body.details}).to_string();
-                        let event = Event::default().event("error").data(data);
-                        return Some((Ok(event), (reader, applied, shutdown, true)));
-                    }
-                }
+            if self.slot.is_none() {
+                self.slot = tokio::select! {
+                    slot = self.app.permits.follow_reader() => Some(slot),
+                    _ = self.shutdown.changed() => return None,
+                };
             }
-        },
-    );
-    sse(holding(place, events))
+            let next = self.reader.try_next().await;
+            let event = match next {
+                Ok(Some((index, record))) => Some(
+                    Event::default()
+                        .id(index.0.to_string())
+                        .data(record_json(index, &record).to_string()),
+                ),
+                Ok(None) => None,
+                Err(error) => {
+                    self.ended = true;
+                    let body = ApiError::from(error);
+                    let data = json!({"error": body.message, "details": body.details});
+                    Some(Event::default().event("error").data(data.to_string()))
+                }
+            };
+            if !self.reader.holds_records() {
+                self.slot = None;
+            }
+            if event.is_some() {
+                return event;
+            }
+            tokio::select! {
+                _ = self.applied.changed() => {}
+                _ = self.shutdown.changed() => {}
+                _ = tokio::time::sleep(FOLLOW_POLL) => {}
+            }
+        }
+    }
 }
 
 /// `POST /v1/log`: appends the body as one raw record → `{"index": N}`.
@@ -434,8 +463,9 @@ fn record_json(index: RecordIndex, record: &[u8]) -> Value {
 /// The idempotency key of a stamped key-value record, and its payload if
 /// it is a raw append.
 fn stamped(record: &[u8]) -> Option<(IdempotencyKey, Option<Bytes>)> {
-    // Only a stamped record (format 2) is worth decoding.
-    if !record.starts_with(b"CHKV\x02") {
+    // Only a stamped record (format 2, or 3 since byte budgets) is worth
+    // decoding.
+    if !(record.starts_with(b"CHKV\x02") || record.starts_with(b"CHKV\x03")) {
         return None;
     }
     let decoded = Record::decode(record).ok()?;
@@ -649,7 +679,7 @@ mod tests {
     /// Renders `records` into one page the way `read_log` does, under a
     /// budget of `max_bytes`; returns the parsed page and its body size.
     fn page_of(records: &[Vec<u8>], max_bytes: usize) -> (Value, usize) {
-        let permits = Permits::new(MemoryLimits::default());
+        let permits = Permits::new(MemoryLimits::default(), 64 << 20);
         let place = futures::executor::block_on(permits.log_page());
         let mut page = LogPage::new();
         let mut next = RecordIndex(0);

@@ -22,6 +22,7 @@ async fn service() -> Arc<AppState> {
     let retention = Retention {
         max_keys: 1000,
         max_age_ms: 3_600_000,
+        max_bytes: chorus::kv::idempotency::DEFAULT_RETAINED_BYTES,
     };
     support::app_state(&runtime, Duration::from_secs(10), retention)
 }
@@ -230,7 +231,8 @@ async fn status_reports_the_retention_and_the_remembered_keys() {
     let status = send(&app, "GET", "/v1/status", &[], "").await.body;
     assert_eq!(
         status["idempotency"],
-        json!({"retain_keys": 1000, "retain_age_secs": 3600, "keys": 0,
+        json!({"retain_keys": 1000, "retain_age_secs": 3600,
+               "retain_bytes": 64 << 20, "keys": 0, "bytes": 0,
                "oldest_index": null, "oldest_age_ms": null})
     );
     send(&app, "PUT", "/v1/kv/x", &[], "1").await;
@@ -242,5 +244,8 @@ async fn status_reports_the_retention_and_the_remembered_keys() {
         (&table["keys"], &table["oldest_index"]),
         (&json!(2), &json!(1))
     );
+    // Keys "one" and "two", 3 bytes each, and the fixed cost of each entry.
+    let entry_bytes = 3 + chorus::kv::idempotency::ENTRY_OVERHEAD_BYTES;
+    assert_eq!(table["bytes"], 2 * entry_bytes, "{table}");
     assert!(table["oldest_age_ms"].as_u64().unwrap() < 60_000, "{table}");
 }

@@ -22,6 +22,7 @@ mod support;
 const RETENTION: Retention = Retention {
     max_keys: 1000,
     max_age_ms: 3_600_000,
+    max_bytes: chorus::kv::idempotency::DEFAULT_RETAINED_BYTES,
 };
 
 async fn service() -> Arc<AppState> {
@@ -102,6 +103,7 @@ async fn a_raw_append_that_forges_a_key_value_record_is_refused_and_changes_noth
     let evict_all = Retention {
         max_keys: 1,
         max_age_ms: 1,
+        max_bytes: chorus::kv::idempotency::MAX_ENTRY_BYTES,
     };
     let raw = || Body::Raw(Bytes::from_static(b"x"));
     let forgeries: Vec<(&str, Bytes)> = vec![

@@ -115,6 +115,13 @@ fn finish(summary: &BatchSummary, steps: u64) -> ExitCode {
         summary.runtime_takeovers,
         summary.virtual_time.as_secs_f64()
     );
+    eprintln!(
+        "exactly-once retries: {}, attempts answered without applying: {}, retries answered \
+         from a restored snapshot: {}",
+        summary.runtime_keyed_retries,
+        summary.runtime_keyed_deduplicated,
+        summary.runtime_keyed_restored
+    );
     let violations = summary.failures.len() as u64;
     print_summary(summary.seeds, summary.steps, violations, summary.wall_time);
     exit_code(violations)

@@ -171,6 +171,14 @@ pub struct BatchSummary {
     pub runtime_acked: u64,
     /// Lease takeovers in the runtime phase, over all seeds.
     pub runtime_takeovers: u64,
+    /// Retries of exactly-once writes in the runtime phase, over all seeds.
+    pub runtime_keyed_retries: u64,
+    /// Of the runtime phase's exactly-once attempts, those answered without
+    /// applying (from the table, or as an appended twin's no-op).
+    pub runtime_keyed_deduplicated: u64,
+    /// Of those retries, the ones answered by a process that had the
+    /// original application only through a restored snapshot.
+    pub runtime_keyed_restored: u64,
 }
 
 /// Runs `seeds` on `jobs` threads; `progress` is called with each result.
@@ -221,7 +229,11 @@ pub fn run_batch(
             summary.acked += result.report.stats.acked;
             summary.recoveries += result.report.stats.recoveries_committed;
             summary.runtime_acked += result.report.stats.runtime.acked;
-            summary.runtime_takeovers += result.report.stats.runtime.takeovers;
+            let runtime = &result.report.stats.runtime;
+            summary.runtime_takeovers += runtime.takeovers;
+            summary.runtime_keyed_retries += runtime.keyed_retries;
+            summary.runtime_keyed_deduplicated += runtime.keyed_replayed + runtime.keyed_duplicates;
+            summary.runtime_keyed_restored += runtime.keyed_restored;
             if result.failure.is_some() {
                 summary.failures.push(result.clone());
             }

@@ -32,15 +32,22 @@ const CONFIG_VARIABLES: [&str; 8] = [
 ];
 
 /// The `chorus` binary under test, run in `dir`, taking its configuration from
-/// the arguments only: none of the caller's `CHORUS_*` settings leak in.
+/// the arguments only: none of the caller's `CHORUS_*` settings leak in. The
+/// etcd API is off (`CHORUS_ETCD_LISTEN=off`) so that concurrent servers do
+/// not contend for its default port; a test serving it passes
+/// `--etcd-listen`, which overrides the variable.
 pub fn chorus_command(dir: &Path) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_chorus"));
     command.current_dir(dir);
     for variable in CONFIG_VARIABLES {
         command.env_remove(variable);
     }
+    command.env(ETCD_LISTEN_VARIABLE, "off");
     command
 }
+
+/// The variable `chorus serve --etcd-listen` reads.
+pub const ETCD_LISTEN_VARIABLE: &str = "CHORUS_ETCD_LISTEN";
 
 /// [`chorus_command`] with static S3 test credentials, for servers that ignore
 /// them (without any, the S3 client would look for an instance profile).

@@ -49,6 +49,8 @@ pub struct Launch {
     args: Vec<String>,
     token: Option<String>,
     descriptor_limit: Option<libc::rlim_t>,
+    /// Environment variables removed from the process's environment.
+    unset: Vec<String>,
 }
 
 impl Launch {
@@ -59,7 +61,15 @@ impl Launch {
             args: Vec::new(),
             token: None,
             descriptor_limit: None,
+            unset: Vec::new(),
         }
+    }
+
+    /// Runs the process without the environment variable `name` (one that
+    /// [`super::chorus_command`] sets).
+    pub fn unset_env(mut self, name: &str) -> Launch {
+        self.unset.push(name.to_owned());
+        self
     }
 
     /// Adds flags.
@@ -88,6 +98,9 @@ impl Launch {
         let mut command = super::chorus_command(&self.dir);
         if let Some(limit) = self.descriptor_limit {
             set_descriptor_limit(&mut command, limit);
+        }
+        for name in &self.unset {
+            command.env_remove(name);
         }
         let mut child = command
             .arg("serve")

@@ -1,17 +1,20 @@
 //! The checkers that run after every step: R1 (agreement), R2
 //! (acknowledgements), R3 and R4 (current reads), R6 (snapshots), R8 (only a
-//! shutdown stops a runtime), with the lease phase's L2 and S1–S3 and the
+//! shutdown stops a runtime), R9 (exactly-once), with the lease phase's L2 and S1–S3 and the
 //! log phases' register checkers; R5 is in `fencing.rs`. They compare what
 //! the processes applied and answer with what the workload was told.
 
 use bytes::Bytes;
 use chorus::ids::RecordIndex;
-use chorus::kv::{Applied, Command, KvState, Operation};
+use chorus::kv::idempotency::Lookup;
+use chorus::kv::{Applied, Command, IdempotencyKey, KvState, Operation, Outcome};
 use chorus::lease::HolderId;
 use chorus::runtime::{RuntimeError, WriteError, Written};
 use futures::FutureExt;
 
-use super::workload::{COUNTER, WriteKind, counter_value, put_value, record_label};
+use super::workload::{
+    COUNTER, WriteKind, counter_value, keyed_digest, put_value, record_label, stamp_key,
+};
 use super::{PendingWrite, Process, RuntimePhase};
 use crate::model::Violation;
 use crate::trace::label;
@@ -31,6 +34,29 @@ pub(super) enum PutState {
     Ambiguous,
     /// Refused, or failed without committing: it must never be applied.
     NotCommitted,
+}
+
+/// An exactly-once operation (R9): the put every attempt carries, and
+/// the index where it applied once known.
+#[derive(Debug, Clone)]
+pub(super) struct KeyedOp {
+    /// The key it puts, which no other operation writes.
+    pub(super) target: Bytes,
+    /// The value it puts.
+    pub(super) value: Bytes,
+    /// The index of its key's first (and only) application.
+    pub(super) first: Option<u64>,
+}
+
+impl KeyedOp {
+    /// An attempt of it with `key`: the same put every time.
+    pub(super) fn attempt(&self, key: &IdempotencyKey) -> WriteKind {
+        WriteKind::Keyed {
+            key: key.clone(),
+            target: self.target.clone(),
+            value: self.value.clone(),
+        }
+    }
 }
 
 impl RuntimePhase<'_> {
@@ -67,53 +93,19 @@ impl RuntimePhase<'_> {
         Ok(())
     }
 
-    /// R2 and the bookkeeping for R1, R4 and the final check.
+    /// R2, R9 and the bookkeeping for R1, R4 and the final check.
     fn on_write(
         &mut self,
         write: &PendingWrite,
         record: Option<Bytes>,
         result: Result<Written<Applied>, WriteError<Applied>>,
     ) -> Result<(), Violation> {
-        let (id, node) = (write.id, write.node);
         let written = match result {
             Ok(written) => written,
-            Err(error) => {
-                let (may, text) = match &error {
-                    WriteError::Rejected(applied) => {
-                        return Err(format!(
-                            "W{id} on n{node}: prepare refused a write the workload built to \
-                             hold against the applied state: {applied:?}"
-                        ));
-                    }
-                    WriteError::Unavailable(unavailable) => (false, unavailable.to_string()),
-                    WriteError::Log(error) => (error.may_have_committed(), error.to_string()),
-                };
-                self.event(format!("runtime W{id} n{node} failed may={may}: {text}"));
-                match &write.kind {
-                    WriteKind::Put { key, .. } => {
-                        let state = if may {
-                            PutState::Ambiguous
-                        } else {
-                            PutState::NotCommitted
-                        };
-                        if !may && let Some(index) = self.put_index.get(key) {
-                            return Err(format!(
-                                "W{id} failed without committing (may_have_committed = false) \
-                                 but was applied at index {index}"
-                            ));
-                        }
-                        self.puts.insert(key.clone(), state);
-                    }
-                    WriteKind::Increment => self.ambiguous_increments += u64::from(may),
-                }
-                if may {
-                    self.stats.ambiguous += 1;
-                } else {
-                    self.stats.not_committed += 1;
-                }
-                return Ok(());
-            }
+            Err(WriteError::Rejected(refused)) => return self.on_refused(write, refused),
+            Err(error) => return self.on_failed(write, &error),
         };
+        let (id, node) = (write.id, write.node);
         let index = written.index.0;
         let record = record.ok_or(format!("W{id} acknowledged with no record prepared"))?;
         let zombie = self.lease_holder().as_ref() != Some(&write.holder);
@@ -145,7 +137,19 @@ impl RuntimePhase<'_> {
                 record_label(applied)
             ));
         }
-        match (&write.kind, &written.output) {
+        self.on_acked_output(write, index, &record, &written.output)
+    }
+
+    /// R2 and R9 for what an acknowledged write's record applied as.
+    fn on_acked_output(
+        &mut self,
+        write: &PendingWrite,
+        index: u64,
+        record: &Bytes,
+        output: &Applied,
+    ) -> Result<(), Violation> {
+        let id = write.id;
+        match (&write.kind, output) {
             (WriteKind::Put { key, .. }, Applied::Done { .. }) => {
                 self.puts.insert(key.clone(), PutState::Acked(index));
             }
@@ -156,7 +160,7 @@ impl RuntimePhase<'_> {
                 ));
             }
             (WriteKind::Increment, Applied::Done { .. }) => {
-                let value = put_value(&record)
+                let value = put_value(record)
                     .and_then(|value| counter_value(&value))
                     .ok_or(format!("W{id}: an increment record that does not decode"))?;
                 if let Some(other) = self.acked_increments.insert(value, index) {
@@ -167,13 +171,135 @@ impl RuntimePhase<'_> {
                 }
             }
             (WriteKind::Increment, Applied::ConditionFailed { .. }) => self.stats.cas_lost += 1,
-            (WriteKind::Increment, output) => {
+            (WriteKind::Keyed { key, .. }, Applied::Done { .. }) => {
+                let what = format!("W{id}'s acknowledgement");
+                self.note_keyed_first(key, index, &what)?;
+            }
+            (
+                WriteKind::Keyed { key, .. },
+                Applied::Duplicate {
+                    original,
+                    outcome: Outcome::Done { .. },
+                },
+            ) if original.0 < index => {
+                self.stats.keyed_duplicates += 1;
+                self.on_keyed_answer(write, key, original.0)?;
+            }
+            (_, output) => {
                 return Err(format!(
                     "W{id} acknowledged at {index} applied as {output:?}"
                 ));
             }
         }
         Ok(())
+    }
+
+    /// A write its prepare refused: only a keyed attempt whose key the
+    /// table remembers for this same put (R9); the workload builds every
+    /// other write to hold against the applied state.
+    fn on_refused(&mut self, write: &PendingWrite, refused: Applied) -> Result<(), Violation> {
+        let (id, node) = (write.id, write.node);
+        if let (
+            WriteKind::Keyed { key, .. },
+            Applied::Duplicate {
+                original,
+                outcome: Outcome::Done { .. },
+            },
+        ) = (&write.kind, &refused)
+        {
+            self.event(format!(
+                "runtime W{id} n{node} key={key} answered from the table: applied at {original}"
+            ));
+            self.stats.keyed_replayed += 1;
+            return self.on_keyed_answer(write, key, original.0);
+        }
+        Err(format!(
+            "W{id} on n{node}: prepare refused a write the workload built to hold against the \
+             applied state: {refused:?}"
+        ))
+    }
+
+    /// A retry answered with its key's first application at `original`
+    /// (R9); counted when the answering process has that application only
+    /// through a snapshot it restored.
+    fn on_keyed_answer(
+        &mut self,
+        write: &PendingWrite,
+        key: &IdempotencyKey,
+        original: u64,
+    ) -> Result<(), Violation> {
+        let what = format!("the answer to W{}", write.id);
+        self.note_keyed_first(key, original, &what)?;
+        let restored = write
+            .runtime
+            .changes_since(RecordIndex(original), 1)
+            .is_err();
+        self.stats.keyed_restored += u64::from(restored);
+        Ok(())
+    }
+
+    /// A write that failed: R1's bookkeeping of what may have committed.
+    fn on_failed(
+        &mut self,
+        write: &PendingWrite,
+        error: &WriteError<Applied>,
+    ) -> Result<(), Violation> {
+        let (id, node) = (write.id, write.node);
+        let (may, text) = match error {
+            WriteError::Rejected(_) => unreachable!("refusals are handled by on_refused"),
+            WriteError::Unavailable(unavailable) => (false, unavailable.to_string()),
+            WriteError::Log(error) => (error.may_have_committed(), error.to_string()),
+        };
+        self.event(format!("runtime W{id} n{node} failed may={may}: {text}"));
+        match &write.kind {
+            WriteKind::Put { key, .. } => {
+                let state = if may {
+                    PutState::Ambiguous
+                } else {
+                    PutState::NotCommitted
+                };
+                if !may && let Some(index) = self.put_index.get(key) {
+                    return Err(format!(
+                        "W{id} failed without committing (may_have_committed = false) but was \
+                         applied at index {index}"
+                    ));
+                }
+                self.puts.insert(key.clone(), state);
+            }
+            WriteKind::Increment => self.ambiguous_increments += u64::from(may),
+            // Whether it applied, R9 learns from the processes' histories.
+            WriteKind::Keyed { .. } => {}
+        }
+        if may {
+            self.stats.ambiguous += 1;
+        } else {
+            self.stats.not_committed += 1;
+        }
+        Ok(())
+    }
+
+    /// R9: `key`'s put applied at `index`, as `what` says; it must be the
+    /// one index it ever applied at.
+    pub(super) fn note_keyed_first(
+        &mut self,
+        key: &IdempotencyKey,
+        index: u64,
+        what: &str,
+    ) -> Result<(), Violation> {
+        let op = self.keyed.get_mut(key).ok_or(format!(
+            "{what} names idempotency key {key}, which no write used"
+        ))?;
+        match op.first {
+            None => {
+                op.first = Some(index);
+                Ok(())
+            }
+            Some(first) if first == index => Ok(()),
+            Some(first) => Err(format!(
+                "exactly-once: idempotency key {key} applied at index {first}, but {what} has it \
+                 applied at index {index}: a retry applied twice"
+            )),
+        }
     }
 
     /// Roles, finished shutdowns and every process's history (R1); a process
@@ -242,7 +368,7 @@ impl RuntimePhase<'_> {
             match process.runtime.changes_since(process.seen, usize::MAX) {
                 Ok(changes) => {
                     for change in &changes {
-                        self.on_applied(node, change.index.0, &change.record)?;
+                        self.on_applied(node, change.index.0, &change.record, &change.output)?;
                     }
                     if let Some(last) = changes.last() {
                         process.seen = RecordIndex(last.index.0 + 1);
@@ -256,8 +382,47 @@ impl RuntimePhase<'_> {
         }
     }
 
-    /// R1 for one applied record.
+    /// R1 and R9 for one record `node` applied as `output`.
     pub(super) fn on_applied(
+        &mut self,
+        node: usize,
+        index: u64,
+        record: &Bytes,
+        output: &Applied,
+    ) -> Result<(), Violation> {
+        self.check_agreement(node, index, record)?;
+        match stamp_key(record) {
+            Some(key) => self.on_keyed_applied(node, index, &key, output),
+            None => Ok(()),
+        }
+    }
+
+    /// R9: every process applies a keyed record as its key's one first
+    /// application, or as a no-op naming it.
+    fn on_keyed_applied(
+        &mut self,
+        node: usize,
+        index: u64,
+        key: &IdempotencyKey,
+        output: &Applied,
+    ) -> Result<(), Violation> {
+        let what = format!("n{node}'s apply of index {index} ({output:?})");
+        match output {
+            Applied::Done { .. } => self.note_keyed_first(key, index, &what),
+            Applied::Duplicate {
+                original,
+                outcome: Outcome::Done { .. },
+            } if original.0 < index => self.note_keyed_first(key, original.0, &what),
+            _ => Err(format!(
+                "exactly-once: n{node} applied the record at index {index} with idempotency key \
+                 {key} as {output:?}, neither its put nor a no-op naming an earlier index"
+            )),
+        }
+    }
+
+    /// R1 for one applied record: the same record everywhere at its index,
+    /// and, the first time it is seen, a put applied at one index only.
+    fn check_agreement(
         &mut self,
         node: usize,
         index: u64,
@@ -283,6 +448,10 @@ impl RuntimePhase<'_> {
             return Ok(());
         }
         self.applied.insert(index, record.clone());
+        if stamp_key(record).is_some() {
+            // A keyed put: R9 checks it, for every process.
+            return Ok(());
+        }
         let command = Command::decode(record)
             .map_err(|error| format!("n{node} applied a record that is not a command: {error}"))?;
         let Some(Operation::Put { key, .. }) = command.operations().first() else {
@@ -461,6 +630,39 @@ impl RuntimePhase<'_> {
                      {highest} was acknowledged below it"
                 ));
             }
+        }
+        self.check_keyed_state(state, end, what)
+    }
+
+    /// R9 on a state: every key applied below `end` is remembered at its
+    /// first index, with its put at that version, and the table holds no
+    /// key that no write used.
+    fn check_keyed_state(&self, state: &KvState, end: u64, what: &str) -> Result<(), Violation> {
+        for (key, op) in &self.keyed {
+            let Some(first) = op.first.filter(|first| *first < end) else {
+                continue;
+            };
+            let digest = keyed_digest(&op.target, &op.value);
+            let remembered = match state.idempotency().lookup(key, &digest) {
+                Lookup::Same(remembered) => Some(remembered.index.0),
+                _ => None,
+            };
+            let entry = state.get(&op.target);
+            let put = entry.map(|entry| (entry.index.0, entry.value == op.value));
+            if remembered != Some(first) || put != Some((first, true)) {
+                return Err(format!(
+                    "exactly-once: {what} (below {end}) should remember idempotency key {key} \
+                     at index {first} with its put at that version; it remembers it at \
+                     {remembered:?}, and holds the put at {put:?} (version, same value)"
+                ));
+            }
+        }
+        let table = state.idempotency().len();
+        if table > self.keyed.len() {
+            return Err(format!(
+                "{what} remembers {table} idempotency keys, but only {} were used",
+                self.keyed.len()
+            ));
         }
         Ok(())
     }

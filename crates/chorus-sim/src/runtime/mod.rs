@@ -6,8 +6,12 @@
 //! `crates/chorus/tests/runtime.rs`.
 //!
 //! The schedule: key-value writes through `Runtime::write` (puts of unique
-//! keys with `Condition::Absent`, and compare-and-set increments of one
-//! counter key prepared with `KvState::check` against the applied state),
+//! keys with `Condition::Absent`, compare-and-set increments of one
+//! counter key prepared with `KvState::check` against the applied state,
+//! and exactly-once puts stamped with an idempotency key, admitted against
+//! the applied idempotency table as the service admits them and retried
+//! with the same key: at once, as concurrent twins, and long after, from
+//! any process, so retries meet tables restored from snapshots),
 //! crashes (`Runtime::abort`) and fresh processes (a new holder id, the
 //! crashed one's: a restart, or the holder id of a process alive on another
 //! node: two processes that share one, told apart only by the random
@@ -54,6 +58,13 @@
 //!   process whose boot step fails must retry, with no error however
 //!   damaged a read was; `Runtime::finished` may only report a shutdown
 //!   asked for.
+//! - **R9, exactly-once**: no idempotency key's put applies twice: every
+//!   process applies a keyed record either as the first application of its
+//!   key or as a no-op that names that first index (`Applied::Duplicate`),
+//!   and every answer to an attempt (acknowledged, or answered from the
+//!   table without appending) names that index too; every state checked by
+//!   R4 and R6 (snapshots included) remembers each key applied below its
+//!   end at that index, with its put at that version.
 //! - The lease phase's L2 and S1–S3 on the same store, and the log phases'
 //!   register checkers (5, 6) on the runtime's register.
 //!
@@ -73,7 +84,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use chorus::blob::FaultController;
 use chorus::ids::RecordIndex;
-use chorus::kv::{Applied, Condition, KvState};
+use chorus::kv::{IdempotencyKey, KvState};
 use chorus::lease::{DatabaseKey, HolderId, Incarnation};
 use chorus::runtime::{Role, Runtime, RuntimeConfig, RuntimeStores};
 use chorus::snapshot::{Head, SnapshotConfig};
@@ -92,9 +103,9 @@ use crate::params::Params;
 use crate::trace::Trace;
 use crate::world::{ActorFaults, World};
 
-use check::PutState;
+use check::{KeyedOp, PutState};
 use fencing::{Audit, Reign};
-use workload::{WriteEnd, WriteKind, increment, put};
+use workload::{WriteEnd, WriteKind, prepare};
 
 mod check;
 mod fencing;
@@ -151,6 +162,19 @@ pub struct RuntimeStats {
     pub zombies: u64,
     /// Current reads answered.
     pub current_reads: u64,
+    /// Attempts of exactly-once (keyed) writes, first attempts and retries.
+    pub keyed_attempts: u64,
+    /// Of those, retries (the same key and put again).
+    pub keyed_retries: u64,
+    /// Attempts answered from the idempotency table, nothing appended.
+    pub keyed_replayed: u64,
+    /// Attempts appended after another attempt of their key (concurrent
+    /// twins), applied as no-ops.
+    pub keyed_duplicates: u64,
+    /// Retries answered (from the table, or as a no-op) by a process whose
+    /// own history does not hold their key's first application: it came
+    /// through a snapshot the process restored.
+    pub keyed_restored: u64,
 }
 
 /// The settings of one run of the phase, drawn from its seed.
@@ -243,6 +267,8 @@ struct PendingWrite {
     id: u64,
     node: usize,
     holder: HolderId,
+    /// The process it was sent to.
+    runtime: Arc<Kv>,
     kind: WriteKind,
     handle: JoinHandle<WriteEnd>,
 }
@@ -368,6 +394,8 @@ pub struct RuntimePhase<'a> {
     put_values: BTreeMap<Bytes, Bytes>,
     /// Where each key's put was applied.
     put_index: BTreeMap<Bytes, u64>,
+    /// Every exactly-once operation by its idempotency key (R9).
+    keyed: BTreeMap<IdempotencyKey, KeyedOp>,
     /// Acknowledged increments: the counter value written → the index.
     acked_increments: BTreeMap<u64, u64>,
     ambiguous_increments: u64,
@@ -416,6 +444,7 @@ impl<'a> RuntimePhase<'a> {
             puts: BTreeMap::new(),
             put_values: BTreeMap::new(),
             put_index: BTreeMap::new(),
+            keyed: BTreeMap::new(),
             acked_increments: BTreeMap::new(),
             ambiguous_increments: 0,
             acked: BTreeMap::new(),
@@ -776,36 +805,32 @@ impl<'a> RuntimePhase<'a> {
         if self.writes.len() >= MAX_PENDING_WRITES {
             return;
         }
+        let runtime = Arc::clone(&process.runtime);
+        let holder = process.holder.clone();
         self.next_write += 1;
         let id = self.next_write;
-        let kind = if self.rng.random_bool(0.3) {
-            WriteKind::Increment
-        } else {
-            let length = self.rng.random_range(0..=48);
-            let mut value = format!("w{id}.").into_bytes();
-            value.extend((0..length).map(|_| self.rng.random::<u8>()));
-            WriteKind::Put {
+        let kind = match self.rng.random_range(0..100) {
+            0..=29 => WriteKind::Increment,
+            30..=41 => self.new_keyed_op(id),
+            42..=53 if !self.keyed.is_empty() => self.retry_keyed_op(),
+            _ => WriteKind::Put {
                 key: Bytes::from(format!("k{id:06}")),
-                value: Bytes::from(value),
-            }
+                value: self.random_value(&format!("w{id}.")),
+            },
         };
         if let WriteKind::Put { key, value } = &kind {
             self.puts.insert(key.clone(), PutState::Pending);
             self.put_values.insert(key.clone(), value.clone());
         }
-        let runtime = Arc::clone(&process.runtime);
-        let holder = process.holder.clone();
         let prepared = kind.clone();
+        let writer = Arc::clone(&runtime);
+        // The writer's clock, as the service stamps a keyed write.
+        let at_ms = runtime.wall_ms();
         let handle = tokio::spawn(async move {
             let mut record = None;
-            let result = runtime
-                .write(|state: &KvState| -> Result<Bytes, Applied> {
-                    let command = match &prepared {
-                        WriteKind::Put { key, value } => put(key, value, Condition::Absent),
-                        WriteKind::Increment => increment(state),
-                    };
-                    state.check(&command)?;
-                    let bytes = command.encode().expect("a valid command");
+            let result = writer
+                .write(|state: &KvState| {
+                    let bytes = prepare(&prepared, state, at_ms)?;
                     record = Some(bytes.clone());
                     Ok(bytes)
                 })
@@ -817,9 +842,49 @@ impl<'a> RuntimePhase<'a> {
             id,
             node,
             holder,
+            runtime,
             kind,
             handle,
         });
+    }
+
+    /// A value: `tag`, then up to 48 random bytes.
+    fn random_value(&mut self, tag: &str) -> Bytes {
+        let length = self.rng.random_range(0..=48);
+        let mut value = tag.as_bytes().to_vec();
+        value.extend((0..length).map(|_| self.rng.random::<u8>()));
+        Bytes::from(value)
+    }
+
+    /// The first attempt of a new exactly-once operation.
+    fn new_keyed_op(&mut self, id: u64) -> WriteKind {
+        let number = self.keyed.len() + 1;
+        let key = IdempotencyKey::new(format!("op-{number:06}")).expect("a valid key");
+        let op = KeyedOp {
+            target: Bytes::from(format!("x{number:06}")),
+            value: self.random_value(&format!("o{number}.w{id}.")),
+            first: None,
+        };
+        self.stats.keyed_attempts += 1;
+        let kind = op.attempt(&key);
+        self.keyed.insert(key, op);
+        kind
+    }
+
+    /// Another attempt of an operation: the newest half the time (often
+    /// still in flight: a concurrent twin), else any earlier one (often
+    /// long applied, by processes restored from snapshots since).
+    fn retry_keyed_op(&mut self) -> WriteKind {
+        let count = self.keyed.len();
+        let number = if self.rng.random_bool(0.5) {
+            count
+        } else {
+            self.rng.random_range(1..=count)
+        };
+        let key = IdempotencyKey::new(format!("op-{number:06}")).expect("a valid key");
+        self.stats.keyed_attempts += 1;
+        self.stats.keyed_retries += 1;
+        self.keyed[&key].attempt(&key)
     }
 
     fn log_fault(&mut self) {

@@ -4,14 +4,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chorus::ids::RecordIndex;
-use chorus::kv::{Condition, KvState};
+use chorus::kv::{Applied, Condition, IdempotencyKey, KvState, Outcome};
 use chorus::lease::{DatabaseKey, Generation, HolderId, Incarnation, LeaseRecord, Term};
 use chorus::runtime::{Phase, RuntimeError};
 use chorus::snapshot::{Head, PayloadId, PublicationSequence, PublisherId, Sha256Digest};
 
 use super::RuntimePhase;
-use super::check::PutState;
-use super::workload::{increment, put};
+use super::check::{KeyedOp, PutState};
+use super::workload::{WriteKind, increment, prepare, put};
 use crate::trace::Trace;
 
 fn bytes(text: &str) -> Bytes {
@@ -75,7 +75,7 @@ async fn a_state_holding_a_put_that_never_committed_is_caught() {
         .check_state(&state_with(&[(0, &a)]), 1, "state")
         .unwrap_err();
     assert!(error.contains("failed without committing"), "{error}");
-    let error = phase.on_applied(0, 0, &a).unwrap_err();
+    let error = phase.on_applied(0, 0, &a, &Applied::done(2)).unwrap_err();
     assert!(error.contains("failed"), "{error}");
 }
 
@@ -85,17 +85,17 @@ async fn processes_that_apply_different_records_at_one_index_are_caught() {
     let mut phase = phase(&mut trace).await;
     let a = put_record(&mut phase, "a", "1");
     let b = put_record(&mut phase, "b", "2");
-    phase.on_applied(0, 0, &a).unwrap();
-    phase.on_applied(1, 0, &a).unwrap();
-    let error = phase.on_applied(1, 0, &b).unwrap_err();
+    phase.on_applied(0, 0, &a, &Applied::done(2)).unwrap();
+    phase.on_applied(1, 0, &a, &Applied::done(2)).unwrap();
+    let error = phase.on_applied(1, 0, &b, &Applied::done(2)).unwrap_err();
     assert!(error.contains("another process applied"), "{error}");
     // One write applied at two indices is a duplicate.
-    let error = phase.on_applied(0, 1, &a).unwrap_err();
+    let error = phase.on_applied(0, 1, &a, &Applied::done(2)).unwrap_err();
     assert!(error.contains("indices 0 and 1"), "{error}");
     // An applied record must agree with the ack at its index.
     phase.acked.insert(2, b.clone());
     let c = put_record(&mut phase, "c", "3");
-    let error = phase.on_applied(0, 2, &c).unwrap_err();
+    let error = phase.on_applied(0, 2, &c, &Applied::done(2)).unwrap_err();
     assert!(error.contains("was acknowledged"), "{error}");
 }
 
@@ -113,6 +113,95 @@ async fn a_counter_below_an_acknowledged_increment_is_caught() {
         .unwrap();
     let error = phase.check_state(&state, 2, "one").unwrap_err();
     assert!(error.contains("counter"), "{error}");
+}
+
+/// A keyed operation `phase` knows, and the record of an attempt of it
+/// stamped at `at_ms`, prepared against an empty table.
+fn keyed_attempt(phase: &mut RuntimePhase<'_>, at_ms: u64) -> (IdempotencyKey, Bytes) {
+    let key = IdempotencyKey::new("op-000001").unwrap();
+    let op = KeyedOp {
+        target: bytes("x000001"),
+        value: bytes("o1"),
+        first: None,
+    };
+    let record = prepare(&op.attempt(&key), &KvState::default(), at_ms).unwrap();
+    phase.keyed.insert(key.clone(), op);
+    (key, record)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_retry_applied_twice_is_caught() {
+    let mut trace = Trace::new(false);
+    let mut phase = phase(&mut trace).await;
+    let (_, first) = keyed_attempt(&mut phase, 1);
+    let (_, retry) = keyed_attempt(&mut phase, 2);
+    assert_ne!(first, retry, "each attempt carries its writer's time");
+    let no_op = Applied::Duplicate {
+        original: RecordIndex(0),
+        outcome: Outcome::Done { revision: 2 },
+    };
+    phase.on_applied(0, 0, &first, &Applied::done(2)).unwrap();
+    phase.on_applied(1, 0, &first, &Applied::done(2)).unwrap();
+    phase.on_applied(0, 1, &retry, &no_op).unwrap();
+    // Another process applies the retry as a write of its own.
+    let error = phase
+        .on_applied(1, 1, &retry, &Applied::done(2))
+        .unwrap_err();
+    assert!(error.contains("a retry applied twice"), "{error}");
+    // A no-op naming another index than the first application.
+    let elsewhere = Applied::Duplicate {
+        original: RecordIndex(7),
+        outcome: Outcome::Done { revision: 2 },
+    };
+    let error = phase.on_applied(1, 9, &retry, &elsewhere).unwrap_err();
+    assert!(error.contains("exactly-once"), "{error}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_state_that_forgot_or_reapplied_a_keyed_put_is_caught() {
+    let mut trace = Trace::new(false);
+    let mut phase = phase(&mut trace).await;
+    let (_, first) = keyed_attempt(&mut phase, 1);
+    phase.on_applied(0, 0, &first, &Applied::done(2)).unwrap();
+    let remembered = state_with(&[(0, &first)]);
+    phase.check_state(&remembered, 1, "remembered").unwrap();
+    // The same put without its key: the table does not remember it.
+    let unkeyed = put(&bytes("x000001"), &bytes("o1"), Condition::None)
+        .encode()
+        .unwrap();
+    let forgot = state_with(&[(0, &unkeyed)]);
+    let error = phase.check_state(&forgot, 1, "forgot").unwrap_err();
+    assert!(error.contains("should remember"), "{error}");
+    // The put applied again later: its version moved.
+    let again = state_with(&[(0, &first), (1, &unkeyed)]);
+    let error = phase.check_state(&again, 2, "again").unwrap_err();
+    assert!(error.contains("exactly-once"), "{error}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_attempt_is_answered_from_the_table_once_its_key_applied() {
+    let mut trace = Trace::new(false);
+    let mut phase = phase(&mut trace).await;
+    let (key, first) = keyed_attempt(&mut phase, 1);
+    let state = state_with(&[(0, &first)]);
+    let attempt = phase.keyed[&key].attempt(&key);
+    assert_eq!(
+        prepare(&attempt, &state, 5),
+        Err(Applied::Duplicate {
+            original: RecordIndex(0),
+            outcome: Outcome::Done { revision: 2 }
+        })
+    );
+    // The same key for another put is refused, not answered.
+    let other = WriteKind::Keyed {
+        key,
+        target: bytes("x000002"),
+        value: bytes("o2"),
+    };
+    assert!(matches!(
+        prepare(&other, &state, 5),
+        Err(Applied::KeyReused { .. })
+    ));
 }
 
 fn lease(holder: &str, generation: u64, released: bool) -> LeaseRecord {

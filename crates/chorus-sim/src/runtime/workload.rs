@@ -1,8 +1,12 @@
-//! The key-value workload: unique puts and compare-and-set increments of
-//! one counter, as `kv` commands, and how their records read back.
+//! The key-value workload: unique puts, compare-and-set increments of one
+//! counter, and exactly-once puts stamped with an idempotency key (retried
+//! with the same key), as `kv` records, and how their records read back.
 
 use bytes::Bytes;
-use chorus::kv::{Applied, Command, Condition, KvState, Operation};
+use chorus::kv::idempotency::{Lookup, MAX_RETAINED_BYTES, MAX_RETENTION_AGE_MS, RequestDigest};
+use chorus::kv::{
+    Applied, Body, Command, Condition, IdempotencyKey, KvState, Operation, Record, Retention, Stamp,
+};
 use chorus::runtime::{WriteError, Written};
 
 use crate::trace::label;
@@ -17,6 +21,93 @@ pub(super) enum WriteKind {
     Put { key: Bytes, value: Bytes },
     /// Compare-and-sets the counter to its applied value + 1.
     Increment,
+    /// One attempt of an exactly-once operation: an unconditional put of
+    /// `target` (a key no other operation writes) stamped with `key`.
+    /// Every attempt carries the same put, so a retry is the same request.
+    Keyed {
+        key: IdempotencyKey,
+        target: Bytes,
+        value: Bytes,
+    },
+}
+
+/// The retention keyed writes carry: more keys than a run writes, and
+/// longer than a run lasts in virtual time (skews included), so no key is
+/// ever forgotten within a run and a second application of any is a
+/// violation.
+pub(super) const KEYED_RETENTION: Retention = Retention {
+    max_keys: 1_000_000,
+    max_age_ms: MAX_RETENTION_AGE_MS,
+    max_bytes: MAX_RETAINED_BYTES,
+};
+
+/// The record a write's prepare appends, decided against the applied
+/// `state`: a put or increment whose condition holds, or a keyed put as the
+/// service admits one (a key the table remembers answers the remembered
+/// outcome, `Applied::Duplicate`, and appends nothing). `at_ms` is the
+/// writer's wall clock, stamped into a keyed record.
+pub(super) fn prepare(kind: &WriteKind, state: &KvState, at_ms: u64) -> Result<Bytes, Applied> {
+    let command = match kind {
+        WriteKind::Put { key, value } => put(key, value, Condition::Absent),
+        WriteKind::Increment => increment(state),
+        WriteKind::Keyed { key, target, value } => {
+            return keyed_record(state, key, target, value, at_ms);
+        }
+    };
+    state.check(&command)?;
+    Ok(command.encode().expect("a valid command"))
+}
+
+fn keyed_record(
+    state: &KvState,
+    key: &IdempotencyKey,
+    target: &Bytes,
+    value: &Bytes,
+    at_ms: u64,
+) -> Result<Bytes, Applied> {
+    let stamp = Stamp {
+        key: key.clone(),
+        at_ms,
+        retention: KEYED_RETENTION,
+    };
+    let digest = keyed_digest(target, value);
+    match state.idempotency().lookup(key, &digest) {
+        Lookup::New => {}
+        Lookup::Same(remembered) => {
+            return Err(Applied::Duplicate {
+                original: remembered.index,
+                outcome: remembered.outcome.clone(),
+            });
+        }
+        Lookup::Different(remembered) => {
+            return Err(Applied::KeyReused {
+                original: remembered.index,
+            });
+        }
+    }
+    let record = Record {
+        stamp: Some(stamp),
+        body: keyed_body(target, value),
+    };
+    Ok(record.encode().expect("a valid record"))
+}
+
+fn keyed_body(target: &Bytes, value: &Bytes) -> Body {
+    Body::Command(put(target, value, Condition::None))
+}
+
+/// The request digest every attempt of a keyed put shares.
+pub(super) fn keyed_digest(target: &Bytes, value: &Bytes) -> RequestDigest {
+    let record = Record {
+        stamp: None,
+        body: keyed_body(target, value),
+    };
+    record.digest().expect("a valid command")
+}
+
+/// The idempotency key of a stamped record (`None`: not stamped).
+pub(super) fn stamp_key(record: &Bytes) -> Option<IdempotencyKey> {
+    Some(Record::decode(record).ok()?.stamp?.key)
 }
 
 /// The record a write's `prepare` encoded (`None`: it never ran), and how
@@ -62,6 +153,14 @@ pub(super) fn put_value(record: &Bytes) -> Option<Bytes> {
 /// ends with its own CRC32C, and the CRC of data followed by its CRC is a
 /// constant.)
 pub(super) fn record_label(record: &Bytes) -> String {
+    let label = command_label(record);
+    match stamp_key(record) {
+        Some(key) => format!("{label} key={key}"),
+        None => label,
+    }
+}
+
+fn command_label(record: &Bytes) -> String {
     match Command::decode(record) {
         Ok(Command::Single(Operation::Put {
             key,

@@ -4,15 +4,17 @@
 //! ```text
 //! format 1 (no idempotency key):
 //! "CHKV" | format u8 = 1 | body | crc32c u32 (over everything before it)
-//! format 2 (a write with an idempotency key):
-//! "CHKV" | format u8 = 2 | stamp | body | crc32c u32
+//! format 3 (a write with an idempotency key):
+//! "CHKV" | format u8 = 3 | stamp | body | crc32c u32
 //! stamp:  key length u8 (1 to 255) | key (printable ASCII) | at_ms u64
-//!         | retain_keys u64 | retain_age_ms u64
+//!         | retain_keys u64 | retain_age_ms u64 | retain_bytes u64
+//! format 2 (read only; written by earlier builds): format 3 without
+//!         retain_bytes, applied with no byte budget, as those builds did
 //! body:   kind u8 | …
 //! kind 1 put:    condition | key | value
 //! kind 2 delete: condition | key
 //! kind 3 batch:  count u32 | count × (op u8: 1 put / 2 delete, condition, key [, value])
-//! kind 4 raw:    payload (format 2 only: a `POST /v1/log` record with a key)
+//! kind 4 raw:    payload (stamped formats only: a `POST /v1/log` record with a key)
 //! kind 5 etcd:   an etcd request (format 1 only; see `etcd_codec`)
 //! condition:     0 = none | 1 = absent
 //!                | 2 = index u64 (the index that last set the key; written by earlier versions)
@@ -22,7 +24,7 @@
 //!
 //! A batch is one record, so it applies all or nothing. A record without a
 //! stamp is always written in format 1, byte for byte what earlier versions
-//! wrote; format 2 exists only for stamped records (see
+//! wrote; formats 2 and 3 exist only for stamped records (see
 //! [`idempotency`](super::idempotency)). A request's digest is the SHA-256
 //! of its body bytes (`kind u8 | …`), the same in both formats.
 
@@ -32,13 +34,16 @@ use sha2::{Digest, Sha256};
 use super::etcd::{EtcdCommand, Revision};
 use super::etcd_codec;
 use super::idempotency::{IdempotencyKey, RequestDigest, Retention, Stamp};
+use crate::codec::NewerFormat;
 use crate::ids::RecordIndex;
 
 const MAGIC: [u8; 4] = *b"CHKV";
 /// Records without a stamp.
 const FORMAT_PLAIN: u8 = 1;
+/// Records with a stamp whose retention has no byte budget (read only).
+const FORMAT_STAMPED_WITHOUT_BYTES: u8 = 2;
 /// Records with a stamp.
-const FORMAT_STAMPED: u8 = 2;
+const FORMAT_STAMPED: u8 = 3;
 const KIND_PUT: u8 = 1;
 const KIND_DELETE: u8 = 2;
 const KIND_BATCH: u8 = 3;
@@ -198,7 +203,7 @@ impl Record {
         bytes.starts_with(Self::PREFIX)
     }
 
-    /// The record bytes: format 1 without a stamp, format 2 with one.
+    /// The record bytes: format 1 without a stamp, format 3 with one.
     /// Refuses a command that breaks the limits, a stamp outside its
     /// limits, and a raw payload without a stamp.
     pub fn encode(&self) -> Result<Bytes, CommandError> {
@@ -227,10 +232,12 @@ impl Record {
         let malformed = |reason: &str| CommandError::Malformed {
             reason: reason.to_owned(),
         };
-        let (format, mut input) =
-            open_envelope(record, &MAGIC, &[FORMAT_PLAIN, FORMAT_STAMPED], 1).map_err(malformed)?;
+        let formats = [FORMAT_PLAIN, FORMAT_STAMPED_WITHOUT_BYTES, FORMAT_STAMPED];
+        let (format, mut input) = open_envelope(record, &MAGIC, &formats, 1, "key-value record")
+            .map_err(|reason| malformed(&reason))?;
         let stamp = match format {
-            FORMAT_STAMPED => Some(take_stamp(&mut input)?),
+            FORMAT_STAMPED => Some(take_stamp(&mut input, true)?),
+            FORMAT_STAMPED_WITHOUT_BYTES => Some(take_stamp(&mut input, false)?),
             _ => None,
         };
         let body = take_body(&mut input)?;
@@ -407,23 +414,19 @@ fn put_stamp(out: &mut BytesMut, stamp: &Stamp) {
     out.put_u8(key.len() as u8);
     out.put_slice(key);
     out.put_u64_le(stamp.at_ms);
-    out.put_u64_le(stamp.retention.max_keys);
-    out.put_u64_le(stamp.retention.max_age_ms);
+    stamp.retention.put(out, true);
 }
 
-fn take_stamp(input: &mut &[u8]) -> Result<Stamp, CommandError> {
+/// A stamp; `with_bytes`: its retention carries a byte budget (format 3).
+fn take_stamp(input: &mut &[u8], with_bytes: bool) -> Result<Stamp, CommandError> {
     let length = take_u8(input)? as usize;
-    if input.len() < length + 24 {
+    if input.len() < length + 8 {
         return Err(truncated());
     }
     let key = IdempotencyKey::new(Bytes::copy_from_slice(&input[..length]))?;
     input.advance(length);
     let at_ms = input.get_u64_le();
-    let retention = Retention {
-        max_keys: input.get_u64_le(),
-        max_age_ms: input.get_u64_le(),
-    };
-    retention.validate()?;
+    let retention = Retention::take(input, with_bytes)?;
     Ok(Stamp {
         key,
         at_ms,
@@ -434,27 +437,33 @@ fn take_stamp(input: &mut &[u8]) -> Result<Stamp, CommandError> {
 /// Checks the envelope shared by the key-value encodings (`magic | format u8
 /// | body | crc32c u32` over everything before the checksum) and returns the
 /// format, one of `formats`, and the body, which holds at least `min_body`
-/// bytes.
+/// bytes. A format above every one of `formats` is named as a newer build's
+/// (`what` says what was being read).
 pub(super) fn open_envelope<'a>(
     bytes: &'a [u8],
     magic: &[u8; 4],
     formats: &[u8],
     min_body: usize,
-) -> Result<(u8, &'a [u8]), &'static str> {
+    what: &str,
+) -> Result<(u8, &'a [u8]), String> {
     if bytes.len() < magic.len() + 1 + min_body + CHECKSUM_BYTES {
-        return Err("shorter than a header");
+        return Err("shorter than a header".to_owned());
     }
     let (covered, stored) = bytes.split_at(bytes.len() - CHECKSUM_BYTES);
     let stored = u32::from_le_bytes(stored.try_into().expect("four bytes"));
     if crc32c::crc32c(covered) != stored {
-        return Err("checksum mismatch");
+        return Err("checksum mismatch".to_owned());
     }
     if covered[..magic.len()] != *magic {
-        return Err("bad magic");
+        return Err("bad magic".to_owned());
     }
     let format = covered[magic.len()];
+    let newest = formats.iter().copied().max().unwrap_or(0);
+    if let Some(newer) = NewerFormat::check(what, format.into(), newest.into()) {
+        return Err(newer.to_string());
+    }
     if !formats.contains(&format) {
-        return Err("unsupported format");
+        return Err(format!("unsupported format={format}"));
     }
     Ok((format, &covered[magic.len() + 1..]))
 }
@@ -562,6 +571,53 @@ mod tests {
 
     use super::*;
 
+    /// `encoded` with its format byte set to `format` and its checksum
+    /// recomputed: what a newer build would write.
+    fn in_format(encoded: &[u8], format: u8) -> Vec<u8> {
+        let mut covered = encoded[..encoded.len() - CHECKSUM_BYTES].to_vec();
+        covered[MAGIC.len()] = format;
+        let crc = crc32c::crc32c(&covered);
+        covered.extend_from_slice(&crc.to_le_bytes());
+        covered
+    }
+
+    #[test]
+    fn a_newer_record_or_snapshot_format_is_said_in_one_line() {
+        let command = Command::Single(Operation::Delete {
+            key: Bytes::from_static(b"k"),
+            condition: Condition::None,
+        });
+        let newer = in_format(&command.encode().unwrap(), FORMAT_STAMPED + 1);
+        let error = Record::decode(&newer).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            format!(
+                "malformed key-value record: key-value record written by a newer Chorus: \
+                 format {}; this build reads up to {FORMAT_STAMPED}",
+                FORMAT_STAMPED + 1
+            )
+        );
+        // Below every format written: not said to be a newer build's.
+        let unknown = Record::decode(&in_format(&command.encode().unwrap(), 0)).unwrap_err();
+        assert!(
+            unknown.to_string().ends_with("unsupported format=0"),
+            "{unknown}"
+        );
+
+        let snapshot = crate::kv::KvState::default().encode_snapshot();
+        let newest = super::super::snapshot::FORMAT_REVISIONS;
+        let newer = in_format(&snapshot, newest + 1);
+        let error = crate::kv::KvState::decode_snapshot(&newer).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "malformed key-value snapshot: key-value snapshot written by a newer Chorus: \
+                 format {}; this build reads up to {newest}",
+                newest + 1
+            )
+        );
+    }
+
     fn condition() -> impl Strategy<Value = Condition> {
         prop_oneof![
             Just(Condition::None),
@@ -630,16 +686,19 @@ mod tests {
         );
         let max_keys = 1..=super::super::idempotency::MAX_RETAINED_KEYS;
         let max_age_ms = 1..=super::super::idempotency::MAX_RETENTION_AGE_MS;
-        (key, any::<u64>(), max_keys, max_age_ms).prop_map(|(key, at_ms, max_keys, max_age_ms)| {
-            Stamp {
+        let max_bytes = super::super::idempotency::MAX_ENTRY_BYTES
+            ..=super::super::idempotency::MAX_RETAINED_BYTES;
+        (key, any::<u64>(), (max_keys, max_age_ms, max_bytes)).prop_map(
+            |(key, at_ms, (max_keys, max_age_ms, max_bytes))| Stamp {
                 key: IdempotencyKey::new(key).unwrap(),
                 at_ms,
                 retention: Retention {
                     max_keys,
                     max_age_ms,
+                    max_bytes,
                 },
-            }
-        })
+            },
+        )
     }
 
     fn record() -> impl Strategy<Value = Record> {
@@ -771,7 +830,7 @@ mod tests {
             malformed(space),
             CommandError::InvalidIdempotencyKey { length: 3 }
         ));
-        // retain_keys = 0, then retain_age_ms = 0.
+        // retain_keys = 0, then retain_age_ms = 0, then retain_bytes = 0.
         let retain_keys = 5 + 1 + 3 + 8;
         let mut no_keys = encoded.clone();
         no_keys[retain_keys..retain_keys + 8].copy_from_slice(&0u64.to_le_bytes());
@@ -783,6 +842,12 @@ mod tests {
         no_age[retain_keys + 8..retain_keys + 16].copy_from_slice(&0u64.to_le_bytes());
         assert!(matches!(
             malformed(no_age),
+            CommandError::InvalidRetention { .. }
+        ));
+        let mut no_bytes = encoded.clone();
+        no_bytes[retain_keys + 16..retain_keys + 24].copy_from_slice(&0u64.to_le_bytes());
+        assert!(matches!(
+            malformed(no_bytes),
             CommandError::InvalidRetention { .. }
         ));
         // A raw kind in format 1.
@@ -801,6 +866,39 @@ mod tests {
         let raw = stamped_raw.encode().unwrap();
         assert!(Command::decode(&raw).is_err());
         assert_ne!(stamped_raw.digest(), record.digest());
+    }
+
+    #[test]
+    fn format_2_records_still_decode_with_no_byte_budget() {
+        // A stamped put of a = "1" with key "k-1", at 7 ms, retaining 3
+        // keys for 9 ms, as format 2 wrote it.
+        let mut format_2 = b"CHKV\x02\x03k-1".to_vec();
+        for field in [7u64, 3, 9] {
+            format_2.extend_from_slice(&field.to_le_bytes());
+        }
+        format_2.extend_from_slice(b"\x01\x00\x01\0\0\0a\x01\0\0\x001");
+        let format_2 = resigned([format_2, vec![0; CHECKSUM_BYTES]].concat());
+        let decoded = Record::decode(&format_2).unwrap();
+        let stamp = decoded.stamp.expect("a stamp");
+        assert_eq!(stamp.key.as_str(), "k-1");
+        assert_eq!(stamp.at_ms, 7);
+        assert_eq!(
+            stamp.retention,
+            Retention {
+                max_keys: 3,
+                max_age_ms: 9,
+                max_bytes: super::super::idempotency::UNBOUNDED_RETAINED_BYTES,
+            }
+        );
+        // Written again, it is format 3, with the budget.
+        let rewritten = Record {
+            stamp: Some(stamp),
+            body: decoded.body,
+        }
+        .encode()
+        .unwrap();
+        assert_eq!(rewritten[4], FORMAT_STAMPED);
+        assert_eq!(rewritten.len(), format_2.len() + 8);
     }
 
     #[test]

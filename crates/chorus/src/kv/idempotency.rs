@@ -16,7 +16,16 @@
 //! newest stamp applied so far (a primary whose clock is behind its
 //! predecessor's neither resurrects nor prolongs keys), and a key is
 //! forgotten once it is older than the stamp's `max_age_ms` by that clock,
-//! or once more than `max_keys` newer keys were recorded.
+//! or once more than `max_keys` newer keys were recorded, or once the table
+//! with the newer keys holds more than `max_bytes` (each entry counted as
+//! its key, the key of a remembered failed condition, and
+//! [`ENTRY_OVERHEAD_BYTES`]).
+//!
+//! The byte budget bounds the table's memory, the copy a checkpoint takes
+//! of it under the state lock, and its share of every snapshot, whatever
+//! keys and failed conditions clients send: by count alone, 100,000 keys of
+//! 255 bytes that each remember a failed condition on a 1,024-byte key took
+//! about 160 MB.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -36,9 +45,31 @@ pub const MAX_RETENTION_AGE_MS: u64 = 30 * 24 * 3600 * 1000;
 pub const DEFAULT_RETAINED_KEYS: u64 = 100_000;
 /// How long a key is kept by default: 24 h.
 pub const DEFAULT_RETENTION_AGE_MS: u64 = 24 * 3600 * 1000;
+/// What one remembered key costs beyond its variable bytes (its key, and
+/// the key of a remembered failed condition): the entry itself, its place
+/// in the map and in the order, and the allocations of its keys. An
+/// estimate of the memory, on the high side; it is fixed, so that every
+/// replica counts the same.
+pub const ENTRY_OVERHEAD_BYTES: u64 = 320;
+/// The largest entry: the longest key remembering a failed condition on
+/// the longest key-value key.
+pub const MAX_ENTRY_BYTES: u64 =
+    MAX_IDEMPOTENCY_KEY_BYTES as u64 + super::MAX_KEY_BYTES as u64 + ENTRY_OVERHEAD_BYTES;
+/// Table bytes kept by default: 100,000 keys of a UUID's 36 characters
+/// (about 36 MB) fit; keys and failed conditions at their largest fit about
+/// 42,000.
+pub const DEFAULT_RETAINED_BYTES: u64 = 64 << 20;
+/// The most table bytes a retention may keep: 4 GiB.
+pub const MAX_RETAINED_BYTES: u64 = 4 << 30;
+/// The byte budget of a stamp that carries none (format 2 records, written
+/// before byte budgets existed): no bound, as the builds that wrote them
+/// applied them, so a replay of their records ends in the state they did.
+pub const UNBOUNDED_RETAINED_BYTES: u64 = u64::MAX;
 
 const _: () = assert!(DEFAULT_RETAINED_KEYS <= MAX_RETAINED_KEYS);
 const _: () = assert!(DEFAULT_RETENTION_AGE_MS <= MAX_RETENTION_AGE_MS);
+const _: () = assert!(MAX_ENTRY_BYTES <= DEFAULT_RETAINED_BYTES);
+const _: () = assert!(DEFAULT_RETAINED_BYTES <= MAX_RETAINED_BYTES);
 // A key's length is stored in one byte.
 const _: () = assert!(MAX_IDEMPOTENCY_KEY_BYTES <= u8::MAX as usize);
 
@@ -86,6 +117,10 @@ pub struct Retention {
     pub max_keys: u64,
     /// Keys older than this, by the table's clock, are forgotten.
     pub max_age_ms: u64,
+    /// At most this many table bytes (see [`IdempotencyTable::bytes`]; the
+    /// oldest keys are forgotten first); at least [`MAX_ENTRY_BYTES`], so
+    /// the newest key always stays.
+    pub max_bytes: u64,
 }
 
 impl Default for Retention {
@@ -93,12 +128,15 @@ impl Default for Retention {
         Retention {
             max_keys: DEFAULT_RETAINED_KEYS,
             max_age_ms: DEFAULT_RETENTION_AGE_MS,
+            max_bytes: DEFAULT_RETAINED_BYTES,
         }
     }
 }
 
 impl Retention {
-    /// Checks both limits are within 1 and their maximum.
+    /// Checks every limit is within its minimum and its maximum (a byte
+    /// budget may also be [`UNBOUNDED_RETAINED_BYTES`], as format 2 stamps
+    /// are read).
     pub fn validate(&self) -> Result<(), CommandError> {
         let invalid = |reason: String| Err(CommandError::InvalidRetention { reason });
         if !(1..=MAX_RETAINED_KEYS).contains(&self.max_keys) {
@@ -113,7 +151,45 @@ impl Retention {
                 self.max_age_ms
             ));
         }
+        let bytes = MAX_ENTRY_BYTES..=MAX_RETAINED_BYTES;
+        if !bytes.contains(&self.max_bytes) && self.max_bytes != UNBOUNDED_RETAINED_BYTES {
+            return invalid(format!(
+                "max_bytes={} ({MAX_ENTRY_BYTES} to {MAX_RETAINED_BYTES})",
+                self.max_bytes
+            ));
+        }
         Ok(())
+    }
+
+    /// Appends the retention to a stamp: `max_keys u64 | max_age_ms u64`,
+    /// then `max_bytes u64` when `with_bytes` (format 3 records).
+    pub(super) fn put(&self, out: &mut BytesMut, with_bytes: bool) {
+        out.put_u64_le(self.max_keys);
+        out.put_u64_le(self.max_age_ms);
+        if with_bytes {
+            out.put_u64_le(self.max_bytes);
+        }
+    }
+
+    /// Reads what [`put`](Self::put) wrote and validates it; without the
+    /// byte budget (format 2), the budget is [`UNBOUNDED_RETAINED_BYTES`].
+    pub(super) fn take(input: &mut &[u8], with_bytes: bool) -> Result<Retention, CommandError> {
+        let truncated = || CommandError::Malformed {
+            reason: "truncated idempotency retention".to_owned(),
+        };
+        let max_keys = take_u64(input).ok_or_else(truncated)?;
+        let max_age_ms = take_u64(input).ok_or_else(truncated)?;
+        let max_bytes = match with_bytes {
+            true => take_u64(input).ok_or_else(truncated)?,
+            false => UNBOUNDED_RETAINED_BYTES,
+        };
+        let retention = Retention {
+            max_keys,
+            max_age_ms,
+            max_bytes,
+        };
+        retention.validate()?;
+        Ok(retention)
     }
 }
 
@@ -178,6 +254,8 @@ pub struct IdempotencyTable {
     order: VecDeque<IdempotencyKey>,
     /// The newest stamp's time applied so far.
     clock_ms: u64,
+    /// The sum of [`entry_bytes`] over the entries.
+    bytes: u64,
 }
 
 impl IdempotencyTable {
@@ -189,6 +267,12 @@ impl IdempotencyTable {
     /// Whether no key is remembered.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// The table's size as retention counts it: per entry, its key, the key
+    /// of a remembered failed condition, and [`ENTRY_OVERHEAD_BYTES`].
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 
     /// The table's clock: the newest stamp applied, in ms since the epoch.
@@ -228,7 +312,8 @@ impl IdempotencyTable {
     }
 
     /// Remembers `key` for the record `index` that just applied, then
-    /// forgets the oldest keys beyond `retention.max_keys`.
+    /// forgets the oldest keys beyond `retention.max_keys` and
+    /// `retention.max_bytes`.
     pub(super) fn record(
         &mut self,
         key: IdempotencyKey,
@@ -243,17 +328,19 @@ impl IdempotencyTable {
             recorded_ms: self.clock_ms,
             outcome,
         };
+        self.bytes += entry_bytes(&key, &remembered);
         let previous = self.entries.insert(key.clone(), remembered);
         assert!(previous.is_none(), "a remembered key is recorded again");
         self.order.push_back(key);
-        while self.order.len() as u64 > retention.max_keys {
+        while self.order.len() as u64 > retention.max_keys || self.bytes > retention.max_bytes {
             self.forget_oldest();
         }
     }
 
     fn forget_oldest(&mut self) {
         if let Some(key) = self.order.pop_front() {
-            self.entries.remove(&key);
+            let remembered = self.entries.remove(&key).expect("ordered keys are entries");
+            self.bytes -= entry_bytes(&key, &remembered);
         }
     }
 
@@ -324,6 +411,7 @@ impl IdempotencyTable {
                 return Err("idempotency keys out of order");
             }
             previous = Some((remembered.index, remembered.recorded_ms));
+            table.bytes += entry_bytes(&key, &remembered);
             if table.entries.insert(key.clone(), remembered).is_some() {
                 return Err("an idempotency key appears twice");
             }
@@ -365,6 +453,15 @@ impl TableVersions {
 /// Revision `index + 1`: where the machine maps an index version.
 fn index_revision(index: u64) -> Revision {
     (index as Revision).saturating_add(1)
+}
+
+/// What one entry counts for in [`IdempotencyTable::bytes`].
+fn entry_bytes(key: &IdempotencyKey, remembered: &Remembered) -> u64 {
+    let failed_key = match &remembered.outcome {
+        Outcome::Done { .. } => 0,
+        Outcome::ConditionFailed { key, .. } => key.len(),
+    };
+    (key.0.len() + failed_key) as u64 + ENTRY_OVERHEAD_BYTES
 }
 
 const OUTCOME_DONE: u8 = 0;
@@ -456,6 +553,7 @@ mod tests {
             retention: Retention {
                 max_keys,
                 max_age_ms,
+                ..Retention::default()
             },
         }
     }
@@ -500,17 +598,31 @@ mod tests {
     #[test]
     fn retention_limits_are_checked() {
         assert!(Retention::default().validate().is_ok());
-        for (max_keys, max_age_ms) in [
-            (0, 1),
-            (1, 0),
-            (MAX_RETAINED_KEYS + 1, 1),
-            (1, MAX_RETENTION_AGE_MS + 1),
+        for (max_keys, max_age_ms, max_bytes) in [
+            (0, 1, MAX_ENTRY_BYTES),
+            (1, 0, MAX_ENTRY_BYTES),
+            (MAX_RETAINED_KEYS + 1, 1, MAX_ENTRY_BYTES),
+            (1, MAX_RETENTION_AGE_MS + 1, MAX_ENTRY_BYTES),
+            (1, 1, MAX_ENTRY_BYTES - 1),
+            (1, 1, MAX_RETAINED_BYTES + 1),
         ] {
             let retention = Retention {
                 max_keys,
                 max_age_ms,
+                max_bytes,
             };
             assert!(retention.validate().is_err(), "{retention:?}");
+        }
+        for max_bytes in [
+            MAX_ENTRY_BYTES,
+            MAX_RETAINED_BYTES,
+            UNBOUNDED_RETAINED_BYTES,
+        ] {
+            let retention = Retention {
+                max_bytes,
+                ..Retention::default()
+            };
+            assert!(retention.validate().is_ok(), "{retention:?}");
         }
     }
 
@@ -552,6 +664,111 @@ mod tests {
         // A smaller retention in a later stamp applies from that record on.
         apply(&mut table, &stamp("e", 100, 1, 1000), 4);
         assert_eq!(keys(&table), ["e"]);
+    }
+
+    /// Records `name` at `index`, remembering a failed condition on a key
+    /// of `failed_key_bytes` bytes, under a byte budget of `max_bytes`.
+    fn apply_failed(
+        table: &mut IdempotencyTable,
+        name: &str,
+        index: u64,
+        failed_key_bytes: usize,
+        max_bytes: u64,
+    ) {
+        let retention = Retention {
+            max_bytes,
+            ..Retention::default()
+        };
+        let stamp = Stamp {
+            key: key(name),
+            at_ms: 100,
+            retention,
+        };
+        table.advance(&stamp);
+        let failed = Outcome::ConditionFailed {
+            key: Bytes::from(vec![b'x'; failed_key_bytes]),
+            current: None,
+        };
+        table.record(stamp.key, [0; 32], RecordIndex(index), failed, &retention);
+    }
+
+    #[test]
+    fn retention_by_bytes_forgets_the_oldest_keys_and_counts_failed_conditions() {
+        let mut table = IdempotencyTable::default();
+        let long = "k".repeat(MAX_IDEMPOTENCY_KEY_BYTES);
+        // Each entry counts 255 + 1,024 + the overhead: MAX_ENTRY_BYTES.
+        for index in 0..3 {
+            let name = format!("{index}{}", &long[1..]);
+            apply_failed(
+                &mut table,
+                &name,
+                index,
+                super::super::MAX_KEY_BYTES,
+                2 * MAX_ENTRY_BYTES,
+            );
+        }
+        assert_eq!(
+            table.len(),
+            2,
+            "the budget holds two of the largest entries"
+        );
+        assert_eq!(table.bytes(), 2 * MAX_ENTRY_BYTES);
+        assert_eq!(table.oldest().unwrap().1.index, RecordIndex(1));
+        // Small entries fit many more under the same budget; the large ones
+        // go first, oldest first.
+        for index in 3..10 {
+            apply_failed(
+                &mut table,
+                &format!("s{index}"),
+                index,
+                1,
+                2 * MAX_ENTRY_BYTES,
+            );
+        }
+        // 323 bytes each: both large ones were forgotten to make room.
+        assert_eq!(table.len(), 7);
+        assert_eq!(table.oldest().unwrap().1.index, RecordIndex(3));
+        assert_eq!(table.bytes(), 7 * (3 + ENTRY_OVERHEAD_BYTES));
+        // The newest key always stays, whatever the budget.
+        apply_failed(
+            &mut table,
+            "last",
+            10,
+            super::super::MAX_KEY_BYTES,
+            MAX_ENTRY_BYTES,
+        );
+        assert_eq!(keys(&table), ["last"]);
+        assert_eq!(table.bytes(), 4 + 1024 + ENTRY_OVERHEAD_BYTES);
+        // Decoding counts the same bytes.
+        let mut out = BytesMut::new();
+        table.encode(&mut out);
+        let versions = TableVersions::Revisions { revision: 1 };
+        let decoded = IdempotencyTable::decode(&mut &out[..], RecordIndex(11), versions).unwrap();
+        assert_eq!(decoded.bytes(), table.bytes());
+    }
+
+    #[test]
+    fn retentions_round_trip_with_and_without_a_byte_budget() {
+        let retention = Retention {
+            max_keys: 7,
+            max_age_ms: 9,
+            max_bytes: MAX_ENTRY_BYTES + 1,
+        };
+        for with_bytes in [true, false] {
+            let mut out = BytesMut::new();
+            retention.put(&mut out, with_bytes);
+            assert_eq!(out.len(), if with_bytes { 24 } else { 16 });
+            let read = Retention::take(&mut &out[..], with_bytes).unwrap();
+            let expected = match with_bytes {
+                true => retention,
+                false => Retention {
+                    max_bytes: UNBOUNDED_RETAINED_BYTES,
+                    ..retention
+                },
+            };
+            assert_eq!(read, expected);
+            assert!(Retention::take(&mut &out[..out.len() - 1], with_bytes).is_err());
+        }
     }
 
     #[test]

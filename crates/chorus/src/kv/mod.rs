@@ -571,6 +571,7 @@ mod tests {
     const RETAIN: Retention = Retention {
         max_keys: 100,
         max_age_ms: 60_000,
+        max_bytes: idempotency::DEFAULT_RETAINED_BYTES,
     };
 
     fn stamped(body: Body, key: &str, at_ms: u64, retention: Retention) -> Bytes {
@@ -677,6 +678,7 @@ mod tests {
         let by_count = Retention {
             max_keys: 2,
             max_age_ms: 60_000,
+            max_bytes: idempotency::DEFAULT_RETAINED_BYTES,
         };
         let record = |key: &str, at_ms: u64, retention: Retention| {
             let command = Command::decode(&put(key, "v", Condition::None)).unwrap();
@@ -696,6 +698,7 @@ mod tests {
         let by_age = Retention {
             max_keys: 100,
             max_age_ms: 500,
+            max_bytes: idempotency::DEFAULT_RETAINED_BYTES,
         };
         assert!(matches!(
             state.apply(RecordIndex(4), &record("c", 1499, by_age)),

@@ -107,7 +107,8 @@ pub(super) fn decode(bytes: &[u8]) -> Result<KvState, SnapshotError> {
         FORMAT_REVISIONS,
     ];
     let (format, mut input) =
-        command::open_envelope(bytes, &SNAPSHOT_MAGIC, &formats, 16).map_err(fail)?;
+        command::open_envelope(bytes, &SNAPSHOT_MAGIC, &formats, 16, "key-value snapshot")
+            .map_err(|reason| fail(&reason))?;
     let input = &mut input;
     let applied_end = RecordIndex(input.get_u64_le());
     let state = match format {
@@ -224,7 +225,11 @@ fn take_history(
             let key = take_sized(input).ok_or_else(|| fail("truncated history key"))?;
             let before = match take_u8(input) {
                 Some(0) => None,
-                Some(1) => Some(take_entry(input, applied_end, at - 1)?),
+                // Up to `at` itself: a transaction may change one key twice
+                // (a put, then a from-key delete over it, which etcd's
+                // duplicate check lets through), the second change's
+                // previous entry then being the first's, written at `at`.
+                Some(1) => Some(take_entry(input, applied_end, at)?),
                 _ => return Err(fail("a bad history entry flag")),
             };
             list.push(Change {

@@ -282,6 +282,30 @@ impl KvState {
         Ok(())
     }
 
+    /// A transaction whose branches hold only ranges, answered from the
+    /// state as it is, without a record: etcd serves such a transaction as a
+    /// read (`isTxnReadonly`), and it changes nothing. Refusals are
+    /// [`EtcdCommand::validate`]'s: call it first.
+    ///
+    /// Panics on a transaction with any other operation (a nested one
+    /// included): that is a write, and goes through the log.
+    pub fn read_txn(&self, txn: &TxnRequest) -> Result<TxnResponse, EtcdError> {
+        let current = self.history.revision();
+        let succeeded = txn.compare.iter().all(|compare| self.holds(compare));
+        let responses = branch(txn, succeeded)
+            .iter()
+            .map(|op| match op {
+                RequestOp::Range(range) => self.range_as_of(range, current).map(ResponseOp::Range),
+                other => panic!("read_txn on a transaction that is not read-only: {other:?}"),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(TxnResponse {
+            header_revision: current,
+            succeeded,
+            responses,
+        })
+    }
+
     /// Evaluates every compare the transaction reaches, against the state now.
     pub(super) fn plan(&self, txn: &TxnRequest) -> Path {
         let succeeded = txn.compare.iter().all(|compare| self.holds(compare));
@@ -381,13 +405,11 @@ impl KvState {
                 prev_kvs.push(before.key_value(key));
             }
         }
-        let header_revision = if keys.is_empty() {
-            write.revision - 1
-        } else {
-            write.revision
-        };
         DeleteRangeResponse {
-            header_revision,
+            // etcd's `txn.Rev()`: the revision being written once anything in
+            // the transaction changed (an earlier operation included), even
+            // when this delete found nothing.
+            header_revision: write.read_revision(),
             deleted: keys.len() as i64,
             prev_kvs,
         }

@@ -142,6 +142,12 @@ impl Reader {
         self.next
     }
 
+    /// Records read from the stores and not yet returned. While there are
+    /// any, the reader holds their fragment, or their whole sealed segment.
+    pub fn buffered_records(&self) -> usize {
+        self.buffered.len()
+    }
+
     /// Waits until the next committed record exists and returns it.
     pub async fn next(&mut self) -> Result<(RecordIndex, Bytes), LogError> {
         loop {

@@ -116,6 +116,12 @@ impl LogReader {
     pub fn position(&self) -> RecordIndex {
         self.reader.position()
     }
+
+    /// Whether it holds records not yet returned, and with them their
+    /// fragment or their whole sealed segment (up to `max_segment_bytes`).
+    pub fn holds_records(&self) -> bool {
+        self.reader.buffered_records() > 0
+    }
 }
 
 /// The cache behind [`Runtime::log_view`](super::Runtime::log_view).

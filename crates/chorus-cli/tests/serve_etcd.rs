@@ -1,0 +1,143 @@
+//! `chorus serve --etcd-listen`: etcd v3 clients against the binary, and
+//! what happens when the etcd address cannot be bound.
+
+mod support;
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use support::server::{Launch, ROLE_TIMEOUT, Server};
+use support::{ETCD_LISTEN_VARIABLE, chorus_command};
+use tempfile::TempDir;
+
+/// The line `chorus serve` prints once it serves the etcd API.
+const ETCD_LINE: &str = "chorus serve: etcd API on ";
+/// What the log says when the default etcd address is taken.
+const DEFAULT_TAKEN: &str = "not serving the etcd API: cannot listen on 127.0.0.1:2379";
+
+/// The etcd address `server` printed.
+fn etcd_address(server: &Server) -> String {
+    let line = server.wait_for_line(ROLE_TIMEOUT, |line| line.starts_with(ETCD_LINE));
+    line[ETCD_LINE.len()..].trim().to_owned()
+}
+
+/// A runtime for the async etcd client.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn etcd_clients_put_and_get_through_the_binary_and_shutdown_drains_the_api() {
+    let dir = TempDir::new().unwrap();
+    let mut server = Launch::new(dir.path())
+        .args(["--etcd-listen", "127.0.0.1:0"])
+        .start("etcd");
+    server.wait_for_role("primary");
+    let address = etcd_address(&server);
+    let runtime = runtime();
+    runtime.block_on(async {
+        let mut client = etcd_client::Client::connect([format!("http://{address}")], None)
+            .await
+            .unwrap();
+        let put = client.put("greeting", "hello", None).await.unwrap();
+        assert_eq!(put.header().unwrap().revision(), 2);
+        let got = client.get("greeting", None).await.unwrap();
+        assert_eq!(got.kvs()[0].value(), b"hello");
+        let members = client.member_list().await.unwrap();
+        assert_eq!(
+            members.members()[0].client_urls(),
+            [format!("http://{address}")]
+        );
+    });
+    // The HTTP API serves the same key from the same machine.
+    assert_eq!(server.endpoint().get("greeting").text(), "hello");
+    let exit = server.terminate(ROLE_TIMEOUT);
+    assert!(exit.success(), "{exit:?}\n{}", server.stderr_tail());
+    server.wait_for_line(ROLE_TIMEOUT, |line| line == "chorus serve: stopped");
+    runtime.block_on(async {
+        let refused = etcd_client::Client::connect([format!("http://{address}")], None).await;
+        let answered = match refused {
+            Ok(mut client) => client.get("greeting", None).await.is_ok(),
+            Err(_) => false,
+        };
+        assert!(!answered, "the etcd API stopped with the process");
+    });
+}
+
+#[test]
+fn a_taken_default_etcd_port_is_logged_once_and_http_is_served_anyway() {
+    // Held here (or already by something else: taken either way).
+    let _holder = TcpListener::bind("127.0.0.1:2379");
+    let dir = TempDir::new().unwrap();
+    let server = Launch::new(dir.path())
+        .unset_env(ETCD_LISTEN_VARIABLE)
+        .start("default-taken");
+    server.wait_for_role("primary");
+    server.endpoint().put_ok("k", "v");
+    let deadline = std::time::Instant::now() + ROLE_TIMEOUT;
+    while !server.stderr_tail().contains(DEFAULT_TAKEN) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no warning:\n{}",
+            server.stderr_tail()
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    assert_eq!(server.stderr_tail().matches(DEFAULT_TAKEN).count(), 1);
+    assert!(
+        !server
+            .stdout()
+            .iter()
+            .any(|line| line.starts_with(ETCD_LINE))
+    );
+}
+
+#[test]
+fn a_taken_etcd_address_given_explicitly_is_an_error() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let dir = TempDir::new().unwrap();
+    let output = chorus_command(dir.path())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--etcd-listen",
+            &address,
+        ])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "cannot listen for etcd clients on {address} (--etcd-listen)"
+        )),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn etcd_listen_off_serves_http_only() {
+    let dir = TempDir::new().unwrap();
+    let server = Launch::new(dir.path())
+        .unset_env(ETCD_LISTEN_VARIABLE)
+        .args(["--etcd-listen", "off"])
+        .start("etcd-off");
+    server.wait_for_role("primary");
+    server.endpoint().put_ok("k", "v");
+    let stdout = server.stdout();
+    assert!(
+        !stdout.iter().any(|line| line.starts_with(ETCD_LINE)),
+        "{stdout:?}"
+    );
+    assert!(
+        !server.stderr_tail().contains("etcd"),
+        "{}",
+        server.stderr_tail()
+    );
+}

@@ -1,0 +1,57 @@
+//! An etcd service over a primary on in-memory stores, served on a loopback
+//! port, and an etcd-client connected to it.
+
+#[path = "../../../chorus/tests/support/memory_runtime.rs"]
+mod memory_runtime;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use chorus::kv::KvState;
+use chorus::runtime::Runtime;
+use chorus_etcd::{EtcdConfig, EtcdService};
+use tokio::sync::oneshot;
+
+/// A served etcd API: its address, the runtime under it, and the handle
+/// that stops it when dropped.
+pub struct Served {
+    /// Where clients connect.
+    pub address: SocketAddr,
+    /// The runtime the service runs on.
+    pub runtime: Arc<Runtime<KvState>>,
+    /// The service's ids.
+    pub service: EtcdService,
+    _stop: oneshot::Sender<()>,
+}
+
+impl Served {
+    /// A client of this service.
+    pub async fn client(&self) -> etcd_client::Client {
+        etcd_client::Client::connect([format!("http://{}", self.address)], None)
+            .await
+            .expect("etcd-client connects")
+    }
+}
+
+/// A primary of `database` serving etcd with `configure` applied to the
+/// default settings.
+pub async fn serve(database: &str, configure: impl FnOnce(&mut EtcdConfig)) -> Served {
+    let runtime = memory_runtime::primary(database, |store| store).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let mut config = EtcdConfig::new(format!("memory://{database}"));
+    config.client_urls = vec![format!("http://{address}")];
+    configure(&mut config);
+    let service = EtcdService::new(Arc::clone(&runtime), config);
+    let (stop, stopped) = oneshot::channel();
+    let shutdown = async move {
+        let _ = stopped.await;
+    };
+    tokio::spawn(chorus_etcd::serve(listener, service.clone(), shutdown));
+    Served {
+        address,
+        runtime,
+        service,
+        _stop: stop,
+    }
+}
