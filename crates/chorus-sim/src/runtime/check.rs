@@ -369,6 +369,7 @@ impl RuntimePhase<'_> {
                 Ok(changes) => {
                     for change in &changes {
                         self.on_applied(node, change.index.0, &change.record, &change.output)?;
+                        self.revisions.on_applied(node, change)?;
                     }
                     if let Some(last) = changes.last() {
                         process.seen = RecordIndex(last.index.0 + 1);
