@@ -1,6 +1,8 @@
 //! How the etcd service behaves: etcd's request limits and this node's
 //! identity.
 
+use crate::watch::WatchConfig;
+
 /// etcd's default `--max-request-bytes`: 1.5 MiB.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 3 << 19;
 /// etcd's default `--max-txn-ops`: operations in one transaction branch.
@@ -26,6 +28,8 @@ pub struct EtcdConfig {
     pub database: String,
     /// This node's etcd client URLs, listed by MemberList.
     pub client_urls: Vec<String>,
+    /// The Watch service's progress interval and send buffers.
+    pub watch: WatchConfig,
 }
 
 impl EtcdConfig {
@@ -37,6 +41,7 @@ impl EtcdConfig {
             max_txn_ops: DEFAULT_MAX_TXN_OPS,
             database: database.into(),
             client_urls: Vec::new(),
+            watch: WatchConfig::default(),
         }
     }
 

@@ -6,9 +6,10 @@
 //! the caller's, behind [`oversize_layer`]). Served:
 //!
 //! - KV: Range, Put, DeleteRange, Txn, Compact ([`kv`]).
+//! - Watch: streams of any number of watches ([`watch`]).
 //! - Maintenance: Status and Alarm ([`maintenance`]); Cluster: MemberList
 //!   ([`cluster`]); `grpc.health.v1` reporting SERVING.
-//! - Everything else, Watch, Lease and Auth included, answers
+//! - Everything else, Lease and Auth included, answers
 //!   `Unimplemented` naming the RPC ([`unserved`]).
 //!
 //! The protobuf messages and tonic services in [`proto`] are generated from
@@ -28,6 +29,7 @@ pub mod maintenance;
 pub mod proto;
 mod server;
 pub mod unserved;
+pub mod watch;
 
 pub use config::{DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, EtcdConfig};
 pub use identity::Identity;

@@ -23,7 +23,8 @@ use crate::proto::etcdserverpb::{
     ResponseHeader, auth_server, cluster_server, kv_server, lease_server, maintenance_server,
     watch_server,
 };
-use crate::unserved::{AuthService, LeaseService, WatchService};
+use crate::unserved::{AuthService, LeaseService};
+use crate::watch::WatchService;
 
 /// What every RPC of the service reads: the runtime, the settings and the ids.
 #[derive(Debug)]
@@ -71,8 +72,8 @@ impl Shared {
     }
 }
 
-/// etcd's v3 gRPC API over a runtime: KV, Maintenance and Cluster (in
-/// part), Watch, Lease and Auth answering `Unimplemented`, and
+/// etcd's v3 gRPC API over a runtime: KV, Watch, Maintenance and Cluster
+/// (in part), Lease and Auth answering `Unimplemented`, and
 /// `grpc.health.v1` reporting SERVING.
 ///
 /// ```no_run
@@ -86,6 +87,7 @@ impl Shared {
 #[derive(Debug, Clone)]
 pub struct EtcdService {
     shared: Arc<Shared>,
+    watch: WatchService,
 }
 
 impl EtcdService {
@@ -93,13 +95,25 @@ impl EtcdService {
     /// from the runtime's holder id.
     pub fn new(runtime: Arc<Runtime<KvState>>, config: EtcdConfig) -> EtcdService {
         let identity = Identity::new(&config.database, runtime.config().holder.as_str());
+        let watch = WatchService::new(
+            Arc::clone(&runtime),
+            identity,
+            config.watch.clone(),
+            config.max_message_bytes(),
+        );
         EtcdService {
             shared: Arc::new(Shared {
                 runtime,
                 config,
                 identity,
             }),
+            watch,
         }
+    }
+
+    /// The Watch service (its streams' pending bytes, for status).
+    pub fn watch(&self) -> &WatchService {
+        &self.watch
     }
 
     /// This node's cluster and member ids.
@@ -133,7 +147,7 @@ impl EtcdService {
                     .max_decoding_message_size(limit),
             )
             .add_service(
-                watch_server::WatchServer::new(WatchService).max_decoding_message_size(limit),
+                watch_server::WatchServer::new(self.watch.clone()).max_decoding_message_size(limit),
             )
             .add_service(
                 lease_server::LeaseServer::new(LeaseService).max_decoding_message_size(limit),

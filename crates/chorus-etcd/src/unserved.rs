@@ -1,4 +1,4 @@
-//! etcd's Watch, Lease and Auth services, registered so that each of their
+//! etcd's Lease and Auth services, registered so that each of their
 //! RPCs answers `Unimplemented` naming itself (an unregistered service would
 //! answer the same code, but with no word on what is missing). Clients such
 //! as Kubernetes' fall back on `Unimplemented`; they must never see `Unknown`.
@@ -50,22 +50,6 @@ macro_rules! not_served_unary {
     };
 }
 pub(crate) use not_served_unary;
-
-/// etcd's Watch service: not served yet.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct WatchService;
-
-#[tonic::async_trait]
-impl pb::watch_server::Watch for WatchService {
-    type WatchStream = NoStream<pb::WatchResponse>;
-
-    async fn watch(
-        &self,
-        _: Request<Streaming<pb::WatchRequest>>,
-    ) -> Result<Response<Self::WatchStream>, Status> {
-        Err(not_served("etcdserverpb.Watch/Watch"))
-    }
-}
 
 /// etcd's Lease service: not served yet.
 #[derive(Debug, Clone, Copy, Default)]

@@ -11,6 +11,7 @@ use etcd_client::{
 use tonic::Code;
 
 use chorus_etcd::proto::etcdserverpb as pb;
+use support::memory_runtime::{MemoryStores, wait_until};
 
 /// The gRPC status of a refused call.
 fn status(error: etcd_client::Error) -> tonic::Status {
@@ -338,7 +339,6 @@ async fn status_alarms_members_and_health_serve_what_tools_need() {
 async fn every_rpc_not_served_answers_unimplemented_naming_it() {
     let served = support::serve("etcd-unserved", |_| {}).await;
     let mut client = served.client().await;
-    assert_unimplemented(client.watch("k", None).await, "Watch/Watch");
     assert_unimplemented(client.lease_grant(60, None).await, "Lease/LeaseGrant");
     assert_unimplemented(client.lease_revoke(1).await, "Lease/LeaseRevoke");
     assert_unimplemented(client.lease_keep_alive(1).await, "Lease/LeaseKeepAlive");
@@ -376,4 +376,83 @@ async fn every_rpc_not_served_answers_unimplemented_naming_it() {
     let refused = kv.range_stream(request).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unimplemented, "{refused:?}");
     assert!(refused.message().contains("KV/RangeStream"), "{refused:?}");
+}
+
+/// How long a standby may take to apply what the primary wrote.
+const STANDBY_PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// A standby serves what etcd serves from any member (serializable reads,
+/// Status, MemberList naming the primary) and answers everything that needs
+/// the primary (linearizable reads, writes) `Unavailable`, the status etcd
+/// clients take as "try another endpoint", naming the primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_serves_serializable_reads_and_sends_the_rest_to_the_primary() {
+    let database = support::unique("etcd-standby");
+    let stores = MemoryStores::new(&database, |store| store).await;
+    let first = stores.runtime("http://first:1");
+    wait_until("primary", || first.is_primary_and_sure()).await;
+    let primary = support::serve_runtime(first, &database, |_| {}).await;
+    let standby =
+        support::serve_runtime(stores.runtime("http://second:2"), &database, |_| {}).await;
+    let put = primary.client().await.put("k", "v", None).await.unwrap();
+    let revision = put.header().unwrap().revision();
+    let mut client = standby.client().await;
+
+    let serializable = || Some(GetOptions::new().with_serializable());
+    let deadline = tokio::time::Instant::now() + STANDBY_PATIENCE;
+    let read = loop {
+        let read = client.get("k", serializable()).await.unwrap();
+        if read.header().unwrap().revision() == revision {
+            break read;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "standby at {read:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(read.kvs()[0].value(), b"v");
+    let read_only = Txn::new().and_then([TxnOp::get("k", serializable())]);
+    assert!(client.txn(read_only).await.unwrap().succeeded());
+
+    let unavailable = |result: Result<(), etcd_client::Error>, what: &str| {
+        let refused = status(result.expect_err(what));
+        assert_eq!(refused.code(), Code::Unavailable, "{what}: {refused:?}");
+        assert!(
+            refused.message().contains("the primary is http://first:1"),
+            "{what}: {refused:?}"
+        );
+    };
+    unavailable(client.get("k", None).await.map(drop), "a linearizable get");
+    let linearizable_txn = Txn::new().and_then([TxnOp::get("k", None)]);
+    unavailable(client.txn(linearizable_txn).await.map(drop), "a read txn");
+    unavailable(client.put("k", "w", None).await.map(drop), "a put");
+    unavailable(client.delete("k", None).await.map(drop), "a delete");
+    let write_txn = Txn::new().and_then([TxnOp::put("k", "w", None)]);
+    unavailable(client.txn(write_txn).await.map(drop), "a write txn");
+    unavailable(
+        client.compact(revision, None).await.map(drop),
+        "a compaction",
+    );
+
+    let members = client.member_list().await.unwrap();
+    let names: Vec<_> = members.members().iter().map(|m| m.name()).collect();
+    assert_eq!(names, ["http://second:2", "http://first:1"], "{members:?}");
+    let [own, leader] = members.members() else {
+        unreachable!("two members");
+    };
+    assert_eq!(own.client_urls(), [standby.endpoint()]);
+    assert_eq!(leader.id(), primary.service.identity().member_id);
+    assert_eq!(leader.peer_urls(), ["http://first:1"]);
+    let status = client.status().await.unwrap();
+    assert_eq!(
+        status.leader(),
+        leader.id(),
+        "the standby names the primary"
+    );
+    assert_eq!(status.header().unwrap().revision(), revision);
+
+    // Nothing the standby refused was written.
+    let after = primary.client().await.get("k", None).await.unwrap();
+    assert_eq!(after.header().unwrap().revision(), revision);
 }

@@ -1,8 +1,17 @@
-//! An etcd service over a primary on in-memory stores, served on a loopback
-//! port, and an etcd-client connected to it.
+//! An etcd service over a runtime on in-memory stores, served on a loopback
+//! port, and an etcd-client connected to it; and the library's test helpers
+//! (where the test services are: a real etcd is one).
+
+#![allow(dead_code)] // each test binary uses a different subset
 
 #[path = "../../../chorus/tests/support/memory_runtime.rs"]
-mod memory_runtime;
+pub mod memory_runtime;
+
+#[path = "../../../chorus/tests/support/mod.rs"]
+mod shared;
+
+#[allow(unused_imports)] // not every test binary needs the services
+pub use shared::*;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,9 +34,14 @@ pub struct Served {
 }
 
 impl Served {
+    /// The URL clients connect to, `http://127.0.0.1:<port>`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
     /// A client of this service.
     pub async fn client(&self) -> etcd_client::Client {
-        etcd_client::Client::connect([format!("http://{}", self.address)], None)
+        etcd_client::Client::connect([self.endpoint()], None)
             .await
             .expect("etcd-client connects")
     }
@@ -37,6 +51,16 @@ impl Served {
 /// default settings.
 pub async fn serve(database: &str, configure: impl FnOnce(&mut EtcdConfig)) -> Served {
     let runtime = memory_runtime::primary(database, |store| store).await;
+    serve_runtime(runtime, database, configure).await
+}
+
+/// `runtime`, whatever its role, serving etcd for `database` with
+/// `configure` applied to the default settings.
+pub async fn serve_runtime(
+    runtime: Arc<Runtime<KvState>>,
+    database: &str,
+    configure: impl FnOnce(&mut EtcdConfig),
+) -> Served {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let mut config = EtcdConfig::new(format!("memory://{database}"));
@@ -55,3 +79,7 @@ pub async fn serve(database: &str, configure: impl FnOnce(&mut EtcdConfig)) -> S
         _stop: stop,
     }
 }
+
+/// Real etcd servers, the oracle of the comparison tests.
+#[path = "../../../chorus/tests/support/etcd.rs"]
+pub mod etcd;

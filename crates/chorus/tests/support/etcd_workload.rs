@@ -1,0 +1,1112 @@
+//! The differential suite's workload and harness, shared by the suites that
+//! compare a side with a real etcd: one seeded random workload of etcd KV
+//! requests, sent to two sides in lockstep, every answer compared field by
+//! field.
+//!
+//! Used by `crates/chorus/tests/etcd_differential.rs` (Chorus's machine in
+//! process) and `crates/chorus-etcd/tests/etcd_differential.rs` (Chorus over
+//! gRPC). The including crate declares this file's neighbour `etcd.rs` as
+//! `etcd_server` at its root (the real etcd) next to this module.
+//!
+//! The workload ([`Workload`]) draws Put (prev_kv, ignore_value,
+//! ignore_lease, an unknown lease), Range with every option (single key,
+//! prefix, from-key, explicit ranges; limit; the current, past, compacted,
+//! future and negative revisions; every sort order and target; keys_only,
+//! count_only, min/max mod and create revisions; serializable), DeleteRange
+//! (prev_kv, ranges), Txn (every compare target and result, with ranges;
+//! every operation in both branches; nested txns), Compact, and requests etcd
+//! refuses (an empty key, two writes to one key in a txn, too many
+//! operations). Keys come from a four-letter alphabet, so operations
+//! collide. Revisions are drawn from what the first side answered, so a
+//! seed replays the same requests as long as both agree.
+//!
+//! Answers are compared whole (every protobuf field), after zeroing the
+//! header's cluster id, member id and raft term, which name a deployment
+//! rather than the store; refusals by gRPC code and message. The first
+//! difference fails the run with its seed, the operation's number and
+//! request, the first differing field, and both answers.
+//!
+//! Seeds: `CHORUS_ETCD_DIFF_SEED=<n>` runs that seed alone;
+//! `CHORUS_ETCD_DIFF_SEEDS=<count>` runs that many (from
+//! `CHORUS_ETCD_DIFF_FIRST_SEED`, default 1; each suite's own count by
+//! default); `CHORUS_ETCD_DIFF_OPS=<n>` sets the operations per seed
+//! ([`DEFAULT_OPS_PER_SEED`] by default).
+
+#![allow(dead_code)] // each suite uses a different subset
+
+use std::collections::BTreeMap;
+use std::fmt::{self, Write as _};
+
+use etcd_client::proto::{
+    PbCompactionResponse, PbDeleteResponse, PbKeyValue, PbPutResponse, PbRangeResponse,
+    PbResponseHeader, PbTxnOpResponse, PbTxnResponse,
+};
+use etcd_client::{
+    Client, CompactionOptions, Compare, CompareOp, DeleteOptions, GetOptions, KvClient, PutOptions,
+    SortOrder, SortTarget, Txn, TxnOp,
+};
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+use rand::{Rng, SeedableRng};
+
+use crate::etcd_server::EtcdServer;
+
+/// Operations per seed unless `CHORUS_ETCD_DIFF_OPS` says otherwise.
+pub const DEFAULT_OPS_PER_SEED: usize = 10_000;
+/// The letters keys are made of (one or two of them: 20 keys in all).
+const KEY_LETTERS: &[u8] = b"abcd";
+/// The values puts write and value compares test.
+const VALUES: &[&str] = &["", "v", "w", "vw", "a longer value"];
+/// etcd's default limit on operations in one txn branch (`--max-txn-ops`).
+pub const MAX_TXN_OPS: usize = 128;
+/// How deep txns nest.
+const MAX_TXN_DEPTH: usize = 2;
+/// Requests shown before the differing one, for context.
+const CONTEXT_OPS: usize = 5;
+
+// ------------------------------------------------------------- requests ---
+
+/// Bytes shown as a string in reports.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Text(pub Vec<u8>);
+
+impl fmt::Debug for Text {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&shown(&self.0))
+    }
+}
+
+/// A key and a range end, as etcd takes them (an empty end: the key alone;
+/// `"\0"`: every key from `key` on; otherwise `[key, range_end)`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyRange {
+    pub key: Vec<u8>,
+    pub range_end: Vec<u8>,
+}
+
+impl fmt::Debug for KeyRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.range_end.is_empty() {
+            write!(f, "{}", shown(&self.key))
+        } else {
+            write!(f, "[{}, {})", shown(&self.key), shown(&self.range_end))
+        }
+    }
+}
+
+/// A Range request, every field of etcd's `RangeRequest`.
+#[derive(Debug, Clone)]
+pub struct RangeSpec {
+    pub range: KeyRange,
+    pub limit: i64,
+    pub revision: i64,
+    pub sort: Option<(SortTarget, SortOrder)>,
+    pub serializable: bool,
+    pub keys_only: bool,
+    pub count_only: bool,
+    pub min_mod_revision: i64,
+    pub max_mod_revision: i64,
+    pub min_create_revision: i64,
+    pub max_create_revision: i64,
+}
+
+/// A Put request.
+#[derive(Debug, Clone)]
+pub struct PutSpec {
+    pub key: Text,
+    pub value: Text,
+    pub lease: i64,
+    pub prev_kv: bool,
+    pub ignore_value: bool,
+    pub ignore_lease: bool,
+}
+
+/// A DeleteRange request.
+#[derive(Debug, Clone)]
+pub struct DeleteSpec {
+    pub range: KeyRange,
+    pub prev_kv: bool,
+}
+
+/// What a compare reads, and the value it compares with.
+#[derive(Debug, Clone)]
+pub enum CompareSpecTarget {
+    Version(i64),
+    Create(i64),
+    Mod(i64),
+    Value(Text),
+    Lease(i64),
+}
+
+/// One compare of a txn.
+#[derive(Debug, Clone)]
+pub struct CompareSpec {
+    pub range: KeyRange,
+    pub op: CompareOp,
+    pub target: CompareSpecTarget,
+}
+
+/// One operation of a txn branch.
+#[derive(Debug, Clone)]
+pub enum TxnOpSpec {
+    Range(RangeSpec),
+    Put(PutSpec),
+    Delete(DeleteSpec),
+    Txn(TxnSpec),
+}
+
+/// A Txn request.
+#[derive(Debug, Clone, Default)]
+pub struct TxnSpec {
+    pub compare: Vec<CompareSpec>,
+    pub success: Vec<TxnOpSpec>,
+    pub failure: Vec<TxnOpSpec>,
+}
+
+impl TxnSpec {
+    /// Whether a branch, at any depth, holds a DeleteRange of every key from
+    /// some key on (`range_end` `"\0"`).
+    fn deletes_from_key(&self) -> bool {
+        self.success.iter().chain(&self.failure).any(|op| match op {
+            TxnOpSpec::Delete(delete) => delete.range.range_end == [0],
+            TxnOpSpec::Txn(nested) => nested.deletes_from_key(),
+            TxnOpSpec::Range(_) | TxnOpSpec::Put(_) => false,
+        })
+    }
+
+    /// Clears `ignore_value` and `ignore_lease` on every put, at any depth.
+    fn clear_ignores(&mut self) {
+        for op in self.success.iter_mut().chain(&mut self.failure) {
+            match op {
+                TxnOpSpec::Put(put) => {
+                    put.ignore_value = false;
+                    put.ignore_lease = false;
+                }
+                TxnOpSpec::Txn(nested) => nested.clear_ignores(),
+                TxnOpSpec::Range(_) | TxnOpSpec::Delete(_) => {}
+            }
+        }
+    }
+
+    /// Whether a branch holds a txn.
+    fn nests(&self) -> bool {
+        let nested = |op: &TxnOpSpec| matches!(op, TxnOpSpec::Txn(_));
+        self.success.iter().chain(&self.failure).any(nested)
+    }
+}
+
+/// One request of the workload.
+#[derive(Debug, Clone)]
+pub enum Request {
+    Range(RangeSpec),
+    Put(PutSpec),
+    Delete(DeleteSpec),
+    Txn(TxnSpec),
+    Compact { revision: i64, physical: bool },
+}
+
+impl Request {
+    /// Its kind, for the per-seed tally.
+    fn kind(&self) -> &'static str {
+        match self {
+            Request::Range(_) => "range",
+            Request::Put(_) => "put",
+            Request::Delete(_) => "delete",
+            Request::Txn(txn) if txn.nests() => "txn with a nested txn",
+            Request::Txn(_) => "txn",
+            Request::Compact { .. } => "compact",
+        }
+    }
+}
+
+fn get_options(spec: &RangeSpec) -> GetOptions {
+    let mut options = GetOptions::new()
+        .with_range(spec.range.range_end.clone())
+        .with_limit(spec.limit)
+        .with_revision(spec.revision)
+        .with_min_mod_revision(spec.min_mod_revision)
+        .with_max_mod_revision(spec.max_mod_revision)
+        .with_min_create_revision(spec.min_create_revision)
+        .with_max_create_revision(spec.max_create_revision);
+    if let Some((target, order)) = spec.sort {
+        // etcd-client sends (KEY, ASCEND) as (KEY, NONE), as Go's clientv3 does.
+        options = options.with_sort(target, order);
+    }
+    if spec.serializable {
+        options = options.with_serializable();
+    }
+    if spec.keys_only {
+        options = options.with_keys_only();
+    }
+    if spec.count_only {
+        options = options.with_count_only();
+    }
+    options
+}
+
+fn put_options(spec: &PutSpec) -> PutOptions {
+    let mut options = PutOptions::new().with_lease(spec.lease);
+    if spec.prev_kv {
+        options = options.with_prev_key();
+    }
+    if spec.ignore_value {
+        options = options.with_ignore_value();
+    }
+    if spec.ignore_lease {
+        options = options.with_ignore_lease();
+    }
+    options
+}
+
+fn delete_options(spec: &DeleteSpec) -> DeleteOptions {
+    let options = DeleteOptions::new().with_range(spec.range.range_end.clone());
+    if spec.prev_kv {
+        options.with_prev_key()
+    } else {
+        options
+    }
+}
+
+fn compare(spec: &CompareSpec) -> Compare {
+    let key = spec.range.key.clone();
+    let compare = match &spec.target {
+        CompareSpecTarget::Version(version) => Compare::version(key, spec.op, *version),
+        CompareSpecTarget::Create(revision) => Compare::create_revision(key, spec.op, *revision),
+        CompareSpecTarget::Mod(revision) => Compare::mod_revision(key, spec.op, *revision),
+        CompareSpecTarget::Value(value) => Compare::value(key, spec.op, value.0.clone()),
+        CompareSpecTarget::Lease(lease) => Compare::lease(key, spec.op, *lease),
+    };
+    if spec.range.range_end.is_empty() {
+        compare
+    } else {
+        compare.with_range(spec.range.range_end.clone())
+    }
+}
+
+fn txn_op(spec: &TxnOpSpec) -> TxnOp {
+    match spec {
+        TxnOpSpec::Range(range) => TxnOp::get(range.range.key.clone(), Some(get_options(range))),
+        TxnOpSpec::Put(put) => TxnOp::put(
+            put.key.0.clone(),
+            put.value.0.clone(),
+            Some(put_options(put)),
+        ),
+        TxnOpSpec::Delete(delete) => {
+            TxnOp::delete(delete.range.key.clone(), Some(delete_options(delete)))
+        }
+        TxnOpSpec::Txn(nested) => TxnOp::txn(txn(nested)),
+    }
+}
+
+pub fn txn(spec: &TxnSpec) -> Txn {
+    Txn::new()
+        .when(spec.compare.iter().map(compare).collect::<Vec<_>>())
+        .and_then(spec.success.iter().map(txn_op).collect::<Vec<_>>())
+        .or_else(spec.failure.iter().map(txn_op).collect::<Vec<_>>())
+}
+
+// -------------------------------------------------------------- answers ---
+
+/// One endpoint's answer to one request: the whole response message, or the
+/// refusal's gRPC code and message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    Range(PbRangeResponse),
+    Put(PbPutResponse),
+    Delete(PbDeleteResponse),
+    Txn(PbTxnResponse),
+    Compact(PbCompactionResponse),
+    Refused {
+        code: String,
+        message: String,
+    },
+    /// No gRPC answer at all (a transport failure).
+    Failed(String),
+}
+
+impl Answer {
+    /// The store revision the answer reports, if it has a header.
+    fn revision(&self) -> Option<i64> {
+        let header = match self {
+            Answer::Range(r) => r.header.as_ref(),
+            Answer::Put(r) => r.header.as_ref(),
+            Answer::Delete(r) => r.header.as_ref(),
+            Answer::Txn(r) => r.header.as_ref(),
+            Answer::Compact(r) => r.header.as_ref(),
+            Answer::Refused { .. } | Answer::Failed(_) => None,
+        };
+        header.map(|h| h.revision)
+    }
+
+    /// A label for the per-seed tally of outcomes.
+    fn outcome(&self) -> String {
+        match self {
+            Answer::Txn(r) if r.succeeded => "txn succeeded".into(),
+            Answer::Txn(_) => "txn failed".into(),
+            Answer::Range(r) if r.more => "range with more".into(),
+            Answer::Range(_) => "range".into(),
+            Answer::Put(r) if r.prev_kv.is_some() => "put with prev_kv".into(),
+            Answer::Put(_) => "put".into(),
+            Answer::Delete(r) if r.deleted > 0 => "delete of keys".into(),
+            Answer::Delete(_) => "delete of nothing".into(),
+            Answer::Compact(_) => "compact".into(),
+            Answer::Refused { message, .. } => format!("refused: {message}"),
+            Answer::Failed(_) => "transport failure".into(),
+        }
+    }
+}
+
+fn refusal(error: etcd_client::Error) -> Answer {
+    match error {
+        // Not an answer: the endpoint is down or unreachable.
+        etcd_client::Error::GRpcStatus(status)
+            if format!("{:?}", status.code()) == "Unavailable" =>
+        {
+            Answer::Failed(format!("unavailable: {}", status.message()))
+        }
+        etcd_client::Error::GRpcStatus(status) => Answer::Refused {
+            code: format!("{:?}", status.code()),
+            message: status.message().to_owned(),
+        },
+        other => Answer::Failed(other.to_string()),
+    }
+}
+
+/// Sends `request` and returns the answer with the deployment's ids zeroed.
+pub async fn send(kv: &mut KvClient, request: &Request) -> Answer {
+    let answer = match request {
+        Request::Range(spec) => kv
+            .get(spec.range.key.clone(), Some(get_options(spec)))
+            .await
+            .map(|r| Answer::Range(r.0)),
+        Request::Put(spec) => kv
+            .put(
+                spec.key.0.clone(),
+                spec.value.0.clone(),
+                Some(put_options(spec)),
+            )
+            .await
+            .map(|r| Answer::Put(r.0)),
+        Request::Delete(spec) => kv
+            .delete(spec.range.key.clone(), Some(delete_options(spec)))
+            .await
+            .map(|r| Answer::Delete(r.0)),
+        Request::Txn(spec) => kv.txn(txn(spec)).await.map(|r| Answer::Txn(r.0)),
+        Request::Compact { revision, physical } => {
+            let options = physical.then(|| CompactionOptions::new().with_physical());
+            kv.compact(*revision, options)
+                .await
+                .map(|r| Answer::Compact(r.0))
+        }
+    };
+    let mut answer = answer.unwrap_or_else(refusal);
+    anonymize(&mut answer);
+    answer
+}
+
+/// Zeroes what names the deployment rather than the store: the cluster and
+/// member ids and the raft term, in every header (nested ones included).
+fn anonymize(answer: &mut Answer) {
+    match answer {
+        Answer::Range(r) => anonymize_header(&mut r.header),
+        Answer::Put(r) => anonymize_header(&mut r.header),
+        Answer::Delete(r) => anonymize_header(&mut r.header),
+        Answer::Txn(r) => anonymize_txn(r),
+        Answer::Compact(r) => anonymize_header(&mut r.header),
+        Answer::Refused { .. } | Answer::Failed(_) => {}
+    }
+}
+
+fn anonymize_txn(response: &mut PbTxnResponse) {
+    anonymize_header(&mut response.header);
+    for op in &mut response.responses {
+        match &mut op.response {
+            Some(PbTxnOpResponse::ResponseRange(r)) => anonymize_header(&mut r.header),
+            Some(PbTxnOpResponse::ResponsePut(r)) => anonymize_header(&mut r.header),
+            Some(PbTxnOpResponse::ResponseDeleteRange(r)) => anonymize_header(&mut r.header),
+            Some(PbTxnOpResponse::ResponseTxn(r)) => anonymize_txn(r),
+            None => {}
+        }
+    }
+}
+
+fn anonymize_header(header: &mut Option<PbResponseHeader>) {
+    if let Some(header) = header {
+        header.cluster_id = 0;
+        header.member_id = 0;
+        header.raft_term = 0;
+    }
+}
+
+// ---------------------------------------------------------- sort ties ---
+
+/// Puts the keys that tie on a range's sort target in key order. etcd
+/// sorts with Go's unstable `sort.Sort`, so the order of tied keys is an
+/// accident of its implementation, not part of the answer; where a limit
+/// cut the answer, which of the last tied keys made it in is such an
+/// accident too, and those keep only their sort value.
+pub fn normalize_ties(request: &Request, answer: &mut Answer) {
+    match (request, answer) {
+        (Request::Range(spec), Answer::Range(response)) => normalize_range(spec, response),
+        (Request::Txn(spec), Answer::Txn(response)) => normalize_txn(spec, response),
+        _ => {}
+    }
+}
+
+fn normalize_txn(spec: &TxnSpec, response: &mut PbTxnResponse) {
+    let branch = if response.succeeded {
+        &spec.success
+    } else {
+        &spec.failure
+    };
+    for (op, answer) in branch.iter().zip(&mut response.responses) {
+        match (op, &mut answer.response) {
+            (TxnOpSpec::Range(spec), Some(PbTxnOpResponse::ResponseRange(r))) => {
+                normalize_range(spec, r)
+            }
+            (TxnOpSpec::Txn(spec), Some(PbTxnOpResponse::ResponseTxn(r))) => normalize_txn(spec, r),
+            _ => {}
+        }
+    }
+}
+
+fn normalize_range(spec: &RangeSpec, response: &mut PbRangeResponse) {
+    let target = match spec.sort {
+        Some((target, _)) if target != SortTarget::Key => target,
+        _ => return,
+    };
+    let sort_value = |kv: &PbKeyValue| match target {
+        SortTarget::Version => kv.version.to_string(),
+        SortTarget::Create => kv.create_revision.to_string(),
+        SortTarget::Mod => kv.mod_revision.to_string(),
+        _ => shown(&kv.value),
+    };
+    let kvs = &mut response.kvs;
+    let mut start = 0;
+    while start < kvs.len() {
+        let value = sort_value(&kvs[start]);
+        let end = start
+            + kvs[start..]
+                .iter()
+                .take_while(|kv| sort_value(kv) == value)
+                .count();
+        kvs[start..end].sort_by(|a, b| a.key.cmp(&b.key));
+        let cut = spec.limit > 0 && kvs.len() as i64 == spec.limit && end == kvs.len();
+        if cut && response.more {
+            for kv in &mut kvs[start..end] {
+                *kv = PbKeyValue {
+                    key: format!("<one of the keys tied at {value}>").into_bytes(),
+                    ..Default::default()
+                };
+            }
+        }
+        start = end;
+    }
+}
+
+// ------------------------------------------------- field-by-field diffs ---
+
+/// Every field of an answer as `(path, value)`, in message order, so the
+/// first differing field of two answers can be named.
+pub fn fields(answer: &Answer) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    match answer {
+        Answer::Range(r) => range_fields("range", r, &mut out),
+        Answer::Put(r) => put_fields("put", r, &mut out),
+        Answer::Delete(r) => delete_fields("delete_range", r, &mut out),
+        Answer::Txn(r) => txn_fields("txn", r, &mut out),
+        Answer::Compact(r) => header_fields("compact", &r.header, &mut out),
+        Answer::Refused { code, message } => {
+            out.push(("refused.code".into(), code.clone()));
+            out.push(("refused.message".into(), format!("{message:?}")));
+        }
+        Answer::Failed(why) => out.push(("transport_failure".into(), why.clone())),
+    }
+    out
+}
+
+fn header_fields(path: &str, header: &Option<PbResponseHeader>, out: &mut Vec<(String, String)>) {
+    match header {
+        Some(h) => out.push((format!("{path}.header.revision"), h.revision.to_string())),
+        None => out.push((format!("{path}.header"), "none".into())),
+    }
+}
+
+fn kv_fields(path: &str, kv: &PbKeyValue, out: &mut Vec<(String, String)>) {
+    out.push((format!("{path}.key"), shown(&kv.key)));
+    out.push((format!("{path}.value"), shown(&kv.value)));
+    out.push((
+        format!("{path}.create_revision"),
+        kv.create_revision.to_string(),
+    ));
+    out.push((format!("{path}.mod_revision"), kv.mod_revision.to_string()));
+    out.push((format!("{path}.version"), kv.version.to_string()));
+    out.push((format!("{path}.lease"), kv.lease.to_string()));
+}
+
+fn kvs_fields(path: &str, kvs: &[PbKeyValue], out: &mut Vec<(String, String)>) {
+    out.push((format!("{path}.len()"), kvs.len().to_string()));
+    for (i, kv) in kvs.iter().enumerate() {
+        kv_fields(&format!("{path}[{i}]"), kv, out);
+    }
+}
+
+fn range_fields(path: &str, r: &PbRangeResponse, out: &mut Vec<(String, String)>) {
+    header_fields(path, &r.header, out);
+    out.push((format!("{path}.count"), r.count.to_string()));
+    out.push((format!("{path}.more"), r.more.to_string()));
+    kvs_fields(&format!("{path}.kvs"), &r.kvs, out);
+}
+
+fn put_fields(path: &str, r: &PbPutResponse, out: &mut Vec<(String, String)>) {
+    header_fields(path, &r.header, out);
+    match &r.prev_kv {
+        Some(kv) => kv_fields(&format!("{path}.prev_kv"), kv, out),
+        None => out.push((format!("{path}.prev_kv"), "none".into())),
+    }
+}
+
+fn delete_fields(path: &str, r: &PbDeleteResponse, out: &mut Vec<(String, String)>) {
+    header_fields(path, &r.header, out);
+    out.push((format!("{path}.deleted"), r.deleted.to_string()));
+    kvs_fields(&format!("{path}.prev_kvs"), &r.prev_kvs, out);
+}
+
+fn txn_fields(path: &str, r: &PbTxnResponse, out: &mut Vec<(String, String)>) {
+    header_fields(path, &r.header, out);
+    out.push((format!("{path}.succeeded"), r.succeeded.to_string()));
+    out.push((
+        format!("{path}.responses.len()"),
+        r.responses.len().to_string(),
+    ));
+    for (i, op) in r.responses.iter().enumerate() {
+        let at = format!("{path}.responses[{i}]");
+        match &op.response {
+            Some(PbTxnOpResponse::ResponseRange(r)) => range_fields(&format!("{at}.range"), r, out),
+            Some(PbTxnOpResponse::ResponsePut(r)) => put_fields(&format!("{at}.put"), r, out),
+            Some(PbTxnOpResponse::ResponseDeleteRange(r)) => {
+                delete_fields(&format!("{at}.delete_range"), r, out)
+            }
+            Some(PbTxnOpResponse::ResponseTxn(r)) => txn_fields(&format!("{at}.txn"), r, out),
+            None => out.push((at, "none".into())),
+        }
+    }
+}
+
+/// The first field where two answers differ, as a sentence; `None` when
+/// they agree on every field listed. Answers that list the same fields but
+/// differ elsewhere (a field this list misses) are reported whole.
+pub fn first_difference(left: &Answer, right: &Answer) -> Option<String> {
+    if left == right {
+        return None;
+    }
+    let (left_fields, right_fields) = (fields(left), fields(right));
+    for i in 0..left_fields.len().max(right_fields.len()) {
+        match (left_fields.get(i), right_fields.get(i)) {
+            (Some(l), Some(r)) if l == r => continue,
+            (Some((path, l)), Some((rpath, r))) if path == rpath => {
+                return Some(format!("field {path}: {l} vs {r}"));
+            }
+            (l, r) => return Some(format!("answer shape: {l:?} vs {r:?}")),
+        }
+    }
+    Some("a field outside the compared list differs (see both answers)".into())
+}
+
+/// Bytes as a quoted string (invalid UTF-8 shown as U+FFFD).
+pub fn shown(bytes: &[u8]) -> String {
+    format!("{:?}", String::from_utf8_lossy(bytes))
+}
+
+// ------------------------------------------------------------- workload ---
+
+/// The seeded generator of requests. Revisions it draws come from the
+/// answers of the first endpoint, which it is told after every request.
+pub struct Workload {
+    rng: StdRng,
+    /// The store revision as last answered.
+    revision: i64,
+    /// The compaction revision as last accepted (0 before any).
+    compacted: i64,
+}
+
+impl Workload {
+    fn new(seed: u64) -> Workload {
+        Workload {
+            rng: StdRng::seed_from_u64(seed),
+            revision: 1,
+            compacted: 0,
+        }
+    }
+
+    /// Learns from the first endpoint's answer to `request`.
+    fn observe(&mut self, request: &Request, answer: &Answer) {
+        if let Some(revision) = answer.revision() {
+            self.revision = revision;
+        }
+        if let (Request::Compact { revision, .. }, Answer::Compact(_)) = (request, answer) {
+            self.compacted = *revision;
+        }
+    }
+
+    fn chance(&mut self, probability: f64) -> bool {
+        self.rng.random_bool(probability)
+    }
+
+    /// A key of one or two letters.
+    fn key(&mut self) -> Vec<u8> {
+        let len = self.rng.random_range(1..=2);
+        (0..len)
+            .map(|_| *KEY_LETTERS.choose(&mut self.rng).unwrap())
+            .collect()
+    }
+
+    /// A key, now and then an empty one (which etcd refuses).
+    fn key_or_empty(&mut self) -> Vec<u8> {
+        if self.chance(0.02) {
+            Vec::new()
+        } else {
+            self.key()
+        }
+    }
+
+    fn value(&mut self) -> Vec<u8> {
+        VALUES.choose(&mut self.rng).unwrap().as_bytes().to_vec()
+    }
+
+    /// A single key, a prefix, a from-key range, every key, or an explicit
+    /// range (possibly empty or inverted); now and then an empty key.
+    fn key_range(&mut self) -> KeyRange {
+        let key = self.key_or_empty();
+        match self.rng.random_range(0..100) {
+            0..45 => KeyRange {
+                key,
+                range_end: Vec::new(),
+            },
+            45..65 => {
+                let prefix = key[..key.len().min(1)].to_vec();
+                KeyRange {
+                    range_end: prefix_end(&prefix),
+                    key: prefix,
+                }
+            }
+            65..75 => KeyRange {
+                key,
+                range_end: vec![0],
+            },
+            75..80 => KeyRange {
+                key: vec![0],
+                range_end: vec![0],
+            },
+            _ => KeyRange {
+                key,
+                range_end: self.key(),
+            },
+        }
+    }
+
+    /// A revision for a read: current (0 or exactly), past, compacted,
+    /// future or negative.
+    fn read_revision(&mut self) -> i64 {
+        let floor = self.compacted.max(1);
+        match self.rng.random_range(0..100) {
+            0..40 => 0,
+            40..65 => self.rng.random_range(floor..=self.revision),
+            65..75 if self.compacted > 1 => self.rng.random_range(1..self.compacted),
+            65..75 => self.compacted,
+            75..85 => self.revision + self.rng.random_range(1..=3),
+            85..90 => -self.rng.random_range(1..=3),
+            _ => self.revision,
+        }
+    }
+
+    /// A revision bound for min/max mod/create: mostly unset.
+    fn revision_bound(&mut self) -> i64 {
+        if self.chance(0.12) {
+            self.rng.random_range(0..=self.revision + 2)
+        } else {
+            0
+        }
+    }
+
+    fn range_spec(&mut self) -> RangeSpec {
+        const TARGETS: [SortTarget; 5] = [
+            SortTarget::Key,
+            SortTarget::Version,
+            SortTarget::Create,
+            SortTarget::Mod,
+            SortTarget::Value,
+        ];
+        const ORDERS: [SortOrder; 3] = [SortOrder::None, SortOrder::Ascend, SortOrder::Descend];
+        let range = self.key_range();
+        let limit = match self.rng.random_range(0..100) {
+            0..50 => 0,
+            50..97 => self.rng.random_range(1..=4),
+            _ => -1,
+        };
+        let sort = self.chance(0.4).then(|| {
+            (
+                *TARGETS.choose(&mut self.rng).unwrap(),
+                *ORDERS.choose(&mut self.rng).unwrap(),
+            )
+        });
+        RangeSpec {
+            range,
+            limit,
+            revision: self.read_revision(),
+            sort,
+            serializable: self.chance(0.3),
+            keys_only: self.chance(0.15),
+            count_only: self.chance(0.1),
+            min_mod_revision: self.revision_bound(),
+            max_mod_revision: self.revision_bound(),
+            min_create_revision: self.revision_bound(),
+            max_create_revision: self.revision_bound(),
+        }
+    }
+
+    fn put_spec(&mut self) -> PutSpec {
+        let ignore_value = self.chance(0.06);
+        let value = if ignore_value && self.chance(0.8) {
+            Vec::new()
+        } else {
+            self.value()
+        };
+        PutSpec {
+            key: Text(self.key_or_empty()),
+            value: Text(value),
+            // A lease that does not exist: etcd refuses the put.
+            lease: if self.chance(0.02) { 7 } else { 0 },
+            prev_kv: self.chance(0.4),
+            ignore_value,
+            ignore_lease: self.chance(0.06),
+        }
+    }
+
+    fn delete_spec(&mut self) -> DeleteSpec {
+        DeleteSpec {
+            range: self.key_range(),
+            prev_kv: self.chance(0.5),
+        }
+    }
+
+    fn compare_spec(&mut self) -> CompareSpec {
+        const OPS: [CompareOp; 4] = [
+            CompareOp::Equal,
+            CompareOp::Greater,
+            CompareOp::Less,
+            CompareOp::NotEqual,
+        ];
+        let range = if self.chance(0.8) {
+            KeyRange {
+                key: self.key(),
+                range_end: Vec::new(),
+            }
+        } else {
+            self.key_range()
+        };
+        let around = self.revision + 1;
+        let target = match self.rng.random_range(0..5) {
+            0 => CompareSpecTarget::Version(self.rng.random_range(0..=4)),
+            1 => CompareSpecTarget::Create(self.rng.random_range(0..=around)),
+            2 => CompareSpecTarget::Mod(self.rng.random_range(0..=around)),
+            3 => CompareSpecTarget::Value(Text(self.value())),
+            _ => CompareSpecTarget::Lease(self.rng.random_range(0..=1)),
+        };
+        CompareSpec {
+            range,
+            op: *OPS.choose(&mut self.rng).unwrap(),
+            target,
+        }
+    }
+
+    fn txn_op_spec(&mut self, depth: usize) -> TxnOpSpec {
+        let nested_chance = if depth < MAX_TXN_DEPTH { 0.12 } else { 0.0 };
+        if self.chance(nested_chance) {
+            return TxnOpSpec::Txn(self.txn_spec(depth + 1));
+        }
+        match self.rng.random_range(0..10) {
+            0..4 => TxnOpSpec::Range(self.range_spec()),
+            4..8 => TxnOpSpec::Put(self.put_spec()),
+            _ => TxnOpSpec::Delete(self.delete_spec()),
+        }
+    }
+
+    fn branch(&mut self, depth: usize) -> Vec<TxnOpSpec> {
+        let len = self.rng.random_range(0..=3);
+        (0..len).map(|_| self.txn_op_spec(depth)).collect()
+    }
+
+    fn txn_spec(&mut self, depth: usize) -> TxnSpec {
+        let compares = self.rng.random_range(0..=3);
+        let compare = (0..compares).map(|_| self.compare_spec()).collect();
+        if depth == 0 && self.chance(0.02) {
+            // One operation more than etcd allows in a branch.
+            let reads = (0..=MAX_TXN_OPS)
+                .map(|_| TxnOpSpec::Range(self.range_spec()))
+                .collect();
+            return TxnSpec {
+                compare,
+                success: reads,
+                failure: Vec::new(),
+            };
+        }
+        let mut txn = TxnSpec {
+            compare,
+            success: self.branch(depth),
+            failure: self.branch(depth),
+        };
+        if depth == 0 && txn.deletes_from_key() {
+            // etcd's duplicate-key check misses a put inside a from-key
+            // delete's range; a put with ignore_value or ignore_lease after
+            // such a delete of its key then fails mid-apply, and etcd 3.4
+            // panics ("unexpected error during txn"). The oracle must live.
+            txn.clear_ignores();
+        }
+        txn
+    }
+
+    fn compact_revision(&mut self) -> i64 {
+        match self.rng.random_range(0..100) {
+            0..70 if self.revision > self.compacted => {
+                self.rng.random_range(self.compacted + 1..=self.revision)
+            }
+            0..80 => self.compacted.max(1) - self.rng.random_range(0..=1),
+            80..90 => self.revision + self.rng.random_range(1..=2),
+            _ => self.revision,
+        }
+    }
+
+    /// The next request.
+    fn next(&mut self) -> Request {
+        match self.rng.random_range(0..100) {
+            0..28 => Request::Put(self.put_spec()),
+            28..58 => Request::Range(self.range_spec()),
+            58..68 => Request::Delete(self.delete_spec()),
+            68..97 => Request::Txn(self.txn_spec(0)),
+            _ => Request::Compact {
+                revision: self.compact_revision(),
+                physical: self.chance(0.5),
+            },
+        }
+    }
+}
+
+/// The end of the range of keys starting with `prefix` (etcd's `GetPrefix`).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+// -------------------------------------------------------------- drivers ---
+
+/// One side of the comparison: something that answers etcd requests.
+pub trait Side {
+    /// A name for reports.
+    fn name(&self) -> String;
+    /// Its answer to `request`, with the deployment's ids zeroed.
+    async fn answer(&mut self, request: &Request) -> Answer;
+    /// Called once halfway through a seed (a side that fails over does so
+    /// here).
+    async fn midpoint(&mut self) {}
+    /// Called before every request (for planted faults).
+    async fn before(&mut self, _op: usize) {}
+    /// What the server logged last, for failure reports.
+    fn log_tail(&self) -> String {
+        String::new()
+    }
+}
+
+/// A real etcd started for the seed, and a client of it.
+pub struct RealEtcd {
+    pub server: EtcdServer,
+    pub kv: KvClient,
+}
+
+impl RealEtcd {
+    /// A fresh etcd (revision 1); `None` outside CI without the services.
+    pub async fn start(label: &str) -> Option<RealEtcd> {
+        let server = EtcdServer::start(label)?;
+        let kv = connect(server.endpoint()).await;
+        Some(RealEtcd { server, kv })
+    }
+}
+
+impl Side for RealEtcd {
+    fn name(&self) -> String {
+        format!("etcd at {}", self.server.endpoint())
+    }
+
+    async fn answer(&mut self, request: &Request) -> Answer {
+        send(&mut self.kv, request).await
+    }
+
+    fn log_tail(&self) -> String {
+        self.server.log_tail()
+    }
+}
+
+/// The first difference of a run.
+#[derive(Debug)]
+pub struct Difference {
+    report: String,
+}
+
+impl fmt::Display for Difference {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.report)
+    }
+}
+
+/// What a seed did: requests by kind and answers by outcome.
+#[derive(Debug, Default)]
+pub struct Tally {
+    pub requests: BTreeMap<&'static str, usize>,
+    pub outcomes: BTreeMap<String, usize>,
+}
+
+pub async fn connect(endpoint: &str) -> KvClient {
+    Client::connect([endpoint], None)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {endpoint}: {e}"))
+        .kv_client()
+}
+
+/// Runs `ops` requests of seed `seed` against `left` and `right` in
+/// lockstep, comparing every answer; the first difference ends the run.
+pub async fn run_seed(
+    seed: u64,
+    ops: usize,
+    left: &mut impl Side,
+    right: &mut impl Side,
+) -> Result<Tally, Difference> {
+    let mut workload = Workload::new(seed);
+    let mut tally = Tally::default();
+    let mut recent: Vec<Request> = Vec::new();
+    for op in 0..ops {
+        if op == ops / 2 {
+            left.midpoint().await;
+            right.midpoint().await;
+        }
+        let request = workload.next();
+        left.before(op).await;
+        right.before(op).await;
+        let mut left_answer = left.answer(&request).await;
+        let mut right_answer = right.answer(&request).await;
+        normalize_ties(&request, &mut left_answer);
+        normalize_ties(&request, &mut right_answer);
+        if let Some(field) = first_difference(&left_answer, &right_answer) {
+            let mut report = format!(
+                "seed {seed}, operation {op} of {ops}: {} and {} differ\n  {field}\n",
+                left.name(),
+                right.name()
+            );
+            let _ = writeln!(report, "  the last requests before it:");
+            for (back, earlier) in recent.iter().enumerate() {
+                let _ = writeln!(report, "    #{}: {earlier:?}", op - recent.len() + back);
+            }
+            let _ = writeln!(report, "  request #{op}: {request:?}");
+            let _ = writeln!(report, "  {}: {left_answer:?}", left.name());
+            let _ = writeln!(report, "  {}: {right_answer:?}", right.name());
+            let _ = writeln!(
+                report,
+                "  replay: CHORUS_ETCD_DIFF_SEED={seed} CHORUS_ETCD_DIFF_OPS={}",
+                op + 1
+            );
+            return Err(Difference { report });
+        }
+        let failure = match (&left_answer, &right_answer) {
+            (Answer::Failed(why), _) => Some((left.name(), left.log_tail(), why)),
+            (_, Answer::Failed(why)) => Some((right.name(), right.log_tail(), why)),
+            _ => None,
+        };
+        if let Some((name, log, why)) = failure {
+            panic!(
+                "seed {seed}, operation {op}: {name} did not answer {request:?}: {why}\n\
+                 the requests before it: {recent:#?}\nits log:\n{log}"
+            );
+        }
+        *tally.requests.entry(request.kind()).or_default() += 1;
+        *tally.outcomes.entry(left_answer.outcome()).or_default() += 1;
+        workload.observe(&request, &left_answer);
+        recent.push(request);
+        if recent.len() > CONTEXT_OPS {
+            recent.remove(0);
+        }
+    }
+    Ok(tally)
+}
+
+/// The seeds of this run (see the module docs): `default_count` of them
+/// unless the environment says otherwise.
+pub fn seeds(default_count: u64) -> Vec<u64> {
+    let number = |name: &str| {
+        std::env::var(name).ok().map(|value| {
+            value
+                .parse::<u64>()
+                .unwrap_or_else(|_| panic!("{name}={value:?} is not a number"))
+        })
+    };
+    if let Some(seed) = number("CHORUS_ETCD_DIFF_SEED") {
+        return vec![seed];
+    }
+    let first = number("CHORUS_ETCD_DIFF_FIRST_SEED").unwrap_or(1);
+    let count = number("CHORUS_ETCD_DIFF_SEEDS").unwrap_or(default_count);
+    (first..first + count).collect()
+}
+
+/// Operations per seed (see the module docs).
+pub fn ops_per_seed() -> usize {
+    match std::env::var("CHORUS_ETCD_DIFF_OPS") {
+        Ok(value) => value
+            .parse()
+            .unwrap_or_else(|_| panic!("CHORUS_ETCD_DIFF_OPS={value:?} is not a number")),
+        Err(_) => DEFAULT_OPS_PER_SEED,
+    }
+}
+
+/// The outcomes every full seed must reach, so a run that stopped
+/// exercising one (a generator bug) fails rather than passes vacuously.
+pub const EXPECTED_OUTCOMES: &[&str] = &[
+    "txn succeeded",
+    "txn failed",
+    "range with more",
+    "put with prev_kv",
+    "delete of keys",
+    "delete of nothing",
+    "compact",
+    "refused: etcdserver: mvcc: required revision has been compacted",
+    "refused: etcdserver: mvcc: required revision is a future revision",
+    "refused: etcdserver: key is not provided",
+    "refused: etcdserver: duplicate key given in txn request",
+    "refused: etcdserver: too many operations in txn request",
+    "refused: etcdserver: key not found",
+    "refused: etcdserver: value is provided",
+    "refused: etcdserver: requested lease not found",
+];
+
+pub fn check_coverage(seed: u64, ops: usize, tally: &Tally) {
+    eprintln!("seed {seed}: {tally:#?}");
+    if ops < DEFAULT_OPS_PER_SEED {
+        return;
+    }
+    let missing: Vec<_> = EXPECTED_OUTCOMES
+        .iter()
+        .filter(|outcome| !tally.outcomes.contains_key(**outcome))
+        .chain(
+            ["txn with a nested txn"]
+                .iter()
+                .filter(|kind| !tally.requests.contains_key(**kind)),
+        )
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "seed {seed} never reached {missing:?}: the workload lost coverage"
+    );
+}
