@@ -1,12 +1,12 @@
 //! Any input: the first byte picks a key-value record (even: a command or a
 //! raw payload, with or without an idempotency stamp, format 1 or 2, or an
-//! etcd request) or a key-value snapshot (odd, format 1, 2 or 3), the rest
+//! etcd request) or a key-value snapshot (odd, format 1 to 4), the rest
 //! is decoded as one: once
 //! as it is, and once with its trailing CRC32C rewritten to fit (random
 //! bytes almost never carry a valid checksum, which would hide everything
 //! behind it). Decoding never panics, and whatever decodes re-encodes to
-//! exactly the same bytes (both encodings are canonical), except a format-1
-//! or format-2 snapshot, which re-encodes in format 3 to the same state.
+//! exactly the same bytes (both encodings are canonical), except a snapshot
+//! of format 1, 2 or 3, which re-encodes in format 4 to the same state.
 #![no_main]
 
 use chorus::kv::{Command, KvState, Record};
@@ -26,7 +26,7 @@ fn check(command: bool, input: &[u8]) {
         }
     } else if let Ok(state) = KvState::decode_snapshot(input) {
         let encoded = state.encode_snapshot();
-        if input[4] != 3 {
+        if input[4] != 4 {
             let again = KvState::decode_snapshot(&encoded).expect("a re-encoded snapshot decodes");
             assert_eq!(again, state, "re-encoding changed the state");
         } else {

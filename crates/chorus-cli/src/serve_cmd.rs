@@ -198,8 +198,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = limits::DEFAULT_FOLLOW_BUFFER_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
     follow_buffer_bytes: u64,
 
-    /// Applied records kept in memory for watches that resume from an
-    /// index (0: none); a watch from before them is 410 Gone.
+    /// Applied records kept in memory for watches that resume from a
+    /// revision (0: none); a watch from before them is 410 Gone.
     #[arg(long, default_value_t = DEFAULT_HISTORY_RECORDS as u64)]
     history_records: u64,
 

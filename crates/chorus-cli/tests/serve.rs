@@ -129,12 +129,12 @@ impl Deployment {
 
 // ----------------------------------------------------------- clients ----
 
-/// Acknowledged puts: key → (value, index that set it).
+/// Acknowledged puts: key → (value, version: the revision that set it).
 type Acked = BTreeMap<String, (String, u64)>;
 /// [`Acked`], with the time each acknowledged request was sent.
 type TimedAcks = BTreeMap<String, (String, u64, Instant)>;
 
-/// Puts `value` until a `200` acknowledges it and returns its index. A `503`
+/// Puts `value` until a `200` acknowledges it and returns its version. A `503`
 /// is retried (nothing was appended, or an ambiguous write that the retry
 /// supersedes with the same value); anything else fails the test.
 fn put_acked(endpoint: &Endpoint, key: &str, value: &str) -> u64 {
@@ -142,7 +142,7 @@ fn put_acked(endpoint: &Endpoint, key: &str, value: &str) -> u64 {
     loop {
         let reply = endpoint.put(key, value);
         match reply.status {
-            200 => return reply.expect_index(&format!("put {key}")),
+            200 => return reply.expect_revision(&format!("put {key}")),
             503 if Instant::now() < deadline => std::thread::sleep(POLL),
             _ => panic!("{endpoint:?}: put {key}: {} {}", reply.status, reply.text()),
         }
@@ -154,14 +154,18 @@ fn assert_value(reply: &Reply, key: &str, value: &str, version: u64) {
     assert_eq!(reply.status, 200, "{key}: {}", reply.text());
     assert_eq!(reply.text(), value, "{key}");
     assert_eq!(reply.etag(), version, "{key}: ETag");
-    let index: u64 = reply
-        .header("x-chorus-index")
-        .expect("X-Chorus-Index")
+    let revision: u64 = reply
+        .header("x-chorus-revision")
+        .expect("X-Chorus-Revision")
         .parse()
         .unwrap();
     assert!(
-        index > version,
-        "{key}: X-Chorus-Index {index} <= {version}"
+        revision >= version,
+        "{key}: X-Chorus-Revision {revision} < {version}"
+    );
+    assert!(
+        reply.header("x-chorus-index").is_some(),
+        "{key}: X-Chorus-Index"
     );
 }
 
@@ -214,8 +218,8 @@ impl Writers {
                         let sent = Instant::now();
                         match endpoint.try_send(endpoint.put_request(&key, &value)) {
                             Ok(reply) if reply.status == 200 => {
-                                let index = reply.expect_index(&key);
-                                acked.lock().unwrap().insert(key, (value, index, sent));
+                                let version = reply.expect_revision(&key);
+                                acked.lock().unwrap().insert(key, (value, version, sent));
                             }
                             Ok(reply) if reply.status == 503 => {
                                 queue.lock().unwrap().push_back(key);
@@ -263,7 +267,7 @@ impl Writers {
     fn finish(self) -> Acked {
         self.finish_timed()
             .into_iter()
-            .map(|(key, (value, index, _))| (key, (value, index)))
+            .map(|(key, (value, version, _))| (key, (value, version)))
             .collect()
     }
 
@@ -408,14 +412,14 @@ fn sigterm_publishes_a_final_snapshot_releases_the_lease_and_the_restart_replays
     let mut expected = Acked::new();
     for key in keys("key", 100) {
         let value = value_of(&key);
-        let index = first.put_ok(&key, &value);
-        expected.insert(key, (value, index));
+        let version = first.put_ok(&key, &value);
+        expected.insert(key, (value, version));
     }
     // Overwrites and a delete, so the snapshot is not just the first puts.
     for key in keys("key", 10) {
         let value = format!("second value of {key}");
-        let index = first.put_ok(&key, &value);
-        expected.insert(key, (value, index));
+        let version = first.put_ok(&key, &value);
+        expected.insert(key, (value, version));
     }
     let deleted = first.send(first.request(Method::DELETE, "/v1/kv/key/0099"));
     deleted.expect_index("delete key/0099");
@@ -492,8 +496,8 @@ fn standby_takes_over(deployment: &Deployment) {
     let mut acked = Acked::new();
     for key in keys("before", 50) {
         let value = value_of(&key);
-        let index = put_acked(&a, &key, &value);
-        acked.insert(key, (value, index));
+        let version = put_acked(&a, &key, &value);
+        acked.insert(key, (value, version));
     }
     wait_caught_up(&b, &a);
     for (key, (value, version)) in &acked {
@@ -529,8 +533,8 @@ fn standby_takes_over(deployment: &Deployment) {
     let mut after = Acked::new();
     for key in keys("after", 50) {
         let value = value_of(&key);
-        let index = put_acked(&b, &key, &value);
-        after.insert(key, (value, index));
+        let version = put_acked(&b, &key, &value);
+        after.insert(key, (value, version));
     }
     acked.extend(after);
     assert_serves_every_ack(&b, &acked);
@@ -649,8 +653,8 @@ fn a_stopped_primary_never_acknowledges_or_serves_overwritten_values_after_resum
     let mut current = Acked::new();
     for key in &keys {
         let value = format!("b {key}");
-        let index = put_acked(&b, key, &value);
-        current.insert(key.clone(), (value, index));
+        let version = put_acked(&b, key, &value);
+        current.insert(key.clone(), (value, version));
     }
     a.resume();
 
@@ -710,9 +714,9 @@ fn a_stopped_primary_never_acknowledges_or_serves_overwritten_values_after_resum
     let late: Vec<String> = inflight
         .iter()
         .filter(|(_, (_, _, sent))| *sent > frozen)
-        .map(|(key, (_, index, sent))| {
+        .map(|(key, (_, version, sent))| {
             format!(
-                "{key} at {index}, sent {:?} after the freeze",
+                "{key} at version {version}, sent {:?} after the freeze",
                 *sent - frozen
             )
         })
@@ -725,7 +729,7 @@ fn a_stopped_primary_never_acknowledges_or_serves_overwritten_values_after_resum
     // the log B took over.
     let inflight: Acked = inflight
         .into_iter()
-        .map(|(key, (value, index, _))| (key, (value, index)))
+        .map(|(key, (value, version, _))| (key, (value, version)))
         .collect();
     eprintln!("A acknowledged {} writes of the stream", inflight.len());
     assert_lists_exactly(&b, "inflight/", false, &inflight);
@@ -868,7 +872,9 @@ fn a_standby_restored_from_a_snapshot_reads_only_the_log_after_it() {
     assert_eq!(status["last_snapshot_index"], end, "{status}");
     // Its applied index jumps to the snapshot's at once; what its reader has
     // to read shows when the next record arrives.
-    let next = put_acked(&a, "after/the-snapshot", "x");
+    let next = a
+        .put("after/the-snapshot", "x")
+        .expect_index("put after the snapshot");
     b.wait_for_applied(next + 1, WORK_TIMEOUT);
     let reads = fragment_reads(&b) - before;
     eprintln!(

@@ -1,6 +1,7 @@
 //! `chorus serve`'s streams, metrics and configuration through the real
-//! binary: the key watch and the log, as server-sent events resumable by
-//! index (410 below what is retained); `/metrics` carrying the log's, the
+//! binary: the key watch (by store revision) and the log (by index), as
+//! server-sent events resumable where they stopped (410 below what is
+//! retained); `/metrics` carrying the log's, the
 //! runtime's and the HTTP layer's series; `--print-config` redacting secrets.
 
 mod support;
@@ -68,27 +69,36 @@ fn started(dir: &TempDir) -> (Launch, Server) {
 }
 
 #[test]
-fn watch_streams_changes_resumable_by_index_and_is_gone_below_its_history() {
+fn watch_streams_changes_resumable_by_revision_and_is_gone_below_its_history() {
     let dir = TempDir::new().unwrap();
     let (launch, mut server) = started(&dir);
     let endpoint = server.endpoint();
-    assert_eq!(endpoint.put_ok("a/1", "one"), 0);
-    assert_eq!(endpoint.put_ok("a/2", "two"), 1);
-    assert_eq!(endpoint.put_ok("b/1", "elsewhere"), 2);
+    // A raw record first: indices and revisions part (an empty store is at
+    // revision 1, and the raw record moves no revision).
+    let raw = endpoint.send(endpoint.request(Method::POST, "/v1/log").body("raw"));
+    assert_eq!(raw.expect_index("raw append"), 0);
+    assert_eq!(endpoint.put_ok("a/1", "one"), 2);
+    assert_eq!(endpoint.put_ok("a/2", "two"), 3);
+    assert_eq!(endpoint.put_ok("b/1", "elsewhere"), 4);
     let deleted = endpoint.send(endpoint.request(Method::DELETE, "/v1/kv/a/1"));
-    assert_eq!(deleted.expect_index("delete"), 3);
+    assert_eq!(deleted.expect_index("delete"), 4);
+    assert_eq!(deleted.expect_revision("delete"), 5);
 
     let mut events = Events::open(&endpoint, "/v1/kv/watch?prefix=a/&from=0", None);
     let first = events.next();
-    assert_eq!(first.id.as_deref(), Some("0.0"));
+    assert_eq!(first.id.as_deref(), Some("2.0"));
     assert_eq!(first.kind, "put");
     assert_eq!(first.data["key"], "a/1");
     assert_eq!(first.data["value"], "one");
-    assert_eq!(events.next().id.as_deref(), Some("1.0"));
+    assert_eq!(
+        (&first.data["revision"], &first.data["index"]),
+        (&2.into(), &1.into())
+    );
+    assert_eq!(events.next().id.as_deref(), Some("3.0"));
     let delete = events.next();
     assert_eq!(
         (delete.id.as_deref(), delete.kind.as_str()),
-        (Some("3.0"), "delete")
+        (Some("5.0"), "delete")
     );
     assert_eq!(delete.data["key"], "a/1");
     // Changes applied after the stream opened arrive too.
@@ -96,26 +106,33 @@ fn watch_streams_changes_resumable_by_index_and_is_gone_below_its_history() {
     let live = events.next();
     assert_eq!(
         (live.id.as_deref(), &live.data["value"]),
-        (Some("4.0"), &Value::from("three"))
+        (Some("6.0"), &Value::from("three"))
     );
 
-    // Resuming after event 1 with Last-Event-ID skips what was seen.
-    let mut resumed = Events::open(&endpoint, "/v1/kv/watch?prefix=a/", Some("1.0"));
-    assert_eq!(resumed.next().id.as_deref(), Some("3.0"));
-    drop((events, resumed));
+    // Resuming after revision 3 with Last-Event-ID skips what was seen, and
+    // so does starting from revision 4 (b/1's, not under the prefix).
+    let mut resumed = Events::open(&endpoint, "/v1/kv/watch?prefix=a/", Some("3.0"));
+    assert_eq!(resumed.next().id.as_deref(), Some("5.0"));
+    let mut from = Events::open(&endpoint, "/v1/kv/watch?prefix=a/&from=4", None);
+    assert_eq!(from.next().id.as_deref(), Some("5.0"));
+    drop((events, resumed, from));
 
-    // After a restart the history begins at the final snapshot's index:
-    // older indices are gone, and the answer says where to resume.
+    // After a restart the history begins at the final snapshot: older
+    // revisions are gone, and the answer says where to resume, which is
+    // the revision after a list's.
     server.terminate(Duration::from_secs(60));
     let server = launch.start("restarted");
     server.wait_for_role("primary");
     let endpoint = server.endpoint();
     let gone = endpoint.send(endpoint.request(Method::GET, "/v1/kv/watch?from=0"));
     assert_eq!(gone.status, 410, "{}", gone.text());
-    assert_eq!(gone.json()["oldest"], 5);
-    let mut events = Events::open(&endpoint, "/v1/kv/watch?from=5", None);
+    assert_eq!(gone.json()["oldest"], 7);
+    let list = endpoint.send(endpoint.request(Method::GET, "/v1/kv?prefix=a/"));
+    assert_eq!(list.json()["revision"], 6);
+    assert_eq!(list.header("x-chorus-revision"), Some("6"));
+    let mut events = Events::open(&endpoint, "/v1/kv/watch?from=7", None);
     endpoint.put_ok("a/4", "four");
-    assert_eq!(events.next().id.as_deref(), Some("5.0"));
+    assert_eq!(events.next().id.as_deref(), Some("7.0"));
 }
 
 #[test]
@@ -135,13 +152,18 @@ fn a_watch_resumed_inside_a_batch_delivers_the_rest_of_it_exactly_once() {
             .body(batch.to_string()),
     );
     assert_eq!(written.expect_index("batch"), 0);
+    assert_eq!(
+        written.expect_revision("batch"),
+        2,
+        "a batch is one revision"
+    );
 
     // A client that read exactly one event and dropped.
     let mut events = Events::open(&endpoint, "/v1/kv/watch?from=0", None);
     let first = events.next();
     assert_eq!(
         (first.id.as_deref(), &first.data["key"]),
-        (Some("0.0"), &Value::from("w/1"))
+        (Some("2.0"), &Value::from("w/1"))
     );
     drop(events);
 
@@ -156,21 +178,23 @@ fn a_watch_resumed_inside_a_batch_delivers_the_rest_of_it_exactly_once() {
             &second.data["key"],
             &second.data["position"]
         ),
-        (Some("0.1"), &Value::from("w/2"), &Value::from(1))
+        (Some("2.1"), &Value::from("w/2"), &Value::from(1))
     );
     let third = resumed.next();
     assert_eq!(
         (third.id.as_deref(), &third.data["key"]),
-        (Some("0.3"), &Value::from("w/3"))
+        (Some("2.3"), &Value::from("w/3"))
     );
-    // Nothing twice: the next event is the next change.
+    // Nothing twice: the next event is the next change. A delete of an
+    // absent key changes nothing and moves no revision.
     let deleted = endpoint.send(endpoint.request(Method::DELETE, "/v1/kv/w/absent"));
     assert_eq!(deleted.expect_index("delete of an absent key"), 1);
-    endpoint.put_ok("w/4", "four");
+    assert_eq!(deleted.expect_revision("delete of an absent key"), 2);
+    assert_eq!(endpoint.put_ok("w/4", "four"), 3);
     let next = resumed.next();
     assert_eq!(
         (next.id.as_deref(), &next.data["key"]),
-        (Some("2.0"), &Value::from("w/4"))
+        (Some("3.0"), &Value::from("w/4"))
     );
 
     // The largest index has no successor: refused, never wrapped to 0.

@@ -274,10 +274,10 @@ fn a_put_followed_by_a_half_close_is_answered() {
         stream.shutdown(Shutdown::Write).unwrap();
         let answer = read_until_closed(&mut stream);
         assert_eq!(status_of(&answer), 200, "round {round}: {answer:?}");
-        let index = json_of(&answer)["index"].as_u64().expect("an index");
+        let version = json_of(&answer)["revision"].as_u64().expect("a revision");
         let reply = endpoint.get(&format!("half/{round}"));
         assert_eq!(reply.text(), body);
-        assert_eq!(reply.etag(), index);
+        assert_eq!(reply.etag(), version);
     }
     let batch =
         json!({"operations": [{"op": "put", "key": "half/batch", "value": "b"}]}).to_string();

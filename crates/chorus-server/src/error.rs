@@ -176,10 +176,11 @@ impl<E: Into<ApiError>> From<WriteError<E>> for ApiError {
     }
 }
 
-/// 412: a condition on `key` did not hold; `current` is its version (`None`:
-/// absent). `appended` names the index of a record that was appended anyway,
-/// when the conflict was with a write still in flight at the check.
-pub fn condition_failed(key: &[u8], current: Option<u64>, appended: Option<u64>) -> ApiError {
+/// 412: a condition on `key` did not hold; `current` is its version, its
+/// `mod_revision` (`None`: absent). `appended` names the index of a record
+/// that was appended anyway, when the conflict was with a write still in
+/// flight at the check.
+pub fn condition_failed(key: &[u8], current: Option<i64>, appended: Option<u64>) -> ApiError {
     let mut error = ApiError::new(StatusCode::PRECONDITION_FAILED, "condition failed");
     for (name, value) in crate::encoding::text_or_base64("key", key) {
         error = error.with(&name, value);

@@ -18,7 +18,7 @@ use chorus::ids::RecordIndex;
 use chorus::kv::idempotency::{Lookup, RequestDigest};
 use chorus::kv::{
     Applied, Body, Command, Condition, Entry, IdempotencyKey, KvState, Operation, Outcome, Record,
-    Stamp,
+    Revision, Stamp,
 };
 use chorus::runtime::WriteError;
 use serde::Deserialize;
@@ -28,7 +28,7 @@ use crate::deadline::admitting;
 use crate::encoding::{Utf8Query, cursor, field_bytes, insert_bytes, parse_cursor, prefix_bytes};
 use crate::error::{ApiError, condition_failed, key_reused};
 use crate::limits::{held_body, page_has_room};
-use crate::{AppState, INDEX_HEADER, body_bytes};
+use crate::{AppState, INDEX_HEADER, REVISION_HEADER, body_bytes};
 
 /// The request header that makes a write exactly-once.
 pub const IDEMPOTENCY_KEY_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
@@ -78,7 +78,10 @@ pub struct ListQuery {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Refused {
     /// A condition fails against the applied state (a write without a key).
-    Condition { key: Bytes, current: Option<u64> },
+    Condition {
+        key: Bytes,
+        current: Option<Revision>,
+    },
     /// The key is remembered for this request: answer its outcome again.
     Replay {
         original: RecordIndex,
@@ -155,10 +158,7 @@ fn admit(
     };
     match state.check(command) {
         Ok(()) => Ok(()),
-        Err(Applied::ConditionFailed { key, current }) => Err(Refused::Condition {
-            key,
-            current: current.map(|version| version.0),
-        }),
+        Err(Applied::ConditionFailed { key, current }) => Err(Refused::Condition { key, current }),
         Err(other) => unreachable!("check reports only conditions, found {other:?}"),
     }
 }
@@ -175,7 +175,7 @@ fn answer(
         replayed: false,
     };
     match output {
-        Applied::Done { .. } => Ok(fresh(Outcome::Done)),
+        Applied::Done { revision, .. } => Ok(fresh(Outcome::Done { revision })),
         Applied::ConditionFailed { key, current } => {
             Ok(fresh(Outcome::ConditionFailed { key, current }))
         }
@@ -270,23 +270,24 @@ pub async fn delete(
     write(&app, command, idempotency).await
 }
 
-/// `GET /v1/kv/{key}`: the raw value, its version as `ETag`.
+/// `GET /v1/kv/{key}`: the raw value, its version (`mod_revision`) as `ETag`.
 pub async fn get(
     State(app): State<Arc<AppState>>,
     Path(key): Path<String>,
     Query(query): Query<ReadQuery>,
 ) -> Result<Response, ApiError> {
     let key = path_key(key)?;
-    let (entry, applied) = read(&app, query.consistency, |state| {
-        state.get(key.as_bytes()).cloned()
+    let ((entry, revision), applied) = read(&app, query.consistency, |state| {
+        (state.get(key.as_bytes()).cloned(), state.revision())
     })?;
     let Some(entry) = entry else {
         return Err(ApiError::not_found("no such key").with("key", key));
     };
     let mut response = entry.value.into_response();
     let headers = response.headers_mut();
-    headers.insert(header::ETAG, etag(entry.index));
+    headers.insert(header::ETAG, etag(entry.mod_revision));
     headers.insert(INDEX_HEADER, HeaderValue::from(applied.0));
+    headers.insert(REVISION_HEADER, HeaderValue::from(revision));
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
@@ -333,9 +334,11 @@ pub async fn list(
     let (copied, applied) = read(&app, query.consistency, |state| {
         copy_page(state, &prefix, after.as_deref(), limit, max_bytes)
     })?;
+    let revision = copied.revision;
     let body = render_list(copied, applied, max_bytes);
     let headers = [
         (INDEX_HEADER, HeaderValue::from(applied.0)),
+        (REVISION_HEADER, HeaderValue::from(revision)),
         (
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
@@ -351,6 +354,8 @@ pub async fn list(
 struct CopiedPage {
     entries: Vec<(Bytes, Entry)>,
     more: bool,
+    /// The store revision the page reflects.
+    revision: Revision,
 }
 
 /// Copies up to `limit` entries of the page, stopping once their raw bytes
@@ -371,15 +376,21 @@ fn copy_page(
             return CopiedPage {
                 entries,
                 more: true,
+                revision: state.revision(),
             };
         }
         raw_bytes += key.len() + entry.value.len();
         entries.push(((*key).clone(), (*entry).clone()));
     }
-    CopiedPage { entries, more }
+    CopiedPage {
+        entries,
+        more,
+        revision: state.revision(),
+    }
 }
 
-/// A list page's JSON, `{"items": [...], "next": cursor, "index": N}`,
+/// A list page's JSON, `{"items": [...], "next": cursor, "index": N,
+/// "revision": R}`,
 /// rendered item by item until it reaches `max_bytes` (the first item
 /// always goes in); `next` names the last item rendered when more follow.
 fn render_list(page: CopiedPage, applied: RecordIndex, max_bytes: usize) -> Vec<u8> {
@@ -400,17 +411,23 @@ fn render_list(page: CopiedPage, applied: RecordIndex, max_bytes: usize) -> Vec<
     let next = more
         .then(|| page.entries[..rendered].last().map(|(key, _)| cursor(key)))
         .flatten();
-    let end = format!(r#"],"next":{},"index":{}}}"#, json!(next), applied.0);
+    let end = format!(
+        r#"],"next":{},"index":{},"revision":{}}}"#,
+        json!(next),
+        applied.0,
+        page.revision
+    );
     body.extend_from_slice(end.as_bytes());
     body
 }
 
-/// One item of a list page: `{"key", "value", "version"}`.
+/// One item of a list page: `{"key", "value", "version"}`, the version
+/// being the key's `mod_revision`.
 fn list_item(key: &[u8], entry: &Entry) -> Value {
     let mut item = Map::new();
     insert_bytes(&mut item, "key", key);
     insert_bytes(&mut item, "value", &entry.value);
-    item.insert("version".into(), entry.index.0.into());
+    item.insert("version".into(), entry.mod_revision.into());
     Value::Object(item)
 }
 
@@ -423,8 +440,8 @@ pub struct BatchOperation {
     key_b64: Option<String>,
     value: Option<String>,
     value_b64: Option<String>,
-    /// Applies only if the key is at this version.
-    if_version: Option<u64>,
+    /// Applies only if the key exists at this version (`mod_revision`).
+    if_version: Option<Revision>,
     /// Applies only if the key does not exist.
     #[serde(default)]
     if_absent: bool,
@@ -476,7 +493,12 @@ fn batch_operation(operation: BatchOperation) -> Result<Operation, ApiError> {
                 "give if_version or if_absent, not both",
             ));
         }
-        (Some(version), false) => Condition::Version(RecordIndex(version)),
+        (Some(version), false) if version < 0 => {
+            return Err(ApiError::bad_request(format!(
+                "if_version: {version} is not a version (versions are revisions, 1 or more)"
+            )));
+        }
+        (Some(version), false) => Condition::ModRevision(version),
         (None, true) => Condition::Absent,
         (None, false) => Condition::None,
     };
@@ -494,7 +516,7 @@ fn batch_operation(operation: BatchOperation) -> Result<Operation, ApiError> {
 }
 
 /// Appends `command` (see [`admit`] for when) and answers once it is
-/// applied: `200` with its index, or `412` for a condition that failed at
+/// applied: `200` with its index and revision, or `412` for a condition that failed at
 /// the record (with a key, or when a write still in flight at the check
 /// broke it) carrying the index of the (no-op) record. A replay answers the
 /// same, with `Idempotent-Replayed: true`.
@@ -505,13 +527,10 @@ async fn write(
 ) -> Result<Response, ApiError> {
     let answered = submit(app, Body::Command(command), key).await?;
     let mut response = match answered.outcome {
-        Outcome::Done => written(answered.index.0),
-        Outcome::ConditionFailed { key, current } => condition_failed(
-            &key,
-            current.map(|version| version.0),
-            Some(answered.index.0),
-        )
-        .into_response(),
+        Outcome::Done { revision } => written(answered.index, revision),
+        Outcome::ConditionFailed { key, current } => {
+            condition_failed(&key, current, Some(answered.index.0)).into_response()
+        }
     };
     if answered.replayed {
         mark_replayed(&mut response);
@@ -547,9 +566,7 @@ fn condition(headers: &HeaderMap) -> Result<Condition, ApiError> {
         (Some(_), Some(_)) => Err(ApiError::bad_request(
             "give If-Match or If-None-Match, not both",
         )),
-        (Some(value), None) => {
-            parse_etag(value).map(|version| Condition::Version(RecordIndex(version)))
-        }
+        (Some(value), None) => parse_etag(value).map(Condition::ModRevision),
         (None, Some(value)) if value.as_bytes() == b"*" => Ok(Condition::Absent),
         (None, Some(_)) => Err(ApiError::bad_request("If-None-Match: only * is supported")),
         (None, None) => Ok(Condition::None),
@@ -571,29 +588,34 @@ fn single_header(
     Ok(first)
 }
 
-/// A version as an entity tag: `"N"`.
-fn etag(version: RecordIndex) -> HeaderValue {
-    HeaderValue::from_str(&format!("\"{}\"", version.0))
-        .expect("digits and quotes are a valid header")
+/// A version (a `mod_revision`) as an entity tag: `"N"`.
+fn etag(version: Revision) -> HeaderValue {
+    HeaderValue::from_str(&format!("\"{version}\"")).expect("digits and quotes are a valid header")
 }
 
-fn parse_etag(value: &HeaderValue) -> Result<u64, ApiError> {
+/// The version of `If-Match: "N"`: decimal digits, at most `i64::MAX`.
+fn parse_etag(value: &HeaderValue) -> Result<Revision, ApiError> {
     let malformed = || ApiError::bad_request("If-Match: expected a version as \"N\"");
     let text = value.to_str().map_err(|_| malformed())?.trim();
     let digits = text
         .strip_prefix('"')
         .and_then(|rest| rest.strip_suffix('"'))
+        .filter(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
         .ok_or_else(malformed)?;
     digits.parse().map_err(|_| malformed())
 }
 
-/// `{"index": N}` with the new version as `ETag` and `X-Chorus-Index`.
-fn written(index: u64) -> Response {
+/// `{"index": N, "revision": R}`: the record's index (and the next one as
+/// `X-Chorus-Index`) and the store revision after it, which is the
+/// written key's new version (`ETag`, `X-Chorus-Revision`).
+fn written(index: RecordIndex, revision: Revision) -> Response {
     let headers = [
-        (header::ETAG, etag(RecordIndex(index))),
-        (INDEX_HEADER, HeaderValue::from(index + 1)),
+        (header::ETAG, etag(revision)),
+        (INDEX_HEADER, HeaderValue::from(index.0 + 1)),
+        (REVISION_HEADER, HeaderValue::from(revision)),
     ];
-    (headers, Json(json!({ "index": index }))).into_response()
+    let body = json!({ "index": index.0, "revision": revision });
+    (headers, Json(body)).into_response()
 }
 
 #[cfg(test)]
@@ -617,7 +639,7 @@ mod tests {
         assert_eq!(condition(&headers(&[])).unwrap(), Condition::None);
         assert_eq!(
             condition(&headers(&[("if-match", "\"7\"")])).unwrap(),
-            Condition::Version(RecordIndex(7))
+            Condition::ModRevision(7)
         );
         assert_eq!(
             condition(&headers(&[("if-none-match", "*")])).unwrap(),
@@ -629,6 +651,9 @@ mod tests {
             vec![("if-none-match", "\"3\"")],
             vec![("if-match", "\"1\""), ("if-none-match", "*")],
             vec![("if-match", "\"1\", \"2\"")],
+            vec![("if-match", "\"-1\"")],
+            vec![("if-match", "\"+1\"")],
+            vec![("if-match", "\"9223372036854775808\"")],
         ] {
             let error = condition(&headers(&bad)).unwrap_err();
             assert_eq!(error.status, StatusCode::BAD_REQUEST, "{bad:?}");
@@ -723,7 +748,7 @@ mod tests {
             admit(&state, &first, Some((&key, &digest(&first)))),
             Err(Refused::Replay {
                 original: RecordIndex(0),
-                outcome: Outcome::Done
+                outcome: Outcome::Done { revision: 2 }
             })
         );
         // Another request with the key: refused.
@@ -741,7 +766,7 @@ mod tests {
             admit(&state, &create, None),
             Err(Refused::Condition {
                 key: Bytes::from_static(b"a"),
-                current: Some(0)
+                current: Some(2)
             })
         );
         assert_eq!(
@@ -765,9 +790,13 @@ mod tests {
             outcome,
             replayed: false,
         };
-        assert_eq!(answer(at, Applied::done(), None), Ok(fresh(Outcome::Done)));
-        let unchanged = Applied::Done { unchanged: vec![0] };
-        assert_eq!(answer(at, unchanged, None), Ok(fresh(Outcome::Done)));
+        let done = Outcome::Done { revision: 5 };
+        assert_eq!(answer(at, Applied::done(5), None), Ok(fresh(done.clone())));
+        let unchanged = Applied::Done {
+            unchanged: vec![0],
+            revision: 5,
+        };
+        assert_eq!(answer(at, unchanged, None), Ok(fresh(done)));
         let failed = Outcome::ConditionFailed {
             key: Bytes::from_static(b"a"),
             current: None,
@@ -851,6 +880,9 @@ mod tests {
         );
         assert_eq!(page["next"], cursor(b"k02"));
         assert_eq!(page["index"], 7);
+        // Versions and the page's revision are revisions, not indices.
+        assert_eq!(page["revision"], 11);
+        assert_eq!(page["items"][0]["version"], 2);
         assert!(
             bytes < 10_000 + 4100,
             "over the budget by less than an item"
@@ -878,7 +910,10 @@ mod tests {
         let (page, _) = list_page(&state, None, 1000, 1);
         assert_eq!(keys(&page), ["k00"], "one item always fits");
         let (page, _) = list_page(&state, Some(&cursor(b"k09")), 1000, 1);
-        assert_eq!(page, json!({"items": [], "next": null, "index": 7}));
+        assert_eq!(
+            page,
+            json!({"items": [], "next": null, "index": 7, "revision": 11})
+        );
     }
 
     #[test]
@@ -904,7 +939,7 @@ mod tests {
             Operation::Put {
                 key: Bytes::from_static(b"a"),
                 value: Bytes::from_static(b"1"),
-                condition: Condition::Version(RecordIndex(4)),
+                condition: Condition::ModRevision(4),
             }
         );
         assert_eq!(
@@ -919,6 +954,7 @@ mod tests {
             json!({"op": "delete", "key": "a", "value": "1"}),
             json!({"op": "put", "value": "1"}),
             json!({"op": "put", "key": "a", "value": "1", "if_version": 1, "if_absent": true}),
+            json!({"op": "put", "key": "a", "value": "1", "if_version": -1}),
         ] {
             assert_eq!(
                 parse(bad.clone()).unwrap_err().status,

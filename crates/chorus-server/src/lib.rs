@@ -42,6 +42,8 @@ use error::ApiError;
 
 /// The header naming the index an answer reflects.
 pub const INDEX_HEADER: HeaderName = HeaderName::from_static("x-chorus-index");
+/// The header naming the store revision an answer reflects.
+pub const REVISION_HEADER: HeaderName = HeaderName::from_static("x-chorus-revision");
 
 /// How the service treats requests.
 #[derive(Debug, Clone)]

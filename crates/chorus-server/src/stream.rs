@@ -1,8 +1,9 @@
-//! Streams resumable by index: `GET /v1/kv/watch` (changes to keys, from the
-//! runtime's in-memory history; event id `<index>.<position>`, the record
-//! index and the operation's position in it) and `GET /v1/log` (committed
-//! records, read from the log's replicas; event id = the record index), both
-//! as server-sent events; and `POST /v1/log` to append a raw record.
+//! Resumable streams: `GET /v1/kv/watch` (changes to keys, from the
+//! runtime's in-memory history; event id `<revision>.<position>`, the store
+//! revision the change was written at and the operation's position in its
+//! record) and `GET /v1/log` (committed records, read from the log's
+//! replicas; event id = the record index), both as server-sent events; and
+//! `POST /v1/log` to append a raw record.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -19,9 +20,9 @@ use bytes::Bytes;
 use chorus::ids::RecordIndex;
 use chorus::kv::{
     Applied, Body, Command, IdempotencyKey, KvState, MAX_BATCH_OPERATIONS, Operation, Outcome,
-    Record,
+    Record, Revision,
 };
-use chorus::runtime::{Change, HistoryGap, LogReader};
+use chorus::runtime::{Change, LogReader, RevisionGap};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -51,16 +52,17 @@ pub const MAX_LOG_LIMIT: usize = 10_000;
 pub struct WatchQuery {
     prefix: Option<String>,
     prefix_b64: Option<String>,
-    /// First index to report (inclusive); default: the next one applied.
+    /// First store revision to report (inclusive); default: the next one
+    /// written.
     from: Option<u64>,
 }
 
 /// `GET /v1/kv/watch?prefix=&from=`: every applied put and delete of a key
-/// under `prefix`, from index `from` on. A client resumes with
-/// `Last-Event-ID` = the last event's id, which continues right after that
-/// event even in the middle of a batch (or with `from` = a record index); an
-/// index the history no longer holds is `410 Gone`: re-list, then watch
-/// from the list's index.
+/// under `prefix` written through this API, from store revision `from` on.
+/// A client resumes with `Last-Event-ID` = the last event's id, which
+/// continues right after that event even in the middle of a batch (or with
+/// `from` = a revision); a revision the history no longer holds is `410
+/// Gone`: re-list, then watch from the list's revision + 1.
 pub async fn watch(
     State(app): State<Arc<AppState>>,
     Utf8Query(query): Utf8Query<WatchQuery>,
@@ -69,10 +71,12 @@ pub async fn watch(
     let prefix = prefix_bytes(query.prefix, query.prefix_b64)?;
     let resume = resume_watch(query.from, &headers)?;
     let from = match resume {
-        Some(resume) => resume.index,
-        None => *app.runtime.applied().borrow(),
+        Some(resume) => resume.revision,
+        None => app.runtime.read_stale(|state| state.revision()).0 as u64 + 1,
     };
-    app.runtime.changes_since(from, 0).map_err(gone)?;
+    app.runtime
+        .changes_from_revision(from, 0, 0)
+        .map_err(gone)?;
     let place = app.permits.stream()?;
     let watcher = Watcher {
         app: Arc::clone(&app),
@@ -95,10 +99,11 @@ pub async fn watch(
 struct Watcher {
     app: Arc<AppState>,
     prefix: Bytes,
-    next: RecordIndex,
-    /// Events a resumed client already has: in record `.0`, the operations
-    /// up to position `.1`.
-    seen: Option<(RecordIndex, usize)>,
+    /// The next revision to report.
+    next: u64,
+    /// Events a resumed client already has: at revision `.0`, the
+    /// operations up to position `.1`.
+    seen: Option<(u64, usize)>,
     ready: VecDeque<Event>,
     applied: watch::Receiver<RecordIndex>,
     shutdown: watch::Receiver<bool>,
@@ -123,11 +128,12 @@ impl Watcher {
                     }
                 }
                 Ok(changes) => {
-                    self.next = RecordIndex(changes.last().expect("non-empty").index.0 + 1);
+                    // Records after the last at its revision changed nothing.
+                    self.next = changes.last().expect("non-empty").revision + 1;
                     for change in &changes {
                         let seen = self
                             .seen
-                            .filter(|(index, _)| *index == change.index)
+                            .filter(|(revision, _)| *revision == change.revision)
                             .map(|(_, position)| position);
                         self.ready.extend(change_events(change, &self.prefix, seen));
                     }
@@ -135,7 +141,7 @@ impl Watcher {
                 }
                 Err(gap) => {
                     self.ended = true;
-                    let body = json!({"error": gap.to_string(), "oldest": gap.oldest.0});
+                    let body = json!({"error": gap.to_string(), "oldest": gap.oldest});
                     return Some(Event::default().event("error").data(body.to_string()));
                 }
             }
@@ -146,17 +152,22 @@ impl Watcher {
 impl Watcher {
     /// The next round's changes, within [`WATCH_BATCH`] and
     /// [`WATCH_BATCH_BYTES`].
-    fn batch(&self) -> Result<Vec<Change<Applied>>, HistoryGap> {
+    fn batch(&self) -> Result<Vec<Change<Applied>>, RevisionGap> {
         let runtime = &self.app.runtime;
-        runtime.changes_within(self.next, WATCH_BATCH, WATCH_BATCH_BYTES)
+        runtime.changes_from_revision(self.next, WATCH_BATCH, WATCH_BATCH_BYTES)
     }
 }
 
 /// The events of one applied record: its puts and deletes under `prefix`,
 /// after position `seen` if given (a client resumed there). An operation
-/// that changed nothing (a delete of an absent key) is no event.
+/// that changed nothing (a delete of an absent key) is no event, so every
+/// event's revision is the one its record wrote.
 fn change_events(change: &Change<Applied>, prefix: &[u8], seen: Option<usize>) -> Vec<Event> {
-    let Applied::Done { unchanged } = &change.output else {
+    let Applied::Done {
+        unchanged,
+        revision,
+    } = &change.output
+    else {
         return Vec::new();
     };
     let Ok(command) = Command::decode(&change.record) else {
@@ -173,6 +184,7 @@ fn change_events(change: &Change<Applied>, prefix: &[u8], seen: Option<usize>) -
         })
         .map(|(position, operation)| {
             let mut body = Map::new();
+            body.insert("revision".into(), (*revision).into());
             body.insert("index".into(), change.index.0.into());
             body.insert("position".into(), position.into());
             let kind = match operation {
@@ -188,7 +200,7 @@ fn change_events(change: &Change<Applied>, prefix: &[u8], seen: Option<usize>) -
             };
             body.insert("op".into(), kind.into());
             Event::default()
-                .id(WatchResume::event_id(change.index, position))
+                .id(WatchResume::event_id(*revision, position))
                 .event(kind)
                 .data(Value::Object(body).to_string())
         })
@@ -388,7 +400,7 @@ pub async fn append_log(
     refuse_machine_record(&record)?;
     if let Some(key) = key {
         let answered = kv::submit(&app, Body::Raw(record), Some(key)).await?;
-        if answered.outcome != Outcome::Done {
+        if !matches!(answered.outcome, Outcome::Done { .. }) {
             let message = format!("a raw append answered {:?}", answered.outcome);
             return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message));
         }
@@ -464,12 +476,12 @@ fn stamped(record: &[u8]) -> Option<(IdempotencyKey, Option<Bytes>)> {
     Some((decoded.stamp?.key, payload))
 }
 
-fn gone(gap: HistoryGap) -> ApiError {
+fn gone(gap: RevisionGap) -> ApiError {
     ApiError::new(
         StatusCode::GONE,
-        format!("{gap}: re-list, then watch from the list's index"),
+        format!("{gap}: re-list, then watch from the list's revision + 1"),
     )
-    .with("oldest", gap.oldest.0)
+    .with("oldest", gap.oldest)
 }
 
 /// Where a log stream starts: `from`, else the record after `Last-Event-ID`,
@@ -497,42 +509,48 @@ fn next_index(last: u64) -> Result<RecordIndex, ApiError> {
     })
 }
 
-/// Where a watch resumes: at record `index`, after the operation at
-/// `after_position` in it when given.
+/// Where a watch resumes: at store revision `revision`, after the
+/// operation at `after_position` in it when given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct WatchResume {
-    index: RecordIndex,
+    revision: u64,
     after_position: Option<usize>,
 }
 
 impl WatchResume {
-    /// A watch event's id: `<index>.<position>`.
-    fn event_id(index: RecordIndex, position: usize) -> String {
-        format!("{index}.{position}")
+    /// A watch event's id: `<revision>.<position>`.
+    fn event_id(revision: Revision, position: usize) -> String {
+        format!("{revision}.{position}")
     }
 
-    /// What a client that resumes here already has: `(record, position)`.
-    fn seen(self) -> Option<(RecordIndex, usize)> {
-        self.after_position.map(|position| (self.index, position))
+    /// What a client that resumes here already has: `(revision, position)`.
+    fn seen(self) -> Option<(u64, usize)> {
+        self.after_position
+            .map(|position| (self.revision, position))
     }
 
-    /// Parses a `Last-Event-ID`: a watch event id `<index>.<position>`
-    /// continues after that operation; a bare index (a log event, or a
-    /// watch event id before positions existed) continues at the next record.
+    /// Parses a `Last-Event-ID`: a watch event id `<revision>.<position>`
+    /// continues after that operation; a bare revision continues at the
+    /// next one.
     fn after_event(text: &str) -> Result<WatchResume, ApiError> {
         let malformed = || {
             ApiError::bad_request(format!(
-                "Last-Event-ID: expected <index>.<position> or <index>: found={text:?}"
+                "Last-Event-ID: expected <revision>.<position> or <revision>: found={text:?}"
             ))
         };
-        let (index, position) = match text.trim().split_once('.') {
-            Some((index, position)) => (index, Some(position)),
+        let (revision, position) = match text.trim().split_once('.') {
+            Some((revision, position)) => (revision, Some(position)),
             None => (text.trim(), None),
         };
-        let index: u64 = parse_digits(index).ok_or_else(malformed)?;
+        let revision: u64 = parse_digits(revision).ok_or_else(malformed)?;
         let Some(position) = position else {
+            let next = revision.checked_add(1).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "Last-Event-ID: no revision follows revision={revision}"
+                ))
+            })?;
             return Ok(WatchResume {
-                index: next_index(index)?,
+                revision: next,
                 after_position: None,
             });
         };
@@ -544,7 +562,7 @@ impl WatchResume {
             )));
         }
         Ok(WatchResume {
-            index: RecordIndex(index),
+            revision,
             after_position: Some(position),
         })
     }
@@ -558,12 +576,12 @@ fn parse_digits<T: std::str::FromStr>(text: &str) -> Option<T> {
     text.parse().ok()
 }
 
-/// Where a watch starts: `from` (a record index), else right after the
-/// event `Last-Event-ID` names, else `None` (the next change).
+/// Where a watch starts: `from` (a revision), else right after the event
+/// `Last-Event-ID` names, else `None` (the next change).
 fn resume_watch(from: Option<u64>, headers: &HeaderMap) -> Result<Option<WatchResume>, ApiError> {
     if let Some(from) = from {
         return Ok(Some(WatchResume {
-            index: RecordIndex(from),
+            revision: from,
             after_position: None,
         }));
     }
@@ -592,9 +610,9 @@ mod tests {
         headers
     }
 
-    fn resume(index: u64, after_position: Option<usize>) -> Option<WatchResume> {
+    fn resume(revision: u64, after_position: Option<usize>) -> Option<WatchResume> {
         Some(WatchResume {
-            index: RecordIndex(index),
+            revision,
             after_position,
         })
     }
@@ -604,7 +622,7 @@ mod tests {
         let resumed = |value: &str| resume_watch(None, &last_event_id(value));
         assert_eq!(resumed("7.0").unwrap(), resume(7, Some(0)));
         assert_eq!(resumed(" 7.1023 ").unwrap(), resume(7, Some(1023)));
-        // A bare index: every event of that record was delivered.
+        // A bare revision: every event of it was delivered.
         assert_eq!(resumed("7").unwrap(), resume(8, None));
         // `from` names a record and wins over the header.
         assert_eq!(
@@ -612,11 +630,7 @@ mod tests {
             resume(3, None)
         );
         assert_eq!(resume_watch(None, &HeaderMap::new()).unwrap(), None);
-        assert_eq!(
-            WatchResume::event_id(RecordIndex(7), 2),
-            "7.2",
-            "the id a resume parses"
-        );
+        assert_eq!(WatchResume::event_id(7, 2), "7.2", "the id a resume parses");
         for bad in [
             "",
             "x",
@@ -634,7 +648,7 @@ mod tests {
             let error = resumed(bad).unwrap_err();
             assert_eq!(error.status, StatusCode::BAD_REQUEST, "{bad:?}");
         }
-        // The last record index itself, as a watch id, is a position in it.
+        // The last revision itself, as a watch id, is a position in it.
         assert_eq!(
             resumed("18446744073709551615.0").unwrap(),
             resume(u64::MAX, Some(0))

@@ -77,12 +77,12 @@ async fn a_retry_is_answered_the_original_outcome_and_appends_nothing() {
     let key = [("idempotency-key", "put-1")];
     let first = send(&app, "PUT", "/v1/kv/a", &key, "1").await;
     assert_eq!((first.status, first.replayed), (StatusCode::OK, false));
-    assert_eq!(first.body, json!({"index": 0}));
+    assert_eq!(first.body, json!({"index": 0, "revision": 2}));
     send(&app, "PUT", "/v1/kv/a", &[], "2").await;
     let end = applied(&app);
     let retry = send(&app, "PUT", "/v1/kv/a", &key, "1").await;
     assert_eq!((retry.status, retry.replayed), (StatusCode::OK, true));
-    assert_eq!(retry.body, json!({"index": 0}));
+    assert_eq!(retry.body, json!({"index": 0, "revision": 2}));
     assert_eq!(applied(&app), end, "the retry appended a record");
     let (value, _) = app.runtime.read_stale(|state| state.get(b"a").cloned());
     assert_eq!(value.unwrap().value, "2", "the retry applied again");
@@ -132,7 +132,8 @@ async fn a_failed_condition_with_a_key_is_remembered_as_the_same_412() {
     let headers = [("idempotency-key", "cas-1"), ("if-match", "\"7\"")];
     let first = send(&app, "PUT", "/v1/kv/a", &headers, "2").await;
     assert_eq!(first.status, StatusCode::PRECONDITION_FAILED, "{first:?}");
-    assert_eq!(first.body["current_version"], 0);
+    // Versions are revisions: a was set at revision 2 (by record 0).
+    assert_eq!(first.body["current_version"], 2);
     assert_eq!(
         first.body["index"], 1,
         "appended so that the outcome is remembered"
@@ -197,10 +198,11 @@ async fn concurrent_twins_with_one_key_apply_once() {
         let (entry, _) = app
             .runtime
             .read_stale(|state| state.get(name.as_bytes()).cloned());
+        let entry = entry.unwrap();
+        assert_eq!(entry.index.0, index, "round {round}: applied twice");
         assert_eq!(
-            entry.unwrap().index.0,
-            index,
-            "round {round}: applied twice"
+            a.body["revision"], entry.mod_revision,
+            "round {round}: the answer's revision is the key's version"
         );
     }
 }

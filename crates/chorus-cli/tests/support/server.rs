@@ -529,9 +529,10 @@ impl Endpoint {
             .body(value.to_owned())
     }
 
-    /// Puts and expects `200 {"index": N}`; returns N.
+    /// Puts and expects `200 {"index": N, "revision": R}`; returns R, the
+    /// key's new version.
     pub fn put_ok(&self, key: &str, value: &str) -> u64 {
-        self.put(key, value).expect_index(&format!("put {key}"))
+        self.put(key, value).expect_revision(&format!("put {key}"))
     }
 
     /// `GET /v1/kv/{key}` (strong).
@@ -632,6 +633,22 @@ impl Reply {
         self.json()["index"]
             .as_u64()
             .unwrap_or_else(|| panic!("{what}: no index in {}", self.text()))
+    }
+
+    /// Expects `200 {"index": N, "revision": R}` of a key-value write, with R
+    /// in the `ETag` and `X-Chorus-Revision` too, and returns R.
+    pub fn expect_revision(&self, what: &str) -> u64 {
+        assert_eq!(self.status, 200, "{what}: {}", self.text());
+        let revision = self.json()["revision"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{what}: no revision in {}", self.text()));
+        assert_eq!(self.etag(), revision, "{what}: ETag");
+        assert_eq!(
+            self.header("x-chorus-revision"),
+            Some(revision.to_string().as_str()),
+            "{what}: X-Chorus-Revision"
+        );
+        revision
     }
 
     /// Whether this is a 503 whose body says the write may have committed.

@@ -179,7 +179,7 @@ impl RuntimePhase<'_> {
                 WriteKind::Keyed { key, .. },
                 Applied::Duplicate {
                     original,
-                    outcome: Outcome::Done,
+                    outcome: Outcome::Done { .. },
                 },
             ) if original.0 < index => {
                 self.stats.keyed_duplicates += 1;
@@ -203,7 +203,7 @@ impl RuntimePhase<'_> {
             WriteKind::Keyed { key, .. },
             Applied::Duplicate {
                 original,
-                outcome: Outcome::Done,
+                outcome: Outcome::Done { .. },
             },
         ) = (&write.kind, &refused)
         {
@@ -369,6 +369,7 @@ impl RuntimePhase<'_> {
                 Ok(changes) => {
                     for change in &changes {
                         self.on_applied(node, change.index.0, &change.record, &change.output)?;
+                        self.revisions.on_applied(node, change)?;
                     }
                     if let Some(last) = changes.last() {
                         process.seen = RecordIndex(last.index.0 + 1);
@@ -411,7 +412,7 @@ impl RuntimePhase<'_> {
             Applied::Done { .. } => self.note_keyed_first(key, index, &what),
             Applied::Duplicate {
                 original,
-                outcome: Outcome::Done,
+                outcome: Outcome::Done { .. },
             } if original.0 < index => self.note_keyed_first(key, original.0, &what),
             _ => Err(format!(
                 "exactly-once: n{node} applied the record at index {index} with idempotency key \

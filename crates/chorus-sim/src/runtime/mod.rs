@@ -110,6 +110,7 @@ use workload::{WriteEnd, WriteKind, prepare};
 mod check;
 mod fencing;
 mod liveness;
+mod revisions;
 #[cfg(test)]
 mod tests;
 mod workload;
@@ -403,6 +404,8 @@ pub struct RuntimePhase<'a> {
     acked: BTreeMap<u64, Bytes>,
     /// Applied records by index (R1).
     applied: BTreeMap<u64, Bytes>,
+    /// The revision after each applied record (R10).
+    revisions: revisions::Revisions,
     reigns: Vec<Reign>,
     last_head_write: Option<Head>,
     /// The HEAD payload last checked by R6.
@@ -449,6 +452,7 @@ impl<'a> RuntimePhase<'a> {
             ambiguous_increments: 0,
             acked: BTreeMap::new(),
             applied: BTreeMap::new(),
+            revisions: Default::default(),
             reigns: Vec::new(),
             last_head_write: None,
             checked_payload: None,

@@ -75,7 +75,7 @@ async fn a_state_holding_a_put_that_never_committed_is_caught() {
         .check_state(&state_with(&[(0, &a)]), 1, "state")
         .unwrap_err();
     assert!(error.contains("failed without committing"), "{error}");
-    let error = phase.on_applied(0, 0, &a, &Applied::done()).unwrap_err();
+    let error = phase.on_applied(0, 0, &a, &Applied::done(2)).unwrap_err();
     assert!(error.contains("failed"), "{error}");
 }
 
@@ -85,17 +85,17 @@ async fn processes_that_apply_different_records_at_one_index_are_caught() {
     let mut phase = phase(&mut trace).await;
     let a = put_record(&mut phase, "a", "1");
     let b = put_record(&mut phase, "b", "2");
-    phase.on_applied(0, 0, &a, &Applied::done()).unwrap();
-    phase.on_applied(1, 0, &a, &Applied::done()).unwrap();
-    let error = phase.on_applied(1, 0, &b, &Applied::done()).unwrap_err();
+    phase.on_applied(0, 0, &a, &Applied::done(2)).unwrap();
+    phase.on_applied(1, 0, &a, &Applied::done(2)).unwrap();
+    let error = phase.on_applied(1, 0, &b, &Applied::done(2)).unwrap_err();
     assert!(error.contains("another process applied"), "{error}");
     // One write applied at two indices is a duplicate.
-    let error = phase.on_applied(0, 1, &a, &Applied::done()).unwrap_err();
+    let error = phase.on_applied(0, 1, &a, &Applied::done(2)).unwrap_err();
     assert!(error.contains("indices 0 and 1"), "{error}");
     // An applied record must agree with the ack at its index.
     phase.acked.insert(2, b.clone());
     let c = put_record(&mut phase, "c", "3");
-    let error = phase.on_applied(0, 2, &c, &Applied::done()).unwrap_err();
+    let error = phase.on_applied(0, 2, &c, &Applied::done(2)).unwrap_err();
     assert!(error.contains("was acknowledged"), "{error}");
 }
 
@@ -138,20 +138,20 @@ async fn a_keyed_retry_applied_twice_is_caught() {
     assert_ne!(first, retry, "each attempt carries its writer's time");
     let no_op = Applied::Duplicate {
         original: RecordIndex(0),
-        outcome: Outcome::Done,
+        outcome: Outcome::Done { revision: 2 },
     };
-    phase.on_applied(0, 0, &first, &Applied::done()).unwrap();
-    phase.on_applied(1, 0, &first, &Applied::done()).unwrap();
+    phase.on_applied(0, 0, &first, &Applied::done(2)).unwrap();
+    phase.on_applied(1, 0, &first, &Applied::done(2)).unwrap();
     phase.on_applied(0, 1, &retry, &no_op).unwrap();
     // Another process applies the retry as a write of its own.
     let error = phase
-        .on_applied(1, 1, &retry, &Applied::done())
+        .on_applied(1, 1, &retry, &Applied::done(2))
         .unwrap_err();
     assert!(error.contains("a retry applied twice"), "{error}");
     // A no-op naming another index than the first application.
     let elsewhere = Applied::Duplicate {
         original: RecordIndex(7),
-        outcome: Outcome::Done,
+        outcome: Outcome::Done { revision: 2 },
     };
     let error = phase.on_applied(1, 9, &retry, &elsewhere).unwrap_err();
     assert!(error.contains("exactly-once"), "{error}");
@@ -162,7 +162,7 @@ async fn a_state_that_forgot_or_reapplied_a_keyed_put_is_caught() {
     let mut trace = Trace::new(false);
     let mut phase = phase(&mut trace).await;
     let (_, first) = keyed_attempt(&mut phase, 1);
-    phase.on_applied(0, 0, &first, &Applied::done()).unwrap();
+    phase.on_applied(0, 0, &first, &Applied::done(2)).unwrap();
     let remembered = state_with(&[(0, &first)]);
     phase.check_state(&remembered, 1, "remembered").unwrap();
     // The same put without its key: the table does not remember it.
@@ -189,7 +189,7 @@ async fn a_keyed_attempt_is_answered_from_the_table_once_its_key_applied() {
         prepare(&attempt, &state, 5),
         Err(Applied::Duplicate {
             original: RecordIndex(0),
-            outcome: Outcome::Done
+            outcome: Outcome::Done { revision: 2 }
         })
     );
     // The same key for another put is refused, not answered.

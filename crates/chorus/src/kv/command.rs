@@ -16,7 +16,9 @@
 //! kind 3 batch:  count u32 | count × (op u8: 1 put / 2 delete, condition, key [, value])
 //! kind 4 raw:    payload (stamped formats only: a `POST /v1/log` record with a key)
 //! kind 5 etcd:   an etcd request (format 1 only; see `etcd_codec`)
-//! condition:     0 = none | 1 = absent | 2 = version u64 (the index that last set the key)
+//! condition:     0 = none | 1 = absent
+//!                | 2 = index u64 (the index that last set the key; written by earlier versions)
+//!                | 3 = mod revision i64 (the key's `mod_revision`, `If-Match`)
 //! key, value, payload: length u32 | bytes
 //! ```
 //!
@@ -29,7 +31,7 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use sha2::{Digest, Sha256};
 
-use super::etcd::EtcdCommand;
+use super::etcd::{EtcdCommand, Revision};
 use super::etcd_codec;
 use super::idempotency::{IdempotencyKey, RequestDigest, Retention, Stamp};
 use crate::codec::NewerFormat;
@@ -61,8 +63,13 @@ pub enum Condition {
     None,
     /// The key does not exist (`If-None-Match: *`).
     Absent,
-    /// The key exists at this version (`If-Match: "N"`).
+    /// The key exists and the record at this index last set it: the
+    /// condition earlier versions wrote (their versions were indices). Still
+    /// applied as written, so replaying their records gives what they gave.
     Version(RecordIndex),
+    /// The key exists and its `mod_revision` is this (`If-Match: "N"`):
+    /// etcd's `Compare(MOD, =, N)` on a key that exists.
+    ModRevision(Revision),
 }
 
 /// One change to one key.
@@ -476,6 +483,10 @@ fn put_operation_body(out: &mut BytesMut, operation: &Operation) {
             out.put_u8(2);
             out.put_u64_le(version.0);
         }
+        Condition::ModRevision(revision) => {
+            out.put_u8(3);
+            out.put_i64_le(revision);
+        }
     }
     put_bytes(out, operation.key());
     if let Operation::Put { value, .. } = operation {
@@ -527,6 +538,12 @@ fn take_operation(input: &mut &[u8], kind: u8) -> Result<Operation, CommandError
                 return Err(truncated());
             }
             Condition::Version(RecordIndex(input.get_u64_le()))
+        }
+        3 => {
+            if input.len() < 8 {
+                return Err(truncated());
+            }
+            Condition::ModRevision(input.get_i64_le())
         }
         _ => {
             return Err(CommandError::Malformed {
@@ -606,6 +623,7 @@ mod tests {
             Just(Condition::None),
             Just(Condition::Absent),
             any::<u64>().prop_map(|v| Condition::Version(RecordIndex(v))),
+            any::<i64>().prop_map(Condition::ModRevision),
         ]
     }
 

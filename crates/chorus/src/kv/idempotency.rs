@@ -32,6 +32,7 @@ use std::collections::{BTreeMap, VecDeque};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use super::command::CommandError;
+use super::etcd::Revision;
 use crate::ids::RecordIndex;
 
 /// The longest idempotency key, in bytes.
@@ -207,14 +208,17 @@ pub struct Stamp {
 /// The outcome of a remembered write, as a retry is answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// It applied (`200` with its index).
-    Done,
+    /// It applied (`200` with its index and revision).
+    Done {
+        /// The store revision after it applied (see [`Applied::Done`](super::Applied::Done)).
+        revision: Revision,
+    },
     /// A condition failed; nothing changed (`412`).
     ConditionFailed {
         /// The key whose condition failed.
         key: Bytes,
-        /// Its version then (`None`: absent).
-        current: Option<RecordIndex>,
+        /// Its `mod_revision` then (`None`: absent).
+        current: Option<Revision>,
     },
 }
 
@@ -341,8 +345,8 @@ impl IdempotencyTable {
     }
 
     /// Appends the table to a snapshot: `clock_ms u64 | count u64 | count
-    /// × entry`, oldest first (see the snapshot format in the module docs
-    /// of `kv`).
+    /// × entry`, oldest first, its outcomes with revisions (see the snapshot
+    /// format in the `kv::snapshot` module docs).
     pub(super) fn encode(&self, out: &mut BytesMut) {
         out.put_u64_le(self.clock_ms);
         out.put_u64_le(self.order.len() as u64);
@@ -354,16 +358,19 @@ impl IdempotencyTable {
             out.put_u64_le(remembered.index.0);
             out.put_u64_le(remembered.recorded_ms);
             match &remembered.outcome {
-                Outcome::Done => out.put_u8(OUTCOME_DONE),
+                Outcome::Done { revision } => {
+                    out.put_u8(OUTCOME_DONE);
+                    out.put_i64_le(*revision);
+                }
                 Outcome::ConditionFailed { key, current } => {
                     out.put_u8(OUTCOME_CONDITION_FAILED);
                     out.put_u32_le(key.len() as u32);
                     out.put_slice(key);
                     match current {
                         None => out.put_u8(0),
-                        Some(version) => {
+                        Some(revision) => {
                             out.put_u8(1);
-                            out.put_u64_le(version.0);
+                            out.put_i64_le(*revision);
                         }
                     }
                 }
@@ -371,11 +378,14 @@ impl IdempotencyTable {
         }
     }
 
-    /// Reads what [`encode`](Self::encode) wrote, checking every entry
-    /// against the state's `applied_end` and the order the table keeps.
+    /// Reads what [`encode`](Self::encode) wrote (or, for
+    /// [`TableVersions::Indices`], a table of earlier formats), checking
+    /// every entry against the state's `applied_end`, its revisions and the
+    /// order the table keeps.
     pub(super) fn decode(
         input: &mut &[u8],
         applied_end: RecordIndex,
+        versions: TableVersions,
     ) -> Result<IdempotencyTable, &'static str> {
         let clock_ms = take_u64(input).ok_or("truncated idempotency clock")?;
         let count = take_u64(input).ok_or("truncated idempotency count")?;
@@ -388,7 +398,7 @@ impl IdempotencyTable {
         };
         let mut previous: Option<(RecordIndex, u64)> = None;
         for _ in 0..count {
-            let (key, remembered) = take_entry(input)?;
+            let (key, remembered) = take_entry(input, versions)?;
             if remembered.index >= applied_end {
                 return Err("an idempotency key recorded at or past the applied end");
             }
@@ -411,10 +421,44 @@ impl IdempotencyTable {
     }
 }
 
+/// How a snapshot's table states its outcomes' versions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TableVersions {
+    /// Snapshot formats 2 and 3: a failed condition's current version is
+    /// the index that last set the key, and a done write has none. They map
+    /// as the machine maps index versions: index `i` is revision `i + 1`,
+    /// and a write at record `i` answers revision `i + 1`.
+    Indices,
+    /// Revisions, each within `1..=revision` (the store revision).
+    Revisions {
+        /// The store revision of the state the table belongs to.
+        revision: Revision,
+    },
+}
+
+impl TableVersions {
+    /// A revision read from the table, checked.
+    fn take_revision(self, input: &mut &[u8]) -> Result<Revision, &'static str> {
+        let Self::Revisions { revision } = self else {
+            unreachable!("index versions are mapped, not read as revisions")
+        };
+        let read = take_u64(input).ok_or("truncated idempotency outcome")? as i64;
+        if !(1..=revision).contains(&read) {
+            return Err("an idempotency outcome's revision out of bounds");
+        }
+        Ok(read)
+    }
+}
+
+/// Revision `index + 1`: where the machine maps an index version.
+fn index_revision(index: u64) -> Revision {
+    (index as Revision).saturating_add(1)
+}
+
 /// What one entry counts for in [`IdempotencyTable::bytes`].
 fn entry_bytes(key: &IdempotencyKey, remembered: &Remembered) -> u64 {
     let failed_key = match &remembered.outcome {
-        Outcome::Done => 0,
+        Outcome::Done { .. } => 0,
         Outcome::ConditionFailed { key, .. } => key.len(),
     };
     (key.0.len() + failed_key) as u64 + ENTRY_OVERHEAD_BYTES
@@ -427,7 +471,10 @@ fn take_u64(input: &mut &[u8]) -> Option<u64> {
     (input.len() >= 8).then(|| input.get_u64_le())
 }
 
-fn take_entry(input: &mut &[u8]) -> Result<(IdempotencyKey, Remembered), &'static str> {
+fn take_entry(
+    input: &mut &[u8],
+    versions: TableVersions,
+) -> Result<(IdempotencyKey, Remembered), &'static str> {
     let length = *input.first().ok_or("truncated idempotency key")? as usize;
     input.advance(1);
     if input.len() < length + 32 + 8 + 8 + 1 {
@@ -440,20 +487,14 @@ fn take_entry(input: &mut &[u8]) -> Result<(IdempotencyKey, Remembered), &'stati
     input.copy_to_slice(&mut digest);
     let index = RecordIndex(input.get_u64_le());
     let recorded_ms = input.get_u64_le();
-    let outcome = match input.get_u8() {
-        OUTCOME_DONE => Outcome::Done,
-        OUTCOME_CONDITION_FAILED => {
-            let failed = take_condition_failed(input)?;
-            if let Outcome::ConditionFailed {
-                current: Some(version),
-                ..
-            } = &failed
-                && *version >= index
-            {
-                return Err("a failed condition's version at or past its record");
-            }
-            failed
-        }
+    let outcome = match (input.get_u8(), versions) {
+        (OUTCOME_DONE, TableVersions::Indices) => Outcome::Done {
+            revision: index_revision(index.0),
+        },
+        (OUTCOME_DONE, TableVersions::Revisions { .. }) => Outcome::Done {
+            revision: versions.take_revision(input)?,
+        },
+        (OUTCOME_CONDITION_FAILED, _) => take_condition_failed(input, index, versions)?,
         _ => return Err("unknown idempotency outcome"),
     };
     let remembered = Remembered {
@@ -465,7 +506,11 @@ fn take_entry(input: &mut &[u8]) -> Result<(IdempotencyKey, Remembered), &'stati
     Ok((key, remembered))
 }
 
-fn take_condition_failed(input: &mut &[u8]) -> Result<Outcome, &'static str> {
+fn take_condition_failed(
+    input: &mut &[u8],
+    index: RecordIndex,
+    versions: TableVersions,
+) -> Result<Outcome, &'static str> {
     if input.len() < 4 {
         return Err("truncated idempotency outcome");
     }
@@ -478,11 +523,16 @@ fn take_condition_failed(input: &mut &[u8]) -> Result<Outcome, &'static str> {
     }
     let key = Bytes::copy_from_slice(&input[..length]);
     input.advance(length);
-    let current = match input.get_u8() {
-        0 => None,
-        1 => Some(RecordIndex(
-            take_u64(input).ok_or("truncated idempotency outcome")?,
-        )),
+    let current = match (input.get_u8(), versions) {
+        (0, _) => None,
+        (1, TableVersions::Indices) => {
+            let version = take_u64(input).ok_or("truncated idempotency outcome")?;
+            if version >= index.0 {
+                return Err("a failed condition's version at or past its record");
+            }
+            Some(index_revision(version))
+        }
+        (1, TableVersions::Revisions { .. }) => Some(versions.take_revision(input)?),
         _ => return Err("unknown version presence in an idempotency outcome"),
     };
     Ok(Outcome::ConditionFailed { key, current })
@@ -516,7 +566,7 @@ mod tests {
             stamp.key.clone(),
             [0; 32],
             RecordIndex(index),
-            Outcome::Done,
+            Outcome::Done { revision: 2 },
             &stamp.retention,
         );
     }
@@ -583,7 +633,7 @@ mod tests {
         table.advance(&stamp);
         let failed = Outcome::ConditionFailed {
             key: Bytes::from_static(b"a"),
-            current: Some(RecordIndex(1)),
+            current: Some(2),
         };
         table.record(
             stamp.key.clone(),
@@ -692,7 +742,8 @@ mod tests {
         // Decoding counts the same bytes.
         let mut out = BytesMut::new();
         table.encode(&mut out);
-        let decoded = IdempotencyTable::decode(&mut &out[..], RecordIndex(11)).unwrap();
+        let versions = TableVersions::Revisions { revision: 1 };
+        let decoded = IdempotencyTable::decode(&mut &out[..], RecordIndex(11), versions).unwrap();
         assert_eq!(decoded.bytes(), table.bytes());
     }
 
@@ -756,7 +807,7 @@ mod tests {
         );
         let failed = Outcome::ConditionFailed {
             key: Bytes::from_static(b"x"),
-            current: Some(RecordIndex(5)),
+            current: Some(5),
         };
         table.advance(&stamp("c", 1200, 10, 10_000));
         table.record(
@@ -768,13 +819,17 @@ mod tests {
         );
         let mut out = BytesMut::new();
         table.encode(&mut out);
-        let decoded = IdempotencyTable::decode(&mut &out[..], RecordIndex(7)).unwrap();
+        let revisions = TableVersions::Revisions { revision: 5 };
+        let decoded = IdempotencyTable::decode(&mut &out[..], RecordIndex(7), revisions).unwrap();
         assert_eq!(decoded, table);
         // A record at or past the applied end cannot be in the table.
-        assert!(IdempotencyTable::decode(&mut &out[..], RecordIndex(6)).is_err());
+        assert!(IdempotencyTable::decode(&mut &out[..], RecordIndex(6), revisions).is_err());
+        // Nor a revision past the store's.
+        let behind = TableVersions::Revisions { revision: 4 };
+        assert!(IdempotencyTable::decode(&mut &out[..], RecordIndex(7), behind).is_err());
         for cut in 0..out.len() {
             assert!(
-                IdempotencyTable::decode(&mut &out[..cut], RecordIndex(7)).is_err(),
+                IdempotencyTable::decode(&mut &out[..cut], RecordIndex(7), revisions).is_err(),
                 "cut {cut}"
             );
         }

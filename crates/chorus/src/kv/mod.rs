@@ -74,13 +74,16 @@ pub enum Applied {
     Done {
         /// Positions of the operations that changed nothing, ascending.
         unchanged: Vec<usize>,
+        /// The store revision after the record: the one its changes were
+        /// written at, or the unchanged one if it changed nothing.
+        revision: Revision,
     },
     /// A condition did not hold; nothing changed.
     ConditionFailed {
         /// The key whose condition failed (the first, in record order).
         key: Bytes,
-        /// Its version at that index (`None`: absent).
-        current: Option<RecordIndex>,
+        /// Its `mod_revision` at that index (`None`: absent).
+        current: Option<Revision>,
     },
     /// The record is not a key-value command; nothing changed. The log is
     /// the source of truth, so the machine skips it rather than stop.
@@ -125,10 +128,12 @@ pub struct KvState {
 }
 
 impl Applied {
-    /// [`Applied::Done`] with every operation changing something.
-    pub fn done() -> Applied {
+    /// [`Applied::Done`] with no operation reported unchanged, the store
+    /// revision then being `revision`.
+    pub fn done(revision: Revision) -> Applied {
         Applied::Done {
             unchanged: Vec::new(),
+            revision,
         }
     }
 }
@@ -184,16 +189,19 @@ impl KvState {
     /// appending, so a failed condition appends nothing.
     pub fn check(&self, command: &Command) -> Result<(), Applied> {
         for operation in command.operations() {
-            let current = self.entries.get(operation.key()).map(|e| e.index);
+            let entry = self.entries.get(operation.key());
             let holds = match operation.condition() {
                 Condition::None => true,
-                Condition::Absent => current.is_none(),
-                Condition::Version(version) => current == Some(version),
+                Condition::Absent => entry.is_none(),
+                Condition::Version(index) => entry.is_some_and(|entry| entry.index == index),
+                Condition::ModRevision(revision) => {
+                    entry.is_some_and(|entry| entry.mod_revision == revision)
+                }
             };
             if !holds {
                 return Err(Applied::ConditionFailed {
                     key: operation.key().clone(),
-                    current,
+                    current: entry.map(|entry| entry.mod_revision),
                 });
             }
         }
@@ -210,7 +218,7 @@ impl KvState {
     /// applies and its key is remembered with the outcome.
     pub fn apply(&mut self, index: RecordIndex, record: &[u8]) -> Applied {
         if index < self.applied_end {
-            return Applied::done();
+            return Applied::done(self.revision());
         }
         self.applied_end = RecordIndex(index.0 + 1);
         let record = match Record::decode(record) {
@@ -238,7 +246,9 @@ impl KvState {
         }
         let applied = self.apply_body(index, &record.body);
         let outcome = match &applied {
-            Applied::Done { .. } => Outcome::Done,
+            Applied::Done { revision, .. } => Outcome::Done {
+                revision: *revision,
+            },
             Applied::ConditionFailed { key, current } => Outcome::ConditionFailed {
                 key: key.clone(),
                 current: *current,
@@ -256,7 +266,7 @@ impl KvState {
     fn apply_body(&mut self, index: RecordIndex, body: &Body) -> Applied {
         let command = match body {
             Body::Command(command) => command,
-            Body::Raw(_) => return Applied::done(),
+            Body::Raw(_) => return Applied::done(self.revision()),
             Body::Etcd(command) => return Applied::Etcd(self.apply_etcd(index, command)),
         };
         if let Err(failed) = self.check(command) {
@@ -277,7 +287,10 @@ impl KvState {
             }
         }
         self.finish_write(write);
-        Applied::Done { unchanged }
+        Applied::Done {
+            unchanged,
+            revision: self.revision(),
+        }
     }
 
     /// The snapshot bytes (format 3, see [`snapshot`]).
@@ -317,6 +330,11 @@ impl StateMachine for KvState {
     fn reflected_end(&self) -> Option<RecordIndex> {
         Some(self.applied_end)
     }
+
+    /// The store revision (at least 1).
+    fn revision(&self) -> u64 {
+        KvState::revision(self) as u64
+    }
 }
 
 impl Checkpoint for KvState {
@@ -348,31 +366,62 @@ mod tests {
         .unwrap()
     }
 
-    fn value(state: &KvState, key: &str) -> Option<(String, u64)> {
+    /// The value of `key` and its version (`mod_revision`).
+    fn value(state: &KvState, key: &str) -> Option<(String, Revision)> {
         state.get(key.as_bytes()).map(|entry| {
             (
                 String::from_utf8(entry.value.to_vec()).unwrap(),
-                entry.index.0,
+                entry.mod_revision,
             )
         })
     }
 
     #[test]
-    fn versions_are_the_index_that_last_set_the_key() {
+    fn versions_are_the_revision_that_last_set_the_key() {
         let mut state = KvState::default();
+        state.apply(RecordIndex(0), b"not a command");
         assert_eq!(
-            state.apply(RecordIndex(0), &put("a", "1", Condition::None)),
-            Applied::done()
+            state.apply(RecordIndex(1), &put("a", "1", Condition::None)),
+            Applied::done(2)
         );
         assert_eq!(
-            state.apply(RecordIndex(1), &put("b", "2", Condition::Absent)),
-            Applied::done()
+            state.apply(RecordIndex(2), &put("b", "2", Condition::Absent)),
+            Applied::done(3)
         );
-        let cas = put("a", "3", Condition::Version(RecordIndex(0)));
-        assert_eq!(state.apply(RecordIndex(2), &cas), Applied::done());
-        assert_eq!(value(&state, "a"), Some(("3".into(), 2)));
-        assert_eq!(value(&state, "b"), Some(("2".into(), 1)));
-        assert_eq!(state.applied_end(), RecordIndex(3));
+        // If-Match compares the revision, not the index that set the key.
+        let by_index = put("a", "3", Condition::ModRevision(1));
+        assert!(matches!(
+            state.apply(RecordIndex(3), &by_index),
+            Applied::ConditionFailed {
+                current: Some(2),
+                ..
+            }
+        ));
+        let cas = put("a", "3", Condition::ModRevision(2));
+        assert_eq!(state.apply(RecordIndex(4), &cas), Applied::done(4));
+        assert_eq!(value(&state, "a"), Some(("3".into(), 4)));
+        assert_eq!(value(&state, "b"), Some(("2".into(), 3)));
+        assert_eq!(state.applied_end(), RecordIndex(5));
+    }
+
+    #[test]
+    fn a_condition_of_an_earlier_version_still_compares_the_index() {
+        // Records written before revisions hold the index that last set the
+        // key; they apply as they did then.
+        let mut state = KvState::default();
+        state.apply(RecordIndex(0), b"not a command");
+        state.apply(RecordIndex(1), &put("a", "1", Condition::None));
+        let stale = put("a", "2", Condition::Version(RecordIndex(2)));
+        assert!(matches!(
+            state.apply(RecordIndex(2), &stale),
+            Applied::ConditionFailed {
+                current: Some(2),
+                ..
+            }
+        ));
+        let cas = put("a", "2", Condition::Version(RecordIndex(1)));
+        assert_eq!(state.apply(RecordIndex(3), &cas), Applied::done(3));
+        assert_eq!(value(&state, "a"), Some(("2".into(), 3)));
     }
 
     #[test]
@@ -380,12 +429,12 @@ mod tests {
         let mut state = KvState::default();
         state.apply(RecordIndex(0), &put("a", "1", Condition::None));
         let before = state.clone();
-        let stale = put("a", "2", Condition::Version(RecordIndex(7)));
+        let stale = put("a", "2", Condition::ModRevision(7));
         assert_eq!(
             state.check(&Command::decode(&stale).unwrap()),
             Err(Applied::ConditionFailed {
                 key: Bytes::from_static(b"a"),
-                current: Some(RecordIndex(0)),
+                current: Some(2),
             })
         );
         assert!(matches!(
@@ -420,31 +469,36 @@ mod tests {
             .encode()
             .unwrap()
         };
-        let failing = batch(Condition::Version(RecordIndex(5)));
+        let failing = batch(Condition::ModRevision(5));
         assert!(matches!(
             state.apply(RecordIndex(1), &failing),
             Applied::ConditionFailed { .. }
         ));
         assert_eq!(value(&state, "b"), None);
+        // One record, one revision for every key it writes.
         assert_eq!(
-            state.apply(RecordIndex(2), &batch(Condition::Version(RecordIndex(0)))),
-            Applied::done()
+            state.apply(RecordIndex(2), &batch(Condition::ModRevision(2))),
+            Applied::done(3)
         );
         assert_eq!(value(&state, "a"), None);
-        assert_eq!(value(&state, "b"), Some(("2".into(), 2)));
+        assert_eq!(value(&state, "b"), Some(("2".into(), 3)));
     }
 
     #[test]
     fn deleting_an_absent_key_reports_that_nothing_changed() {
         let mut state = KvState::default();
         state.apply(RecordIndex(0), &put("a", "1", Condition::None));
+        // A delete of nothing moves no revision.
         assert_eq!(
             state.apply(RecordIndex(1), &delete("b", Condition::None)),
-            Applied::Done { unchanged: vec![0] }
+            Applied::Done {
+                unchanged: vec![0],
+                revision: 2
+            }
         );
         assert_eq!(
             state.apply(RecordIndex(2), &delete("a", Condition::None)),
-            Applied::done()
+            Applied::done(3)
         );
         let batch = Command::Batch(vec![
             Operation::Put {
@@ -470,10 +524,11 @@ mod tests {
         assert_eq!(
             state.apply(RecordIndex(3), &batch),
             Applied::Done {
-                unchanged: vec![1, 2, 3]
+                unchanged: vec![1, 2, 3],
+                revision: 4
             }
         );
-        assert_eq!(value(&state, "c"), Some(("3".into(), 3)));
+        assert_eq!(value(&state, "c"), Some(("3".into(), 4)));
     }
 
     #[test]
@@ -488,7 +543,7 @@ mod tests {
         // A replay overlapping what is applied changes nothing.
         state.apply(RecordIndex(1), &put("a", "1", Condition::None));
         state.apply(RecordIndex(1), &put("a", "other", Condition::None));
-        assert_eq!(value(&state, "a"), Some(("1".into(), 1)));
+        assert_eq!(value(&state, "a"), Some(("1".into(), 2)));
     }
 
     #[test]
@@ -541,22 +596,23 @@ mod tests {
     fn a_duplicate_record_is_a_no_op_that_answers_the_original_outcome() {
         let mut state = KvState::default();
         let first = stamped_put("a", "1", Condition::None, "op-1");
-        assert_eq!(state.apply(RecordIndex(0), &first), Applied::done());
+        assert_eq!(state.apply(RecordIndex(0), &first), Applied::done(2));
         state.apply(RecordIndex(1), &put("a", "2", Condition::None));
-        // The retry (or a concurrent twin) of op-1 applies nothing: a stays 2.
+        // The retry (or a concurrent twin) of op-1 applies nothing: a stays 2,
+        // and it answers the revision op-1 wrote.
         assert_eq!(
             state.apply(RecordIndex(2), &first),
             Applied::Duplicate {
                 original: RecordIndex(0),
-                outcome: Outcome::Done
+                outcome: Outcome::Done { revision: 2 }
             }
         );
-        assert_eq!(value(&state, "a"), Some(("2".into(), 1)));
+        assert_eq!(value(&state, "a"), Some(("2".into(), 3)));
         // A failed condition is an outcome too, answered again as it was.
-        let stale = stamped_put("a", "3", Condition::Version(RecordIndex(0)), "op-2");
+        let stale = stamped_put("a", "3", Condition::ModRevision(2), "op-2");
         let failed = Applied::ConditionFailed {
             key: Bytes::from_static(b"a"),
-            current: Some(RecordIndex(1)),
+            current: Some(3),
         };
         assert_eq!(state.apply(RecordIndex(3), &stale), failed);
         state.apply(RecordIndex(4), &delete("a", Condition::None));
@@ -566,7 +622,7 @@ mod tests {
                 original: RecordIndex(3),
                 outcome: Outcome::ConditionFailed {
                     key: Bytes::from_static(b"a"),
-                    current: Some(RecordIndex(1)),
+                    current: Some(3),
                 }
             }
         );
@@ -605,13 +661,13 @@ mod tests {
     fn a_raw_payload_with_a_key_changes_no_key_but_is_remembered() {
         let mut state = KvState::default();
         let raw = stamped(Body::Raw(Bytes::from_static(b"event")), "r", 5, RETAIN);
-        assert_eq!(state.apply(RecordIndex(0), &raw), Applied::done());
+        assert_eq!(state.apply(RecordIndex(0), &raw), Applied::done(1));
         assert!(state.is_empty());
         assert_eq!(
             state.apply(RecordIndex(1), &raw),
             Applied::Duplicate {
                 original: RecordIndex(0),
-                outcome: Outcome::Done
+                outcome: Outcome::Done { revision: 1 }
             }
         );
     }
@@ -635,9 +691,9 @@ mod tests {
         assert_eq!(state.idempotency().len(), 2);
         assert_eq!(
             state.apply(RecordIndex(3), &record("a", 1000, by_count)),
-            Applied::done()
+            Applied::done(5)
         );
-        assert_eq!(value(&state, "a"), Some(("v".into(), 3)));
+        assert_eq!(value(&state, "a"), Some(("v".into(), 5)));
         // By age: the stamps' times, never the applying process's clock.
         let by_age = Retention {
             max_keys: 100,
@@ -653,7 +709,7 @@ mod tests {
         assert_eq!((oldest.as_str(), remembered.index), ("d", RecordIndex(5)));
         assert_eq!(
             state.apply(RecordIndex(6), &record("c", 1500, by_age)),
-            Applied::done()
+            Applied::done(7)
         );
     }
 
@@ -670,8 +726,9 @@ mod tests {
         bytes.extend_from_slice(&crc.to_le_bytes());
         let state = KvState::decode_snapshot(&bytes).unwrap();
         assert_eq!(state.applied_end(), RecordIndex(3));
-        assert_eq!(value(&state, "a"), Some(("1".into(), 0)));
-        assert_eq!(value(&state, "b"), Some(("22".into(), 2)));
+        // Index versions map to revisions: index i is revision i + 1.
+        assert_eq!(value(&state, "a"), Some(("1".into(), 1)));
+        assert_eq!(value(&state, "b"), Some(("22".into(), 3)));
         assert!(state.idempotency().is_empty());
         // It is written back in the current format, which keeps the same state.
         let encoded = state.encode_snapshot();
@@ -683,6 +740,75 @@ mod tests {
         let crc = crc32c::crc32c(&longer);
         longer.extend_from_slice(&crc.to_le_bytes());
         assert!(KvState::decode_snapshot(&longer).is_err());
+    }
+
+    /// A format-2 snapshot: applied_end 3, a = "1" set at index 1, and two
+    /// remembered keys: `done` (record 1, done) and `failed` (record 2, a
+    /// failed condition on a, then at version 1).
+    fn format_two_snapshot() -> Vec<u8> {
+        let mut bytes = b"CHKS\x02".to_vec();
+        bytes.extend_from_slice(&3u64.to_le_bytes());
+        bytes.extend_from_slice(&1u64.to_le_bytes());
+        bytes.extend_from_slice(b"\x01\0\0\0a\x01\0\0\0\0\0\0\0\x01\0\0\x001");
+        bytes.extend_from_slice(&50u64.to_le_bytes()); // clock_ms
+        bytes.extend_from_slice(&2u64.to_le_bytes());
+        for (key, index) in [("done", 1u64), ("failed", 2)] {
+            bytes.push(key.len() as u8);
+            bytes.extend_from_slice(key.as_bytes());
+            bytes.extend_from_slice(&[7; 32]);
+            bytes.extend_from_slice(&index.to_le_bytes());
+            bytes.extend_from_slice(&10u64.to_le_bytes()); // recorded_ms
+            match key {
+                "done" => bytes.push(0),
+                _ => {
+                    bytes.extend_from_slice(b"\x01\x01\0\0\0a\x01");
+                    bytes.extend_from_slice(&1u64.to_le_bytes());
+                }
+            }
+        }
+        let crc = crc32c::crc32c(&bytes);
+        bytes.extend_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn a_format_two_table_answers_revisions_mapped_as_its_entries_are() {
+        let state = KvState::decode_snapshot(&format_two_snapshot()).unwrap();
+        assert_eq!(value(&state, "a"), Some(("1".into(), 2)));
+        let outcome = |key: &str| {
+            let key = IdempotencyKey::new(key.to_owned()).unwrap();
+            match state.idempotency().lookup(&key, &[7; 32]) {
+                idempotency::Lookup::Same(remembered) => remembered.outcome.clone(),
+                other => panic!("{key}: {other:?}"),
+            }
+        };
+        // The write at record 1 answers revision 2, the key's mod_revision.
+        assert_eq!(outcome("done"), Outcome::Done { revision: 2 });
+        // The failed condition saw a at index 1: revision 2, as a's entry.
+        assert_eq!(
+            outcome("failed"),
+            Outcome::ConditionFailed {
+                key: Bytes::from_static(b"a"),
+                current: Some(2),
+            }
+        );
+        let encoded = state.encode_snapshot();
+        assert_eq!(encoded[4], snapshot::FORMAT_REVISIONS);
+        assert_eq!(KvState::decode_snapshot(&encoded).unwrap(), state);
+    }
+
+    #[test]
+    fn a_format_three_snapshot_still_decodes() {
+        // Format 3 differs from 4 only in its table; with no remembered key
+        // the bytes are the same but for the format.
+        let mut state = KvState::default();
+        state.apply(RecordIndex(0), &put("a", "1", Condition::None));
+        let mut bytes = state.encode_snapshot()[..].to_vec();
+        bytes.truncate(bytes.len() - 4);
+        bytes[4] = 3;
+        let crc = crc32c::crc32c(&bytes);
+        bytes.extend_from_slice(&crc.to_le_bytes());
+        assert_eq!(KvState::decode_snapshot(&bytes).unwrap(), state);
     }
 
     #[test]

@@ -2,16 +2,26 @@
 //! everything before it).
 //!
 //! ```text
-//! format 3:
-//! "CHKS" | 3 | applied_end u64 | revision i64 | compacted i64
+//! format 4:
+//! "CHKS" | 4 | applied_end u64 | revision i64 | compacted i64
 //!        | count u64 | count × (key | entry)
-//!        | idempotency table (as format 2)
+//!        | idempotency table
 //!        | revisions u64 | revisions × (revision i64 | changes u32 | changes × (key | before))
 //!        | crc32c u32
 //! entry:  index u64 | create_revision i64 | mod_revision i64 | version i64 | lease i64 | value
 //! before: 0 (absent) | 1 entry
 //! key, value: length u32 | bytes
+//! idempotency table: clock_ms u64 | count u64 | count × remembered, oldest first
+//! remembered: key length u8 | key | digest [32] | index u64 | recorded_ms u64 | outcome
+//! outcome: 0 done | revision i64
+//!        | 1 condition failed | key | 0 (absent) or 1 and mod_revision i64
 //! ```
+//!
+//! Format 3 is format 4 with the idempotency table of format 2, whose
+//! outcomes hold index versions: a done write none, a failed condition the
+//! index that last set the key. Those map as the entries of formats 1 and 2
+//! do (below): index `i` is revision `i + 1`, and a write at record `i`
+//! answers revision `i + 1`.
 //!
 //! Keys in order, revisions ascending, each revision's changes in the order
 //! they applied. A change stores only the key's entry before it: the entry
@@ -32,6 +42,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use super::command;
 use super::etcd::Revision;
+use super::idempotency::TableVersions;
 use super::mvcc::{Change, History};
 use super::{Entry, IdempotencyTable, KvState, SnapshotError};
 use crate::ids::RecordIndex;
@@ -41,8 +52,11 @@ const SNAPSHOT_MAGIC: [u8; 4] = *b"CHKS";
 const FORMAT_ENTRIES: u8 = 1;
 /// Entries and the idempotency table.
 const FORMAT_IDEMPOTENCY: u8 = 2;
-/// Revisions, entries with their metadata, the table and the history.
-pub(super) const FORMAT_REVISIONS: u8 = 3;
+/// Revisions, entries with their metadata, the table (with index
+/// versions) and the history.
+const FORMAT_REVISIONS_INDEX_TABLE: u8 = 3;
+/// Format 3 with the table's outcomes in revisions.
+pub(super) const FORMAT_REVISIONS: u8 = 4;
 
 fn fail(reason: &str) -> SnapshotError {
     SnapshotError {
@@ -50,7 +64,7 @@ fn fail(reason: &str) -> SnapshotError {
     }
 }
 
-/// The snapshot bytes of `state` (format 3).
+/// The snapshot bytes of `state` (format 4).
 pub(super) fn encode(state: &KvState) -> Bytes {
     let mut out = BytesMut::new();
     out.put_slice(&SNAPSHOT_MAGIC);
@@ -84,18 +98,24 @@ pub(super) fn encode(state: &KvState) -> Bytes {
     out.freeze()
 }
 
-/// Restores a state from [`encode`]'s bytes, or a format 1 or 2 snapshot.
+/// Restores a state from [`encode`]'s bytes, or a format 1, 2 or 3 snapshot.
 pub(super) fn decode(bytes: &[u8]) -> Result<KvState, SnapshotError> {
-    let formats = [FORMAT_ENTRIES, FORMAT_IDEMPOTENCY, FORMAT_REVISIONS];
+    let formats = [
+        FORMAT_ENTRIES,
+        FORMAT_IDEMPOTENCY,
+        FORMAT_REVISIONS_INDEX_TABLE,
+        FORMAT_REVISIONS,
+    ];
     let (format, mut input) =
         command::open_envelope(bytes, &SNAPSHOT_MAGIC, &formats, 16, "key-value snapshot")
             .map_err(|reason| fail(&reason))?;
     let input = &mut input;
     let applied_end = RecordIndex(input.get_u64_le());
-    let state = if format == FORMAT_REVISIONS {
-        decode_revisions(input, applied_end)?
-    } else {
-        decode_index_versions(input, applied_end, format)?
+    let state = match format {
+        FORMAT_REVISIONS | FORMAT_REVISIONS_INDEX_TABLE => {
+            decode_revisions(input, applied_end, format)?
+        }
+        _ => decode_index_versions(input, applied_end, format)?,
     };
     if !input.is_empty() {
         return Err(fail("trailing bytes"));
@@ -103,7 +123,11 @@ pub(super) fn decode(bytes: &[u8]) -> Result<KvState, SnapshotError> {
     Ok(state)
 }
 
-fn decode_revisions(input: &mut &[u8], applied_end: RecordIndex) -> Result<KvState, SnapshotError> {
+fn decode_revisions(
+    input: &mut &[u8],
+    applied_end: RecordIndex,
+    format: u8,
+) -> Result<KvState, SnapshotError> {
     let revision = take_i64(input).ok_or_else(|| fail("truncated revision"))?;
     let compacted = take_i64(input).ok_or_else(|| fail("truncated compaction revision"))?;
     if revision < 1 || compacted < -1 || compacted > revision {
@@ -116,7 +140,11 @@ fn decode_revisions(input: &mut &[u8], applied_end: RecordIndex) -> Result<KvSta
         let entry = take_entry(input, applied_end, revision)?;
         entries.insert(key, entry);
     }
-    let idempotency = IdempotencyTable::decode(input, applied_end).map_err(fail)?;
+    let versions = match format {
+        FORMAT_REVISIONS => TableVersions::Revisions { revision },
+        _ => TableVersions::Indices,
+    };
+    let idempotency = IdempotencyTable::decode(input, applied_end, versions).map_err(fail)?;
     let history = take_history(input, applied_end, &entries, revision, compacted)?;
     Ok(KvState {
         entries,
@@ -156,7 +184,7 @@ fn decode_index_versions(
     }
     let idempotency = match format {
         FORMAT_ENTRIES => IdempotencyTable::default(),
-        _ => IdempotencyTable::decode(input, applied_end).map_err(fail)?,
+        _ => IdempotencyTable::decode(input, applied_end, TableVersions::Indices).map_err(fail)?,
     };
     let mut history = History::default();
     if applied_end.0 > 0 {

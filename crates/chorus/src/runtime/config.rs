@@ -67,8 +67,8 @@ pub struct RuntimeConfig {
     /// snapshot at this bound (the next primary publishes its own), so a
     /// slow snapshot store never holds the lease from a standby.
     pub drain_timeout: Duration,
-    /// Applied records kept in memory for watchers that resume from an index
-    /// (0: none). More lets a watcher resume from further back instead of
+    /// Applied records kept in memory for watchers that resume from an index or
+    /// a revision (0: none). More lets a watcher resume from further back instead of
     /// re-listing; each costs its record's bytes, bounded by `history_bytes`.
     pub history_records: usize,
     /// Record bytes the history keeps: it drops its oldest changes while it

@@ -17,6 +17,8 @@ pub struct Change<O> {
     pub record: Bytes,
     /// The machine's output for it.
     pub output: O,
+    /// The machine's revision after it ([`StateMachine::revision`]).
+    pub revision: u64,
 }
 
 /// A watcher asked for changes the history no longer holds.
@@ -27,6 +29,16 @@ pub struct HistoryGap {
     pub requested: RecordIndex,
     /// The oldest index still held.
     pub oldest: RecordIndex,
+}
+
+/// A watcher asked for changes from a revision the history no longer holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("history compacted: requested_revision={requested} oldest_revision={oldest}")]
+pub struct RevisionGap {
+    /// The revision asked for.
+    pub requested: u64,
+    /// The oldest revision whose changes are all still held.
+    pub oldest: u64,
 }
 
 /// The machine and what it reflects. Guarded by one lock in the runtime; every
@@ -45,6 +57,11 @@ pub(super) struct Core<M: StateMachine> {
     /// Record bytes of the changes in `history`.
     history_bytes: usize,
     budget: HistoryBudget,
+    /// The machine's revision before the oldest change `history` holds:
+    /// every change that moved it above this is held.
+    floor_revision: u64,
+    /// The revision of an empty machine, which no change is at.
+    initial_revision: u64,
 }
 
 /// How much of the recent past the history keeps: it drops its oldest
@@ -80,13 +97,17 @@ pub(super) fn batch_has_room(
 
 impl<M: StateMachine> Core<M> {
     pub(super) fn new(budget: HistoryBudget) -> Core<M> {
+        let machine = M::default();
+        let initial_revision = machine.revision();
         Core {
-            machine: M::default(),
+            machine,
             applied_end: RecordIndex(0),
             known: false,
             history: VecDeque::new(),
             history_bytes: 0,
             budget,
+            floor_revision: initial_revision,
+            initial_revision,
         }
     }
 
@@ -107,6 +128,7 @@ impl<M: StateMachine> Core<M> {
 
     /// Replaces the state with one restored from a snapshot taken at `at`.
     pub(super) fn restore(&mut self, machine: M, at: RecordIndex) {
+        self.floor_revision = machine.revision();
         self.machine = machine;
         self.applied_end = at;
         self.known = true;
@@ -127,6 +149,7 @@ impl<M: StateMachine> Core<M> {
             index,
             record,
             output: output.clone(),
+            revision: self.machine.revision(),
         });
         while self.budget.exceeded(self.history.len(), self.history_bytes) {
             let dropped = self
@@ -134,8 +157,33 @@ impl<M: StateMachine> Core<M> {
                 .pop_front()
                 .expect("over budget means not empty");
             self.history_bytes -= dropped.record.len();
+            self.floor_revision = dropped.revision;
         }
         output
+    }
+
+    /// Changes from the first that left the machine at revision `from` or
+    /// above on (see [`changes_since`](Self::changes_since) for the
+    /// bounds): every change that moved the revision to `from` or beyond,
+    /// and the records after them. Asking for a revision some dropped (or
+    /// never held) change moved to is a [`RevisionGap`].
+    pub(super) fn changes_from_revision(
+        &self,
+        from: u64,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Change<M::Output>>, RevisionGap> {
+        // At or below the initial revision there is no change to miss.
+        if from <= self.floor_revision && self.floor_revision > self.initial_revision {
+            return Err(RevisionGap {
+                requested: from,
+                oldest: self.floor_revision + 1,
+            });
+        }
+        let start = self
+            .history
+            .partition_point(|change| change.revision < from);
+        Ok(self.batch(start, max_records, max_bytes))
     }
 
     /// Changes from index `from` on, at most `max_records` of them and
@@ -159,6 +207,11 @@ impl<M: StateMachine> Core<M> {
             });
         }
         let skip = (from.0 - oldest.0) as usize;
+        Ok(self.batch(skip, max_records, max_bytes))
+    }
+
+    /// The held changes from position `skip` on, within the bounds.
+    fn batch(&self, skip: usize, max_records: usize, max_bytes: usize) -> Vec<Change<M::Output>> {
         let mut batch = Vec::new();
         let mut bytes = 0;
         for change in self.history.iter().skip(skip) {
@@ -169,7 +222,7 @@ impl<M: StateMachine> Core<M> {
             // A clone shares the record's bytes with the history.
             batch.push(change.clone());
         }
-        Ok(batch)
+        batch
     }
 }
 
@@ -201,6 +254,49 @@ mod tests {
         fn restore(_: &mut dyn std::io::Read) -> Result<Sum, RestoreError> {
             Ok(Sum::default())
         }
+        /// The sum: a record of zero changes nothing.
+        fn revision(&self) -> u64 {
+            self.0
+        }
+    }
+
+    fn revisions(changes: Vec<Change<u64>>) -> Vec<(u64, u64)> {
+        changes
+            .iter()
+            .map(|change| (change.index.0, change.revision))
+            .collect()
+    }
+
+    #[test]
+    fn changes_are_found_by_revision_and_a_dropped_one_is_a_gap() {
+        let mut core = Core::<Sum>::new(records_only(3));
+        assert!(
+            core.changes_from_revision(0, 10, usize::MAX)
+                .unwrap()
+                .is_empty()
+        );
+        // Revisions after each record: 1, 1, 3, 3, 4.
+        for (index, add) in [1u8, 0, 2, 0, 1].into_iter().enumerate() {
+            core.apply(RecordIndex(index as u64), Bytes::from(vec![add]));
+        }
+        // Held: records 2 (moved to 3), 3 (changed nothing), 4 (moved to 4).
+        let from = |revision| core.changes_from_revision(revision, 10, usize::MAX);
+        assert_eq!(revisions(from(2).unwrap()), [(2, 3), (3, 3), (4, 4)]);
+        assert_eq!(revisions(from(3).unwrap()), [(2, 3), (3, 3), (4, 4)]);
+        assert_eq!(revisions(from(4).unwrap()), [(4, 4)]);
+        assert!(from(5).unwrap().is_empty());
+        // Record 1 moved to 1, dropped with record 0: revision 1 is gone.
+        let gap = RevisionGap {
+            requested: 1,
+            oldest: 2,
+        };
+        assert_eq!(from(1).unwrap_err(), gap);
+        assert_eq!(from(0).unwrap_err().oldest, 2);
+        // A restored state's own revision is not held either.
+        core.restore(Sum(9), RecordIndex(40));
+        let from = |revision| core.changes_from_revision(revision, 10, usize::MAX);
+        assert_eq!(from(9).unwrap_err().oldest, 10);
+        assert!(from(10).unwrap().is_empty());
     }
 
     fn records_only(max_records: usize) -> HistoryBudget {

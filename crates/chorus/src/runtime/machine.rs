@@ -38,6 +38,15 @@ pub trait StateMachine: Default + Send + 'static {
     fn reflected_end(&self) -> Option<RecordIndex> {
         None
     }
+
+    /// The machine's own version of its state, if it keeps one: a number
+    /// that never falls, rises with the records that change the state, and
+    /// stays put for the others (the key-value machine's store revision).
+    /// The runtime tags each applied record with it, so watchers can name
+    /// a position by it. A machine without one answers 0.
+    fn revision(&self) -> u64 {
+        0
+    }
 }
 
 /// Checks that a state restored from a snapshot published at `wal_index`

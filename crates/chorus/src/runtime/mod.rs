@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, watch};
 
-pub use self::core::{Change, HistoryGap};
+pub use self::core::{Change, HistoryGap, RevisionGap};
 pub use config::{DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_RECORDS, RuntimeConfig, RuntimeStores};
 pub use error::{Phase, Role, RuntimeError, Unavailable, WriteError};
 pub use log_view::{
@@ -280,6 +280,21 @@ impl<M: StateMachine> Runtime<M> {
         self.shared
             .core()
             .changes_since(from, max_records, max_bytes)
+    }
+
+    /// [`changes_within`](Runtime::changes_within) from the first record
+    /// that left the machine at revision `from` or above
+    /// ([`StateMachine::revision`]); a revision some change no longer held
+    /// moved to is a [`RevisionGap`].
+    pub fn changes_from_revision(
+        &self,
+        from: u64,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Change<M::Output>>, RevisionGap> {
+        self.shared
+            .core()
+            .changes_from_revision(from, max_records, max_bytes)
     }
 
     /// The applied end, updated after every applied record.
