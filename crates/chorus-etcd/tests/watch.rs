@@ -174,6 +174,28 @@ async fn a_watch_reports_each_revision_with_etcds_fields() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_the_empty_stores_first_revision_waits_for_the_next() {
+    // Revision 1 changed nothing: the watch owes nothing for it (it once
+    // spun on it, holding a worker thread).
+    let served = support::serve("watch-empty", |_| {}).await;
+    let mut client = served.client().await;
+    let mut streams = Vec::new();
+    for _ in 0..4 {
+        let from_1 = WatchOptions::new().with_start_revision(1);
+        let mut stream = watch(&mut client, "k", from_1).await;
+        assert_eq!(next(&mut stream).await, created(1, 0));
+        streams.push(stream);
+    }
+    client.put("k", "v", None).await.unwrap();
+    for stream in &mut streams {
+        assert_eq!(
+            next(stream).await,
+            events(2, 0, vec![put("k", "v", 2, 2, 1)])
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_start_revisions_prefixes_from_key_and_prev_kv() {
     let served = support::serve("watch-past", |_| {}).await;
     let mut client = served.client().await;

@@ -38,6 +38,9 @@ struct Read {
     compacted: Revision,
     /// The retained changes read, by revision, in order.
     revisions: Vec<(Revision, Vec<Change>)>,
+    /// The last revision the read covers: the store revision, or the
+    /// last one read when the read bounds cut it short.
+    covered: Revision,
 }
 
 /// The responses of one stream, each with a full header whose revision
@@ -123,7 +126,8 @@ impl WatchStream {
                     }
                 }
                 _ = ticker.tick() => self.progress_tick(),
-                () = std::future::ready(()), if behind && !full => {}
+                // More to deliver: go on, letting other tasks run first.
+                () = tokio::task::yield_now(), if behind && !full => {}
             }
         }
     }
@@ -241,8 +245,10 @@ impl WatchStream {
         self.responses.raft_term = raft_term(&self.shared.runtime.status());
         self.cancel_compacted(&read);
         let mut batches: BTreeMap<i64, Vec<mvccpb::Event>> = BTreeMap::new();
+        let mut covered = read.covered;
         for (revision, changes) in &read.revisions {
             if self.responses.outbox.is_full() {
+                covered = revision - 1;
                 break;
             }
             for watcher in self.watchers.values_mut() {
@@ -260,6 +266,12 @@ impl WatchStream {
                 } else {
                     batches.entry(watcher.id).or_default().extend(events);
                 }
+            }
+        }
+        // Revisions without changes (the empty store's first) owe nothing.
+        for watcher in self.watchers.values_mut() {
+            if watcher.behind(covered) {
+                watcher.next = covered + 1;
             }
         }
         for (id, events) in batches {
@@ -293,9 +305,11 @@ impl WatchStream {
                 let compacted = history.compact_revision();
                 let mut revisions = Vec::new();
                 let mut bytes = 0;
+                let mut covered = current;
                 let from = from.unwrap_or(current + 1).max(compacted);
                 for (revision, changes) in history.changes(from, current) {
                     if revisions.len() >= MAX_REVISIONS_PER_READ || bytes >= READ_BATCH_BYTES {
+                        covered = revision - 1;
                         break;
                     }
                     bytes += changes.iter().map(change_bytes).sum::<usize>();
@@ -305,6 +319,7 @@ impl WatchStream {
                     current,
                     compacted,
                     revisions,
+                    covered,
                 }
             })
             .0
