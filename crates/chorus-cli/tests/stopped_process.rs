@@ -111,6 +111,22 @@ struct Contention<'a> {
     /// The longest A runs before it is stopped: about A's own run time, so
     /// the stops land anywhere in it (some after it finished, which is fine).
     max_stop_delay_ms: u64,
+    /// Whether A of round `round` holds what B contends for now; when given,
+    /// A's stop delay starts once it does (a loaded machine delays a run's
+    /// start by more than A holds it), or once A ended or a second passed.
+    held: Option<&'a dyn Fn(&Path, u64) -> bool>,
+}
+
+/// Waits until `held` says A of `round` holds what B contends for, A ended,
+/// or a second passed.
+fn wait_until_held(dir: &Path, round: u64, a: &mut Child, held: &dyn Fn(&Path, u64) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while !held(dir, round) && Instant::now() < deadline {
+        if a.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
 }
 
 /// What B went through over every round.
@@ -132,7 +148,10 @@ fn stop_and_take_over(dir: &Path, contention: &Contention) -> Takeovers {
     let mut slowest = Duration::ZERO;
     for round in 0..rounds {
         let (args, input) = (contention.command)("a", round);
-        let a = chorus(dir, &args, &input);
+        let mut a = chorus(dir, &args, &input);
+        if let Some(held) = contention.held {
+            wait_until_held(dir, round, &mut a, held);
+        }
         std::thread::sleep(Duration::from_millis(
             schedule.next() % contention.max_stop_delay_ms,
         ));
@@ -210,6 +229,7 @@ fn takeovers_never_wait_for_a_stopped_process(location: &[String]) {
             retry: &|stderr| stderr.contains("fenced"),
             limit: B_LIMIT,
             max_stop_delay_ms: 120,
+            held: None,
         },
     )
     .outputs;
@@ -247,6 +267,21 @@ fn a_stopped_appender_never_blocks_the_next_with_an_object_register_in_a_directo
 /// snapshot store. A publisher stopped while holding the lease makes the
 /// next one wait for the lease to expire (that is what a lease is for), never
 /// for a lock: with a 1 s lease, B publishes within a few seconds each time.
+/// Whether the newest lease document of the embedded default's snapshot
+/// store names publisher A of `round` and is not released.
+fn publisher_holds_lease(dir: &Path, round: u64) -> bool {
+    let versions = dir.join("chorus-data/snapshots-store/default/.k.lease.json");
+    let Ok(entries) = std::fs::read_dir(versions) else {
+        return false;
+    };
+    let newest = entries.filter_map(Result::ok).map(|e| e.path()).max();
+    let Some(text) = newest.and_then(|path| std::fs::read(path).ok()) else {
+        return false;
+    };
+    let text = String::from_utf8_lossy(&text);
+    text.contains(&format!("\"holder_id\": \"a-{round}\"")) && !text.contains("\"released\": true")
+}
+
 #[test]
 fn a_stopped_publisher_never_blocks_the_next_beyond_its_lease() {
     let dir = tempfile::TempDir::new().unwrap();
@@ -278,12 +313,11 @@ fn a_stopped_publisher_never_blocks_the_next_beyond_its_lease() {
             // A live lease of A's, or A's newer HEAD, is a wait, not a block.
             retry: &|stderr| stderr.contains("lease held") || stderr.contains("fenced"),
             limit: Duration::from_secs(1) + B_LIMIT,
-            // A holds the lease for a few tens of milliseconds, some way into
-            // a run whose start a loaded machine delays by as much: stops
-            // spread over a whole run land inside that window in some rounds
-            // whatever the load, where a 30 ms spread landed before it in
-            // every round under load.
-            max_stop_delay_ms: 300,
+            // A holds the lease for only a few milliseconds once it has it
+            // (a stop up to 15 ms later landed inside in 2 rounds of 50):
+            // the stops land within 4 ms of A taking it.
+            max_stop_delay_ms: 4,
+            held: Some(&publisher_holds_lease),
         },
     );
     assert!(
