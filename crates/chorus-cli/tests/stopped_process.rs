@@ -99,6 +99,9 @@ fn acked_index(output: &Output) -> u64 {
 /// The command of round `round` for `role` ("a" or "b"), and its stdin.
 type RoundCommand<'a> = &'a dyn Fn(&str, u64) -> (Vec<String>, String);
 
+/// Whether A of a round holds what B contends for, read from the data dir.
+type Held<'a> = &'a dyn Fn(&Path, u64) -> bool;
+
 /// One kind of contended command: how A and B run it, and which of B's
 /// failures are a legitimate wait rather than a block.
 struct Contention<'a> {
@@ -114,12 +117,12 @@ struct Contention<'a> {
     /// Whether A of round `round` holds what B contends for now; when given,
     /// A's stop delay starts once it does (a loaded machine delays a run's
     /// start by more than A holds it), or once A ended or a second passed.
-    held: Option<&'a dyn Fn(&Path, u64) -> bool>,
+    held: Option<Held<'a>>,
 }
 
 /// Waits until `held` says A of `round` holds what B contends for, A ended,
 /// or a second passed.
-fn wait_until_held(dir: &Path, round: u64, a: &mut Child, held: &dyn Fn(&Path, u64) -> bool) {
+fn wait_until_held(dir: &Path, round: u64, a: &mut Child, held: Held<'_>) {
     let deadline = Instant::now() + Duration::from_secs(1);
     while !held(dir, round) && Instant::now() < deadline {
         if a.try_wait().ok().flatten().is_some() {
