@@ -602,45 +602,11 @@ async fn a_standby_serves_watches_from_the_records_it_applied() {
 
 /// A primary and a standby of one database on in-memory stores.
 async fn primary_and_standby(database: &str) -> (Arc<Runtime<KvState>>, Arc<Runtime<KvState>>) {
-    use chorus::clock::SystemClock;
-    use chorus::lease::{DatabaseKey, HolderId, LeaseConfig, LeaseStore};
-    use chorus::log::LogStores;
-    use chorus::register::{DEFAULT_WINDOW, ManifestStore, MemoryRegister, initialize};
-    use chorus::runtime::{RuntimeConfig, RuntimeStores};
-    use chorus::snapshot::{SnapshotConfig, SnapshotStore};
-
-    let replicas: Vec<_> = (0..3)
-        .map(|position| {
-            let store = memory_runtime::memory(&format!("{database}-r{position}"));
-            (format!("memory://r{position}"), store)
-        })
-        .collect();
-    let register: Arc<dyn ManifestStore> = Arc::new(MemoryRegister::new());
-    let identities = replicas.iter().map(|(name, _)| name.clone()).collect();
-    initialize(register.as_ref(), identities, DEFAULT_WINDOW)
-        .await
-        .unwrap();
-    let meta = memory_runtime::memory(&format!("{database}-meta"));
-    let key = DatabaseKey::new(database).unwrap();
-    let lease = LeaseConfig {
-        ttl: Duration::from_secs(10),
-        safety_margin: Duration::from_secs(2),
-        store_call_timeout: Duration::from_secs(2),
-    };
-    let stores = RuntimeStores {
-        log: LogStores { replicas, register },
-        snapshots: SnapshotStore::new(
-            meta.clone(),
-            key.clone(),
-            SnapshotConfig::default(),
-            SystemClock::shared(),
-        ),
-        leases: LeaseStore::new(meta, key, lease, SystemClock::shared()).unwrap(),
-    };
+    let stores = memory_runtime::MemoryStores::new(database, |store| store).await;
     let start = |holder: &str| {
-        let mut config = RuntimeConfig::new(HolderId::new(holder).unwrap());
-        config.standby_poll_interval = Duration::from_millis(50);
-        Arc::new(Runtime::<KvState>::start(stores.clone(), config).unwrap())
+        stores.runtime_with(holder, |config| {
+            config.standby_poll_interval = Duration::from_millis(50);
+        })
     };
     let primary = start("http://primary:1");
     memory_runtime::wait_until("primary", || primary.is_primary_and_sure()).await;

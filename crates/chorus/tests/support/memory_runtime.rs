@@ -72,6 +72,16 @@ impl MemoryStores {
     /// A runtime over these stores as `holder`: it takes the lease once it
     /// can, and until then is a standby.
     pub fn runtime(&self, holder: &str) -> Arc<Runtime<KvState>> {
+        self.runtime_with(holder, |_| {})
+    }
+
+    /// [`runtime`](Self::runtime), with its config changed by `configure`
+    /// first (a shorter standby poll, say).
+    pub fn runtime_with(
+        &self,
+        holder: &str,
+        configure: impl FnOnce(&mut RuntimeConfig),
+    ) -> Arc<Runtime<KvState>> {
         let key = DatabaseKey::new(&self.database).expect("a valid database key");
         let lease = LeaseConfig {
             ttl: Duration::from_secs(10),
@@ -92,7 +102,8 @@ impl MemoryStores {
             leases: LeaseStore::new(self.meta.clone(), key, lease, SystemClock::shared())
                 .expect("a lease config"),
         };
-        let config = RuntimeConfig::new(HolderId::new(holder).expect("a holder id"));
+        let mut config = RuntimeConfig::new(HolderId::new(holder).expect("a holder id"));
+        configure(&mut config);
         Arc::new(Runtime::start(stores, config).expect("a valid runtime config"))
     }
 }
