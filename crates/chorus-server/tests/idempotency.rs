@@ -7,14 +7,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use chorus::kv::Retention;
-use chorus_server::{AppState, router};
-use serde_json::{Value, json};
-use tower::ServiceExt;
+use chorus_server::AppState;
+use serde_json::json;
 
 mod support;
+
+use support::send;
 
 /// A primary over fresh in-memory stores, and the state its router shares.
 async fn service() -> Arc<AppState> {
@@ -25,46 +25,6 @@ async fn service() -> Arc<AppState> {
         max_bytes: chorus::kv::idempotency::DEFAULT_RETAINED_BYTES,
     };
     support::app_state(&runtime, Duration::from_secs(10), retention)
-}
-
-/// An answer: status, whether it was replayed, and the JSON body.
-#[derive(Debug)]
-struct Answer {
-    status: StatusCode,
-    replayed: bool,
-    body: Value,
-}
-
-async fn send(
-    app: &Arc<AppState>,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: impl Into<Body>,
-) -> Answer {
-    // The service refuses an HTTP/1.1 request without Host, as hyper's clients send one.
-    let mut request = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "test");
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = router(Arc::clone(app))
-        .oneshot(request.body(body.into()).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    let replayed = response.headers().get("idempotent-replayed").is_some();
-    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Answer {
-        status,
-        replayed,
-        body,
-    }
 }
 
 fn applied(app: &AppState) -> u64 {

@@ -7,17 +7,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body as HttpBody;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use bytes::Bytes;
 use chorus::kv::{
     Body, Command, Condition, IdempotencyKey, KvState, Operation, Record, Retention, Stamp,
 };
-use chorus_server::{AppState, router};
-use serde_json::Value;
-use tower::ServiceExt;
+use chorus_server::AppState;
 
 mod support;
+
+use support::{Answer, send};
 
 const RETENTION: Retention = Retention {
     max_keys: 1000,
@@ -28,34 +27,6 @@ const RETENTION: Retention = Retention {
 async fn service() -> Arc<AppState> {
     let runtime = support::primary("raw-append-test", |store| store).await;
     support::app_state(&runtime, Duration::from_secs(10), RETENTION)
-}
-
-/// Sends a request; answers its status, whether it was replayed, and its JSON body.
-async fn send(
-    app: &Arc<AppState>,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: impl Into<HttpBody>,
-) -> (StatusCode, bool, Value) {
-    let mut request = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "test");
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = router(Arc::clone(app))
-        .oneshot(request.body(body.into()).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    let replayed = response.headers().get("idempotent-replayed").is_some();
-    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    (status, replayed, body)
 }
 
 fn put_a(value: &'static str) -> Body {
@@ -85,9 +56,9 @@ fn stamped(body: Body, key: &str, at_ms: u64, retention: Retention) -> Bytes {
 async fn a_raw_append_that_forges_a_key_value_record_is_refused_and_changes_nothing() {
     let app = service().await;
     let client = [("idempotency-key", "client-1")];
-    let (status, ..) = send(&app, "PUT", "/v1/kv/a", &client, "1").await;
+    let Answer { status, .. } = send(&app, "PUT", "/v1/kv/a", &client, "1").await;
     assert_eq!(status, StatusCode::OK);
-    let (status, ..) = send(
+    let Answer { status, .. } = send(
         &app,
         "PUT",
         "/v1/kv/b",
@@ -132,7 +103,11 @@ async fn a_raw_append_that_forges_a_key_value_record_is_refused_and_changes_noth
     ];
     for (what, body) in forgeries {
         for headers in [&[][..], &[("idempotency-key", "forger")][..]] {
-            let (status, _, answer) = send(&app, "POST", "/v1/log", headers, body.clone()).await;
+            let Answer {
+                status,
+                body: answer,
+                ..
+            } = send(&app, "POST", "/v1/log", headers, body.clone()).await;
             assert_eq!(
                 status,
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -151,14 +126,20 @@ async fn a_raw_append_that_forges_a_key_value_record_is_refused_and_changes_noth
     // The victim's key is its own: its first write applies, and the
     // remembered keys still answer their retries.
     let victim = [("idempotency-key", "victim")];
-    let (status, replayed, _) = send(&app, "PUT", "/v1/kv/c", &victim, "3").await;
+    let Answer {
+        status, replayed, ..
+    } = send(&app, "PUT", "/v1/kv/c", &victim, "3").await;
     assert_eq!((status, replayed), (StatusCode::OK, false));
-    let (status, replayed, answer) = send(&app, "PUT", "/v1/kv/a", &client, "1").await;
+    let Answer {
+        status,
+        replayed,
+        body: answer,
+    } = send(&app, "PUT", "/v1/kv/a", &client, "1").await;
     assert_eq!((status, replayed), (StatusCode::OK, true), "{answer}");
     // Any other raw record still appends, with a key or without.
-    let (status, ..) = send(&app, "POST", "/v1/log", &[], "CHK event").await;
+    let Answer { status, .. } = send(&app, "POST", "/v1/log", &[], "CHK event").await;
     assert_eq!(status, StatusCode::OK);
     let keyed = [("idempotency-key", "append-1")];
-    let (status, ..) = send(&app, "POST", "/v1/log", &keyed, "event").await;
+    let Answer { status, .. } = send(&app, "POST", "/v1/log", &keyed, "event").await;
     assert_eq!(status, StatusCode::OK);
 }
