@@ -713,10 +713,9 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_previous_format_snapshot_decodes_with_no_remembered_keys() {
-        // Format 1, as written before idempotency keys: applied_end 3, a = "1"
-        // at version 0, b = "22" at version 2.
+    /// A format-1 snapshot, as written before idempotency keys: applied_end
+    /// 3, a = "1" set by record 0, b = "22" by record 2.
+    pub(super) fn format_one_snapshot() -> Vec<u8> {
         let mut bytes = b"CHKS\x01".to_vec();
         bytes.extend_from_slice(&3u64.to_le_bytes());
         bytes.extend_from_slice(&2u64.to_le_bytes());
@@ -724,6 +723,12 @@ mod tests {
         bytes.extend_from_slice(b"\x01\0\0\0b\x02\0\0\0\0\0\0\0\x02\0\0\x0022");
         let crc = crc32c::crc32c(&bytes);
         bytes.extend_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn a_previous_format_snapshot_decodes_with_no_remembered_keys() {
+        let bytes = format_one_snapshot();
         let state = KvState::decode_snapshot(&bytes).unwrap();
         assert_eq!(state.applied_end(), RecordIndex(3));
         // Index versions map to revisions: index i is revision i + 1.

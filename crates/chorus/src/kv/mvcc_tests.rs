@@ -660,13 +660,7 @@ fn snapshots_carry_revisions_and_history() {
 #[test]
 fn an_index_version_snapshot_maps_onto_revisions() {
     // Format 1: applied_end 3, a = "1" set by record 0, b = "22" by record 2.
-    let mut bytes = b"CHKS\x01".to_vec();
-    bytes.extend_from_slice(&3u64.to_le_bytes());
-    bytes.extend_from_slice(&2u64.to_le_bytes());
-    bytes.extend_from_slice(b"\x01\0\0\0a\0\0\0\0\0\0\0\0\x01\0\0\x001");
-    bytes.extend_from_slice(b"\x01\0\0\0b\x02\0\0\0\0\0\0\0\x02\0\0\x0022");
-    let crc = crc32c::crc32c(&bytes);
-    bytes.extend_from_slice(&crc.to_le_bytes());
+    let bytes = super::tests::format_one_snapshot();
     let mut state = KvState::decode_snapshot(&bytes).unwrap();
     assert_eq!((state.revision(), state.compact_revision()), (3, 3));
     let b_entry = state.get(b"b").unwrap();
