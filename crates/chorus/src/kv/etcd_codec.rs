@@ -8,6 +8,8 @@
 //! 2 delete:   key | range_end | flags u8 (1 prev_kv)
 //! 3 txn:      compares u32 | compare… | success u32 | op… | failure u32 | op…
 //! 4 compact:  revision i64 | physical u8 (0/1)
+//! 5 grant:    id i64 | ttl i64
+//! 6 revoke:   id i64
 //! compare:    key | range_end | result u8 (1 =, 2 >, 3 <, 4 !=)
 //!             | target u8 (1 version, 2 create, 3 mod, 4 value, 5 lease) | i64 or value
 //! op:         1 range | 2 put (as above) | 3 delete (as above) | 4 txn (as above)
@@ -25,7 +27,8 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use super::command::CommandError;
 use super::etcd::{
     CompactionRequest, Compare, CompareResult, CompareTarget, DeleteRangeRequest, EtcdCommand,
-    PutRequest, RangeRequest, RequestOp, SortOrder, SortTarget, TxnRequest,
+    LeaseGrantRequest, LeaseRevokeRequest, PutRequest, RangeRequest, RequestOp, SortOrder,
+    SortTarget, TxnRequest,
 };
 
 /// The deepest nesting of transactions a record may hold (etcd bounds it
@@ -36,6 +39,8 @@ const PUT: u8 = 1;
 const DELETE: u8 = 2;
 const TXN: u8 = 3;
 const COMPACT: u8 = 4;
+const LEASE_GRANT: u8 = 5;
+const LEASE_REVOKE: u8 = 6;
 const RANGE_OP: u8 = 1;
 const PUT_OP: u8 = 2;
 const DELETE_OP: u8 = 3;
@@ -61,6 +66,15 @@ pub(super) fn put_command(out: &mut BytesMut, command: &EtcdCommand) {
             out.put_i64_le(compaction.revision);
             out.put_u8(compaction.physical as u8);
         }
+        EtcdCommand::LeaseGrant(grant) => {
+            out.put_u8(LEASE_GRANT);
+            out.put_i64_le(grant.id);
+            out.put_i64_le(grant.ttl);
+        }
+        EtcdCommand::LeaseRevoke(revoke) => {
+            out.put_u8(LEASE_REVOKE);
+            out.put_i64_le(revoke.id);
+        }
     }
 }
 
@@ -73,6 +87,13 @@ pub(super) fn take_command(input: &mut &[u8]) -> Result<EtcdCommand, CommandErro
         COMPACT => EtcdCommand::Compact(CompactionRequest {
             revision: take_i64(input)?,
             physical: take_flag(input)?,
+        }),
+        LEASE_GRANT => EtcdCommand::LeaseGrant(LeaseGrantRequest {
+            id: take_i64(input)?,
+            ttl: take_i64(input)?,
+        }),
+        LEASE_REVOKE => EtcdCommand::LeaseRevoke(LeaseRevokeRequest {
+            id: take_i64(input)?,
         }),
         _ => return Err(malformed("unknown etcd request")),
     })
@@ -520,6 +541,9 @@ mod tests {
             (any::<i64>(), any::<bool>()).prop_map(|(revision, physical)| {
                 EtcdCommand::Compact(CompactionRequest { revision, physical })
             }),
+            (any::<i64>(), any::<i64>())
+                .prop_map(|(id, ttl)| EtcdCommand::LeaseGrant(LeaseGrantRequest { id, ttl })),
+            any::<i64>().prop_map(|id| EtcdCommand::LeaseRevoke(LeaseRevokeRequest { id })),
         ]
     }
 

@@ -16,10 +16,11 @@ use bytes::Bytes;
 
 use super::etcd::{
     CompactionResponse, Compare, CompareResult, CompareTarget, DeleteRangeRequest,
-    DeleteRangeResponse, EtcdCommand, EtcdError, EtcdResponse, KeyValue, PutRequest, PutResponse,
-    RangeRequest, RangeResponse, RequestOp, ResponseOp, Revision, SortOrder, SortTarget,
-    TxnRequest, TxnResponse,
+    DeleteRangeResponse, EtcdCommand, EtcdError, EtcdResponse, KeyValue, LeaseGrantRequest,
+    LeaseGrantResponse, LeaseRevokeResponse, PutRequest, PutResponse, RangeRequest, RangeResponse,
+    RequestOp, ResponseOp, Revision, SortOrder, SortTarget, TxnRequest, TxnResponse,
 };
+use super::lease::{MAX_LEASE_TTL_SECS, MAX_LEASES};
 use super::mvcc::{Change, key_range};
 use super::{Entry, KvState};
 use crate::ids::RecordIndex;
@@ -200,16 +201,43 @@ impl KvState {
                     header_revision: self.history.revision(),
                 })
             }
+            EtcdCommand::LeaseGrant(grant) => EtcdResponse::LeaseGrant(self.grant(index, grant)),
+            EtcdCommand::LeaseRevoke(revoke) => {
+                let lease = self.leases.remove(revoke.id).expect("checked to exist");
+                // etcd deletes a revoked lease's keys in key order, in one write.
+                for key in &lease.keys {
+                    self.delete_key(&mut write, key);
+                }
+                EtcdResponse::LeaseRevoke(LeaseRevokeResponse {
+                    header_revision: write.read_revision(),
+                    deleted: lease.keys.len() as i64,
+                })
+            }
         };
         self.finish_write(write);
         Ok(response)
+    }
+
+    /// Creates the lease a grant at record `index` asks for; it changes no
+    /// key, so no revision.
+    fn grant(&mut self, index: RecordIndex, grant: &LeaseGrantRequest) -> LeaseGrantResponse {
+        let id = match grant.id {
+            0 => self.leases.choose_id(index),
+            id => id,
+        };
+        let ttl = self.leases.grant(id, grant.ttl).ttl_secs;
+        LeaseGrantResponse {
+            header_revision: self.history.revision(),
+            id,
+            ttl,
+        }
     }
 
     /// The checks etcd makes against the state before applying.
     fn check_state(&self, command: &EtcdCommand) -> Result<(), EtcdError> {
         match command {
             EtcdCommand::Put(put) => {
-                check_lease(put.lease)?;
+                self.check_lease(put.lease)?;
                 self.check_ignored_fields(put)
             }
             EtcdCommand::DeleteRange(_) => Ok(()),
@@ -219,7 +247,7 @@ impl KvState {
                     self.check_path(txn, &path, &mut |op| match op {
                         RequestOp::Put(put) => {
                             self.check_ignored_fields(put)?;
-                            check_lease(put.lease)
+                            self.check_lease(put.lease)
                         }
                         _ => Ok(()),
                     })?;
@@ -238,7 +266,31 @@ impl KvState {
                     Ok(())
                 }
             }
+            // etcd's order: the TTL, then the id.
+            EtcdCommand::LeaseGrant(grant) => {
+                if grant.ttl > MAX_LEASE_TTL_SECS {
+                    Err(EtcdError::LeaseTtlTooLarge)
+                } else if grant.id != 0 && self.leases.get(grant.id).is_some() {
+                    Err(EtcdError::LeaseExists)
+                } else if self.leases.len() >= MAX_LEASES {
+                    Err(EtcdError::NoSpace)
+                } else {
+                    Ok(())
+                }
+            }
+            EtcdCommand::LeaseRevoke(revoke) => match self.leases.get(revoke.id) {
+                Some(_) => Ok(()),
+                None => Err(EtcdError::LeaseNotFound),
+            },
         }
+    }
+
+    /// A lease a request names must exist (0 names none).
+    fn check_lease(&self, lease: i64) -> Result<(), EtcdError> {
+        if lease != 0 && self.leases.get(lease).is_none() {
+            return Err(EtcdError::LeaseNotFound);
+        }
+        Ok(())
     }
 
     /// `ignore_value` and `ignore_lease` need the key to exist.
@@ -451,6 +503,10 @@ impl KvState {
             version: before.as_ref().map_or(1, |entry| entry.version + 1),
             lease,
         };
+        if let Some(before) = before.as_ref().filter(|before| before.lease != lease) {
+            self.leases.detach(key, before.lease);
+        }
+        self.leases.attach(key, lease);
         self.entries.insert(key.clone(), entry.clone());
         self.record(write, key, before.clone(), Some(entry));
         before
@@ -460,6 +516,7 @@ impl KvState {
     /// absent, nothing changed).
     pub(super) fn delete_key(&mut self, write: &mut Write, key: &Bytes) -> Option<Entry> {
         let before = self.entries.remove(key)?;
+        self.leases.detach(key, before.lease);
         self.record(write, key, Some(before.clone()), None);
         Some(before)
     }
@@ -485,8 +542,8 @@ impl EtcdCommand {
     /// Checks a request the way etcd does before proposing it (an empty
     /// key, too many operations for `max_txn_ops`, a duplicate key, the
     /// ignore flags) and against the state where etcd checks before
-    /// applying (a missing key for the ignore flags, a lease while leases
-    /// are not served, the revisions a compaction or a range inside a
+    /// applying (a missing key for the ignore flags, an unknown lease, a
+    /// grant's TTL and id, the revisions a compaction or a range inside a
     /// transaction names). `Err`: nothing is to be appended.
     pub fn validate(&self, state: &KvState, max_txn_ops: usize) -> Result<(), EtcdError> {
         self.check_request(i64::try_from(max_txn_ops).unwrap_or(i64::MAX))?;
@@ -507,7 +564,9 @@ impl EtcdCommand {
                 check_intervals(&txn.failure)?;
                 Ok(())
             }
-            EtcdCommand::Compact(_) => Ok(()),
+            EtcdCommand::Compact(_) | EtcdCommand::LeaseGrant(_) | EtcdCommand::LeaseRevoke(_) => {
+                Ok(())
+            }
         }
     }
 }
@@ -526,14 +585,6 @@ fn check_put(put: &PutRequest) -> Result<(), EtcdError> {
     }
     if put.ignore_lease && put.lease != 0 {
         return Err(EtcdError::LeaseProvided);
-    }
-    Ok(())
-}
-
-/// No lease exists until leases are served: etcd refuses an unknown one.
-fn check_lease(lease: i64) -> Result<(), EtcdError> {
-    if lease != 0 {
-        return Err(EtcdError::LeaseNotFound);
     }
     Ok(())
 }
