@@ -321,7 +321,7 @@ impl Resolved {
 
     /// The etcd service's settings for an API bound at `bound`: the
     /// database's identity is its snapshot store and name.
-    fn etcd_config(&self, bound: SocketAddr) -> EtcdConfig {
+    fn etcd_config(&self, bound: Option<SocketAddr>) -> EtcdConfig {
         let identity = format!(
             "{}/{}",
             self.database.store,
@@ -330,7 +330,10 @@ impl Resolved {
         let mut config = EtcdConfig::new(identity);
         config.max_request_bytes = self.etcd.max_request_bytes;
         config.max_txn_ops = self.etcd.max_txn_ops;
-        config.client_urls = vec![default_advertise_url(bound, &hostname())];
+        config.client_urls = bound
+            .map(|bound| default_advertise_url(bound, &hostname()))
+            .into_iter()
+            .collect();
         config
     }
 
@@ -561,15 +564,14 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
         resolved.location.register,
         resolved.database.store,
     )?;
-    let etcd = match etcd_listener {
-        Some(etcd_listener) => {
-            let etcd_bound = etcd_listener.local_addr()?;
-            outln!("chorus serve: etcd API on {etcd_bound}")?;
-            let service = EtcdService::new(Arc::clone(&runtime), resolved.etcd_config(etcd_bound));
-            Some((etcd_listener, service))
-        }
-        None => None,
-    };
+    let etcd_bound = etcd_listener
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()?;
+    if let Some(etcd_bound) = etcd_bound {
+        outln!("chorus serve: etcd API on {etcd_bound}")?;
+    }
+    let etcd = EtcdService::new(Arc::clone(&runtime), resolved.etcd_config(etcd_bound));
     if let Some(dir) = &resolved.data_dir {
         tracing::debug!(data_dir = %dir.display(), "data directory");
     }
@@ -596,10 +598,17 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
     );
     tokio::spawn(report_roles(Arc::clone(&runtime)));
     let (stop_streams, shutdown) = watch::channel(false);
-    let etcd = etcd.map(|(etcd_listener, service)| {
-        let stopped = stop_streams.subscribe();
-        tokio::spawn(serve_etcd(etcd_listener, service, stopped))
-    });
+    let mut stopped = stop_streams.subscribe();
+    let etcd = match etcd_listener {
+        Some(etcd_listener) => Some(tokio::spawn(serve_etcd(etcd_listener, etcd, stopped))),
+        // Leases granted through another node still expire while this one leads.
+        None => {
+            tokio::spawn(etcd.expire_leases(async move {
+                let _ = stopped.wait_for(|stopped| *stopped).await;
+            }));
+            None
+        }
+    };
     let grace = resolved.service.connections.shutdown_grace;
     let mut service = resolved.service;
     service.advertise_url = Some(advertise);

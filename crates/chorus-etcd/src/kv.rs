@@ -13,7 +13,6 @@
 
 use std::sync::Arc;
 
-use chorus::kv::Applied;
 use chorus::kv::etcd::{EtcdCommand, EtcdError, EtcdResponse, RequestOp, TxnRequest};
 use prost::Message;
 use tonic::{Request, Response, Status};
@@ -21,7 +20,7 @@ use tonic::{Request, Response, Status};
 use crate::convert;
 use crate::error;
 use crate::proto::etcdserverpb as pb;
-use crate::server::Shared;
+use crate::server::{Shared, mismatched};
 use crate::unserved::{NoStream, not_served};
 
 /// etcd's KV service; see the module docs.
@@ -47,24 +46,7 @@ impl KvService {
     /// Appends `command` once it passes etcd's checks, and answers what
     /// applying it answered.
     async fn write(&self, command: EtcdCommand) -> Result<EtcdResponse, Status> {
-        let max_txn_ops = self.shared.config.max_txn_ops;
-        let written = self
-            .shared
-            .runtime
-            .write(|state| {
-                command.validate(state, max_txn_ops)?;
-                Ok(command.encode())
-            })
-            .await
-            .map_err(error::write_failed)?;
-        match written.output {
-            Applied::Etcd(Ok(response)) => Ok(response),
-            Applied::Etcd(Err(refusal)) => Err(error::refused(&refusal)),
-            other => Err(Status::internal(format!(
-                "chorus: record {} applied as {other:?}, not as an etcd request",
-                written.index
-            ))),
-        }
+        self.shared.write(command).await
     }
 
     /// A read-only transaction, evaluated on the state without a record.
@@ -86,11 +68,10 @@ impl KvService {
     /// `response` with its header filled in.
     fn answer<T>(
         &self,
-        mut response: T,
+        response: T,
         header: impl FnOnce(&mut T) -> &mut Option<pb::ResponseHeader>,
     ) -> Response<T> {
-        self.shared.fill_header(header(&mut response), 0);
-        Response::new(response)
+        self.shared.answer(response, header)
     }
 }
 
@@ -111,11 +92,6 @@ fn every_range_serializable(txn: &TxnRequest) -> bool {
         .iter()
         .chain(&txn.failure)
         .all(|op| matches!(op, RequestOp::Range(range) if range.serializable))
-}
-
-/// The answer of a write whose response kind did not match its request.
-fn mismatched(response: &EtcdResponse) -> Status {
-    Status::internal(format!("chorus: an etcd request answered {response:?}"))
 }
 
 #[tonic::async_trait]

@@ -7,9 +7,11 @@
 //!
 //! - KV: Range, Put, DeleteRange, Txn, Compact ([`kv`]).
 //! - Watch: streams of any number of watches ([`watch`]).
+//! - Lease: grant, revoke, keep-alive, time-to-live and the list, with
+//!   expiry decided by the primary ([`lease`]).
 //! - Maintenance: Status and Alarm ([`maintenance`]); Cluster: MemberList
 //!   ([`cluster`]); `grpc.health.v1` reporting SERVING.
-//! - Everything else, Lease and Auth included, answers
+//! - Everything else, Auth included, answers
 //!   `Unimplemented` naming the RPC ([`unserved`]).
 //!
 //! The protobuf messages and tonic services in [`proto`] are generated from
@@ -25,6 +27,7 @@ pub mod convert;
 pub mod error;
 pub mod identity;
 pub mod kv;
+pub mod lease;
 pub mod maintenance;
 pub mod proto;
 mod server;

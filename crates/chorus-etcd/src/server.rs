@@ -4,13 +4,13 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use chorus::kv::KvState;
+use chorus::kv::{Applied, EtcdCommand, EtcdResponse, KvState};
 use chorus::runtime::{Runtime, Unavailable};
 use tokio::net::TcpListener;
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::service::{Routes, RoutesBuilder};
-use tonic::{Code, Status};
+use tonic::{Code, Response, Status};
 use tower::util::MapResponseLayer;
 
 use crate::cluster::ClusterService;
@@ -18,12 +18,13 @@ use crate::config::EtcdConfig;
 use crate::error;
 use crate::identity::{Identity, raft_term};
 use crate::kv::KvService;
+use crate::lease::{LeaseClock, LeaseService, expire_leases};
 use crate::maintenance::MaintenanceService;
 use crate::proto::etcdserverpb::{
     ResponseHeader, auth_server, cluster_server, kv_server, lease_server, maintenance_server,
     watch_server,
 };
-use crate::unserved::{AuthService, LeaseService};
+use crate::unserved::AuthService;
 use crate::watch::WatchService;
 
 /// What every RPC of the service reads: the runtime, the settings and the ids.
@@ -32,6 +33,8 @@ pub(crate) struct Shared {
     pub(crate) runtime: Arc<Runtime<KvState>>,
     pub(crate) config: EtcdConfig,
     pub(crate) identity: Identity,
+    /// The primary's lease deadlines.
+    pub(crate) leases: LeaseClock,
 }
 
 impl Shared {
@@ -55,6 +58,38 @@ impl Shared {
         header.unwrap_or_default()
     }
 
+    /// Appends `command` once it passes etcd's checks against the applied
+    /// state, and answers what applying it answered.
+    pub(crate) async fn write(&self, command: EtcdCommand) -> Result<EtcdResponse, Status> {
+        let max_txn_ops = self.config.max_txn_ops;
+        let written = self
+            .runtime
+            .write(|state| {
+                command.validate(state, max_txn_ops)?;
+                Ok(command.encode())
+            })
+            .await
+            .map_err(error::write_failed)?;
+        match written.output {
+            Applied::Etcd(Ok(response)) => Ok(response),
+            Applied::Etcd(Err(refusal)) => Err(error::refused(&refusal)),
+            other => Err(Status::internal(format!(
+                "chorus: record {} applied as {other:?}, not as an etcd request",
+                written.index
+            ))),
+        }
+    }
+
+    /// `response` with its header filled in.
+    pub(crate) fn answer<T>(
+        &self,
+        mut response: T,
+        header: impl FnOnce(&mut T) -> &mut Option<ResponseHeader>,
+    ) -> Response<T> {
+        self.fill_header(header(&mut response), 0);
+        Response::new(response)
+    }
+
     /// Reads the state: every acknowledged write (`serializable` false, on
     /// the primary only) or whatever was applied here.
     pub(crate) fn read<T>(
@@ -72,8 +107,13 @@ impl Shared {
     }
 }
 
-/// etcd's v3 gRPC API over a runtime: KV, Watch, Maintenance and Cluster
-/// (in part), Lease and Auth answering `Unimplemented`, and
+/// The answer of a write whose response kind did not match its request.
+pub(crate) fn mismatched(response: &EtcdResponse) -> Status {
+    Status::internal(format!("chorus: an etcd request answered {response:?}"))
+}
+
+/// etcd's v3 gRPC API over a runtime: KV, Watch, Lease, Maintenance and
+/// Cluster (in part), Auth answering `Unimplemented`, and
 /// `grpc.health.v1` reporting SERVING.
 ///
 /// ```no_run
@@ -106,6 +146,7 @@ impl EtcdService {
                 runtime,
                 config,
                 identity,
+                leases: LeaseClock::default(),
             }),
             watch,
         }
@@ -114,6 +155,18 @@ impl EtcdService {
     /// The Watch service (its streams' pending bytes, for status).
     pub fn watch(&self) -> &WatchService {
         &self.watch
+    }
+
+    /// Expires leases while this node is the primary, until `stop`
+    /// resolves: logs a revoke for each lease past its deadline (see
+    /// [`lease`](crate::lease)). [`serve`] runs it; run it beside
+    /// [`routes`](Self::routes) mounted elsewhere, or with no listener at
+    /// all, so leases granted through another node still expire here.
+    pub fn expire_leases<S: Future<Output = ()>>(
+        &self,
+        stop: S,
+    ) -> impl Future<Output = ()> + use<S> {
+        expire_leases(Arc::clone(&self.shared), stop)
     }
 
     /// This node's cluster and member ids.
@@ -150,7 +203,8 @@ impl EtcdService {
                 watch_server::WatchServer::new(self.watch.clone()).max_decoding_message_size(limit),
             )
             .add_service(
-                lease_server::LeaseServer::new(LeaseService).max_decoding_message_size(limit),
+                lease_server::LeaseServer::new(LeaseService::new(Arc::clone(shared)))
+                    .max_decoding_message_size(limit),
             )
             .add_service(
                 auth_server::AuthServer::new(AuthService).max_decoding_message_size(limit),
@@ -167,11 +221,18 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let incoming = tonic::codegen::tokio_stream::wrappers::TcpListenerStream::new(listener);
-    tonic::transport::Server::builder()
+    let (stopped, stop) = tokio::sync::oneshot::channel::<()>();
+    let expiry = tokio::spawn(service.expire_leases(async {
+        let _ = stop.await;
+    }));
+    let served = tonic::transport::Server::builder()
         .layer(oversize_layer())
         .add_routes(service.routes())
         .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
+        .await;
+    drop(stopped);
+    let _ = expiry.await;
+    served
 }
 
 /// The layer that answers a message over the decoding limit as etcd's gRPC

@@ -97,9 +97,12 @@ impl Lessor {
         self.expiring.remove(&id);
     }
 
-    /// The milliseconds lease `id` has left at `now_ms`, if this primacy
-    /// keeps a deadline for it.
-    pub fn remaining_ms(&self, id: LeaseId, now_ms: u64) -> Option<u64> {
+    /// The milliseconds lease `id` has left at `now_ms`, if the lessor
+    /// keeps a deadline for it in `primacy`.
+    pub fn remaining_ms(&self, primacy: Epoch, id: LeaseId, now_ms: u64) -> Option<u64> {
+        if self.primacy != Some(primacy) {
+            return None;
+        }
         let deadline = self.deadlines.get(&id)?;
         Some(deadline.saturating_sub(now_ms))
     }
@@ -147,7 +150,7 @@ mod tests {
         let mut lessor = Lessor::default();
         lessor.sync(None, &table(&[(1, 2)]), 0);
         assert!(lessor.expired(1_000_000).is_empty());
-        assert_eq!(lessor.remaining_ms(1, 0), None);
+        assert_eq!(lessor.remaining_ms(Epoch(1), 1, 0), None);
     }
 
     #[test]
@@ -155,7 +158,8 @@ mod tests {
         let mut lessor = Lessor::default();
         let leases = table(&[(1, 5), (2, 10)]);
         lessor.sync(Some(Epoch(1)), &leases, 1_000);
-        assert_eq!(lessor.remaining_ms(1, 1_000), Some(5_000));
+        assert_eq!(lessor.remaining_ms(Epoch(1), 1, 1_000), Some(5_000));
+        assert_eq!(lessor.remaining_ms(Epoch(2), 1, 1_000), None);
         assert!(lessor.expired(5_999).is_empty());
         assert_eq!(lessor.expired(6_000), vec![1]);
         assert!(lessor.expired(7_000).is_empty(), "handed out once");
@@ -189,10 +193,10 @@ mod tests {
         lessor.sync(None, &leases, 6_000);
         lessor.sync(Some(Epoch(2)), &leases, 20_000);
         assert!(lessor.expired(24_999).is_empty());
-        assert_eq!(lessor.remaining_ms(1, 20_000), Some(5_000));
+        assert_eq!(lessor.remaining_ms(Epoch(2), 1, 20_000), Some(5_000));
         // A keep-alive naming a newer primacy starts it too.
         assert!(lessor.keep_alive(Epoch(3), 1, 5, 30_000));
-        assert_eq!(lessor.remaining_ms(1, 30_000), Some(5_000));
+        assert_eq!(lessor.remaining_ms(Epoch(3), 1, 30_000), Some(5_000));
     }
 
     #[test]
@@ -201,7 +205,7 @@ mod tests {
         lessor.sync(Some(Epoch(1)), &table(&[(1, 5), (2, 5)]), 0);
         assert_eq!(lessor.expired(5_000), vec![1, 2]);
         lessor.sync(Some(Epoch(1)), &table(&[(2, 5)]), 5_100);
-        assert_eq!(lessor.remaining_ms(1, 5_100), None);
+        assert_eq!(lessor.remaining_ms(Epoch(1), 1, 5_100), None);
         assert_eq!(lessor.next_deadline(), None);
     }
 }
