@@ -339,14 +339,6 @@ async fn status_alarms_members_and_health_serve_what_tools_need() {
 async fn every_rpc_not_served_answers_unimplemented_naming_it() {
     let served = support::serve("etcd-unserved", |_| {}).await;
     let mut client = served.client().await;
-    assert_unimplemented(client.lease_grant(60, None).await, "Lease/LeaseGrant");
-    assert_unimplemented(client.lease_revoke(1).await, "Lease/LeaseRevoke");
-    assert_unimplemented(client.lease_keep_alive(1).await, "Lease/LeaseKeepAlive");
-    assert_unimplemented(
-        client.lease_time_to_live(1, None).await,
-        "Lease/LeaseTimeToLive",
-    );
-    assert_unimplemented(client.leases().await, "Lease/LeaseLeases");
     assert_unimplemented(client.auth_enable().await, "Auth/AuthEnable");
     assert_unimplemented(client.user_list().await, "Auth/UserList");
     assert_unimplemented(client.role_add("r").await, "Auth/RoleAdd");
