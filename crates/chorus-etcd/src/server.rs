@@ -4,7 +4,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use chorus::kv::{Applied, EtcdCommand, EtcdResponse, KvState};
+use chorus::kv::etcd::{AlarmAction, AlarmMember, AlarmRequest, AlarmType};
+use chorus::kv::{Applied, EtcdCommand, EtcdError, EtcdResponse, KvState};
 use chorus::runtime::{Runtime, Unavailable};
 use tokio::net::TcpListener;
 use tonic::body::Body;
@@ -19,7 +20,7 @@ use crate::error;
 use crate::identity::{Identity, raft_term};
 use crate::kv::KvService;
 use crate::lease::{LeaseClock, LeaseService, expire_leases};
-use crate::maintenance::MaintenanceService;
+use crate::maintenance::{MaintenanceService, state_size_bytes};
 use crate::proto::etcdserverpb::{
     ResponseHeader, auth_server, cluster_server, kv_server, lease_server, maintenance_server,
     watch_server,
@@ -59,17 +60,29 @@ impl Shared {
     }
 
     /// Appends `command` once it passes etcd's checks against the applied
-    /// state, and answers what applying it answered.
+    /// state and the space quota, and answers what applying it answered. A
+    /// write over the quota is refused with etcd's NOSPACE error, and this
+    /// node raises the NOSPACE alarm for itself (a record) unless raised.
     pub(crate) async fn write(&self, command: EtcdCommand) -> Result<EtcdResponse, Status> {
         let max_txn_ops = self.config.max_txn_ops;
+        let quota = self.config.quota_backend_bytes;
+        let mut over_quota = false;
         let written = self
             .runtime
             .write(|state| {
                 command.validate(state, max_txn_ops)?;
+                let cost = command.quota_cost();
+                if cost > 0 && state_size_bytes(state).saturating_add(cost) >= quota {
+                    over_quota = !state.out_of_space();
+                    return Err(EtcdError::NoSpace);
+                }
                 Ok(command.encode())
             })
-            .await
-            .map_err(error::write_failed)?;
+            .await;
+        if over_quota {
+            self.raise_no_space().await;
+        }
+        let written = written.map_err(error::write_failed)?;
         match written.output {
             Applied::Etcd(Ok(response)) => Ok(response),
             Applied::Etcd(Err(refusal)) => Err(error::refused(&refusal)),
@@ -77,6 +90,31 @@ impl Shared {
                 "chorus: record {} applied as {other:?}, not as an etcd request",
                 written.index
             ))),
+        }
+    }
+
+    /// Raises NOSPACE for this node, as etcd's quota check does; a failure
+    /// is logged (the next write over the quota tries again).
+    async fn raise_no_space(&self) {
+        let member = AlarmMember {
+            member_id: self.identity.member_id,
+            alarm: AlarmType::NoSpace,
+        };
+        let alarm = EtcdCommand::Alarm(AlarmRequest {
+            action: AlarmAction::Activate,
+            member,
+        });
+        let raised = self
+            .runtime
+            .write(|_| Ok::<_, EtcdError>(alarm.encode()))
+            .await;
+        match raised {
+            Ok(_) => tracing::warn!(
+                quota_backend_bytes = self.config.quota_backend_bytes,
+                "NOSPACE alarm raised: the state reached the space quota; writes that add data \
+                 are refused until `etcdctl alarm disarm`"
+            ),
+            Err(error) => tracing::warn!(%error, "cannot raise the NOSPACE alarm"),
         }
     }
 

@@ -262,6 +262,96 @@ async fn refusals_carry_etcds_codes_and_messages() {
     assert_eq!(revision, 1, "no refusal wrote anything");
 }
 
+/// The NOSPACE alarm: raised by the primary at the quota, listed by Alarm
+/// and Status, refusing puts but not deletes, cleared by a disarm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_space_quota_raises_nospace_until_it_is_disarmed() {
+    let served = support::serve("etcd-quota", |config| {
+        config.quota_backend_bytes = 3000;
+    })
+    .await;
+    let mut client = served.client().await;
+    let member = served.service.identity().member_id;
+    let value = vec![b'v'; 1000];
+    client.put("a", value.clone(), None).await.unwrap();
+    client.put("b", value.clone(), None).await.unwrap();
+    // 2,002 bytes held; a third put costs 1,257 (etcd's 256 per put).
+    let no_space = "etcdserver: mvcc: database space exceeded";
+    assert_refused(
+        client.put("c", value.clone(), None).await,
+        Code::ResourceExhausted,
+        no_space,
+    );
+    let listed = client
+        .alarm(AlarmAction::Get, AlarmType::None, None)
+        .await
+        .unwrap();
+    let raised: Vec<(u64, i32)> = listed
+        .alarms()
+        .iter()
+        .map(|alarm| (alarm.member_id(), alarm.alarm() as i32))
+        .collect();
+    assert_eq!(raised, vec![(member, AlarmType::Nospace as i32)]);
+    let status = client.status().await.unwrap();
+    assert_eq!(
+        status.errors(),
+        [format!("memberID:{member} alarm:NOSPACE ")]
+    );
+    // Capped: even a small put is refused; a delete is served.
+    assert_refused(
+        client.put("d", "v", None).await,
+        Code::ResourceExhausted,
+        no_space,
+    );
+    client.delete("b", None).await.unwrap();
+    let mut disarm = etcd_client::AlarmOptions::new();
+    disarm.with_member(member);
+    let cleared = client
+        .alarm(AlarmAction::Deactivate, AlarmType::Nospace, Some(disarm))
+        .await
+        .unwrap();
+    assert_eq!(cleared.alarms().len(), 1);
+    client.put("d", "v", None).await.unwrap();
+    assert!(client.status().await.unwrap().errors().is_empty());
+}
+
+/// HashKV answers the same hash on the primary and a standby at one
+/// revision, and a different one once the state changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hash_kv_agrees_between_primary_and_standby() {
+    let stores = MemoryStores::new("etcd-hashkv", |store| store).await;
+    let start = |holder: &str| {
+        stores.runtime_with(holder, |config| {
+            config.standby_poll_interval = std::time::Duration::from_millis(50);
+        })
+    };
+    let primary = support::serve_runtime(start("http://primary:1"), "etcd-hashkv", |_| {}).await;
+    wait_until("primary", || primary.runtime.is_primary_and_sure()).await;
+    let standby = support::serve_runtime(start("http://standby:1"), "etcd-hashkv", |_| {}).await;
+    let mut to_primary = primary.client().await;
+    to_primary.put("a", "1", None).await.unwrap();
+    to_primary.put("b", "2", None).await.unwrap();
+    to_primary.put("a", "3", None).await.unwrap();
+    wait_until("applied on the standby", || {
+        standby.runtime.read_stale(|state| state.revision()).0 == 4
+    })
+    .await;
+    let mut to_standby = standby.client().await;
+    let on_primary = to_primary.hash_kv(3).await.unwrap();
+    let on_standby = to_standby.hash_kv(3).await.unwrap();
+    assert_eq!(on_primary.hash(), on_standby.hash());
+    assert_eq!(on_primary.0.hash_revision, 3);
+    let now = to_standby.hash_kv(0).await.unwrap();
+    assert_eq!(now.0.hash_revision, 4);
+    assert_ne!(now.hash(), on_primary.hash());
+    assert_eq!(to_primary.hash_kv(0).await.unwrap().hash(), now.hash());
+    assert_refused(
+        to_standby.hash_kv(9).await,
+        Code::OutOfRange,
+        "etcdserver: mvcc: required revision is a future revision",
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_alarms_members_and_health_serve_what_tools_need() {
     let served = support::serve("etcd-maintenance", |_| {}).await;
@@ -303,12 +393,8 @@ async fn status_alarms_members_and_health_serve_what_tools_need() {
         .await
         .unwrap();
     assert!(none.alarms().is_empty());
-    assert_unimplemented(
-        client
-            .alarm(AlarmAction::Activate, AlarmType::Nospace, None)
-            .await,
-        "Maintenance/Alarm",
-    );
+    let defragmented = client.defragment().await.unwrap();
+    assert_eq!(defragmented.header().unwrap().revision(), 2);
 
     let members = client.member_list().await.unwrap();
     let [member] = members.members() else {
@@ -342,9 +428,7 @@ async fn every_rpc_not_served_answers_unimplemented_naming_it() {
     assert_unimplemented(client.auth_enable().await, "Auth/AuthEnable");
     assert_unimplemented(client.user_list().await, "Auth/UserList");
     assert_unimplemented(client.role_add("r").await, "Auth/RoleAdd");
-    assert_unimplemented(client.defragment().await, "Maintenance/Defragment");
     assert_unimplemented(client.hash().await, "Maintenance/Hash");
-    assert_unimplemented(client.hash_kv(0).await, "Maintenance/HashKV");
     assert_unimplemented(client.snapshot().await, "Maintenance/Snapshot");
     assert_unimplemented(client.move_leader(1).await, "Maintenance/MoveLeader");
     assert_unimplemented(
