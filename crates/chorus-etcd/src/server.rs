@@ -14,7 +14,7 @@ use tonic::service::{Routes, RoutesBuilder};
 use tonic::{Code, Response, Status};
 use tower::util::MapResponseLayer;
 
-use crate::cluster::ClusterService;
+use crate::cluster::{ClusterService, announce};
 use crate::config::EtcdConfig;
 use crate::error;
 use crate::identity::{Identity, raft_term};
@@ -252,24 +252,31 @@ impl EtcdService {
 }
 
 /// Serves `service` on `listener` until `shutdown` resolves, then stops
-/// accepting and waits for the RPCs in flight.
+/// accepting and waits for the RPCs in flight. Beside it, expires leases
+/// while this node leads and announces this node in the member directory.
 pub async fn serve(
     listener: TcpListener,
     service: EtcdService,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let incoming = tonic::codegen::tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let (stopped, stop) = tokio::sync::oneshot::channel::<()>();
-    let expiry = tokio::spawn(service.expire_leases(async {
-        let _ = stop.await;
-    }));
+    let (stopped, stop) = tokio::sync::watch::channel(false);
+    let until_stopped = move || {
+        let mut stop = stop.clone();
+        async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        }
+    };
+    let expiry = tokio::spawn(service.expire_leases(until_stopped()));
+    let shared = Arc::clone(&service.shared);
+    let announcing = tokio::spawn(announce(shared, until_stopped()));
     let served = tonic::transport::Server::builder()
         .layer(oversize_layer())
         .add_routes(service.routes())
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
-    drop(stopped);
-    let _ = expiry.await;
+    let _ = stopped.send(true);
+    let _ = tokio::join!(expiry, announcing);
     served
 }
 

@@ -315,6 +315,45 @@ async fn the_space_quota_raises_nospace_until_it_is_disarmed() {
     assert!(client.status().await.unwrap().errors().is_empty());
 }
 
+/// Every node lists every node serving the database, with its client URLs,
+/// and names the same leader: what `etcdctl endpoint status --cluster` reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_list_names_every_node_and_status_the_same_leader() {
+    let stores = MemoryStores::new("etcd-members", |store| store).await;
+    let start = |holder: &str| {
+        stores.runtime_with(holder, |config| {
+            config.standby_poll_interval = std::time::Duration::from_millis(50);
+        })
+    };
+    let primary = support::serve_runtime(start("http://primary:1"), "etcd-members", |_| {}).await;
+    wait_until("primary", || primary.runtime.is_primary_and_sure()).await;
+    let standby = support::serve_runtime(start("http://standby:1"), "etcd-members", |_| {}).await;
+    let expected = vec![
+        ("http://primary:1".to_owned(), vec![primary.endpoint()]),
+        ("http://standby:1".to_owned(), vec![standby.endpoint()]),
+    ];
+    for served in [&primary, &standby] {
+        let mut client = served.client().await;
+        let mut listed = Vec::new();
+        for _ in 0..100 {
+            let members = client.member_list().await.unwrap();
+            listed = members
+                .members()
+                .iter()
+                .map(|m| (m.name().to_owned(), m.client_urls().to_vec()))
+                .collect::<Vec<_>>();
+            listed.sort();
+            if listed == expected {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(listed, expected, "as listed by {}", served.endpoint());
+        let leader = client.status().await.unwrap().leader();
+        assert_eq!(leader, primary.service.identity().member_id);
+    }
+}
+
 /// HashKV answers the same hash on the primary and a standby at one
 /// revision, and a different one once the state changed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
