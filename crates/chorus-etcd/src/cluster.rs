@@ -57,7 +57,7 @@ impl ClusterService {
 }
 
 /// The name of the etcd protocol's endpoints in an announcement.
-const ETCD: &str = "etcd";
+pub(crate) const ETCD: &str = "etcd";
 
 /// The member `holder`, reached on `client_urls`.
 fn member(holder: &str, client_urls: Vec<String>) -> pb::Member {

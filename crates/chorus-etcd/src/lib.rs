@@ -25,6 +25,7 @@ pub mod cluster;
 pub mod config;
 pub mod convert;
 pub mod error;
+pub mod forward;
 pub mod identity;
 pub mod kv;
 pub mod lease;

@@ -17,6 +17,7 @@ use tower::util::MapResponseLayer;
 use crate::cluster::{ClusterService, announce};
 use crate::config::EtcdConfig;
 use crate::error;
+use crate::forward::Forwarder;
 use crate::identity::{Identity, raft_term};
 use crate::kv::KvService;
 use crate::lease::{LeaseClock, LeaseService, expire_leases};
@@ -36,6 +37,8 @@ pub(crate) struct Shared {
     pub(crate) identity: Identity,
     /// The primary's lease deadlines.
     pub(crate) leases: LeaseClock,
+    /// On a standby: the channel to the primary.
+    pub(crate) forwarder: Forwarder,
 }
 
 impl Shared {
@@ -185,6 +188,7 @@ impl EtcdService {
                 config,
                 identity,
                 leases: LeaseClock::default(),
+                forwarder: Forwarder::default(),
             }),
             watch,
         }
