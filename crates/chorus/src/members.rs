@@ -73,7 +73,7 @@ impl Directory {
     pub fn new(store: DynBlobStore, database: &DatabaseKey, clock: DynClock) -> Directory {
         Directory {
             store,
-            prefix: format!("{}/members", database.as_str()),
+            prefix: database.child("members"),
             clock,
             written: None,
         }
