@@ -18,9 +18,9 @@ mod support;
 /// The real etcd, where the shared workload expects it.
 use support::etcd as etcd_server;
 
-use etcd_client::KvClient;
 use etcd_workload::{
-    Answer, RealEtcd, Request, Side, check_coverage, connect, ops_per_seed, run_seed, seeds, send,
+    Answer, Clients, RealEtcd, Request, Side, check_coverage, connect, ops_per_seed, run_seed,
+    seeds, send,
 };
 use support::Served;
 use support::memory_runtime::{MemoryStores, wait_for_takeover, wait_until};
@@ -30,13 +30,13 @@ use support::memory_runtime::{MemoryStores, wait_for_takeover, wait_until};
 const DEFAULT_SEEDS: u64 = 3;
 
 /// Chorus over gRPC: the node serving as primary, the warm standby on odd
-/// seeds, and a client of the primary's endpoint.
+/// seeds, and clients of the primary's endpoint.
 struct ChorusOverGrpc {
     seed: u64,
     stores: MemoryStores,
     primary: Served,
     standby: Option<Served>,
-    kv: KvClient,
+    clients: Clients,
 }
 
 impl ChorusOverGrpc {
@@ -52,13 +52,13 @@ impl ChorusOverGrpc {
         } else {
             None
         };
-        let kv = connect(&primary.endpoint()).await;
+        let clients = connect(&primary.endpoint()).await;
         ChorusOverGrpc {
             seed,
             stores,
             primary,
             standby,
-            kv,
+            clients,
         }
     }
 
@@ -75,7 +75,11 @@ impl Side for ChorusOverGrpc {
     }
 
     async fn answer(&mut self, request: &Request) -> Answer {
-        send(&mut self.kv, request).await
+        send(&mut self.clients, request).await
+    }
+
+    fn serves_lease_reads(&self) -> bool {
+        true
     }
 
     /// The primary stops serving and shuts down (its lease released); the
@@ -95,7 +99,7 @@ impl Side for ChorusOverGrpc {
         drop(old);
         old_runtime.shutdown().await.expect("a clean shutdown");
         wait_for_takeover(&self.primary.runtime, &format!("seed {}: {how}", self.seed)).await;
-        self.kv = connect(&self.primary.endpoint()).await;
+        self.clients = connect(&self.primary.endpoint()).await;
         eprintln!(
             "seed {}: {how} took over at {}",
             self.seed,
