@@ -101,8 +101,9 @@ const GRANT_TTLS_SECS: &[i64] = &[-1, 0, 1, 2, 90, 300, 3_600, 9_000_000_000, 9_
 /// A grant asking for less than this is revoked by the next request: its
 /// lease would expire during the seed, and expiry timing is not compared.
 const LONG_LEASE_TTL_SECS: i64 = 60;
-/// The ids grants choose themselves (besides ids that exist).
-const CLIENT_LEASE_IDS: &[i64] = &[1, 2, 3];
+/// The ids grants choose themselves (besides ids that exist); etcd takes
+/// a negative one as any other.
+const CLIENT_LEASE_IDS: &[i64] = &[-1, 1, 2, 3];
 /// A lease id no grant ever asks for: a lease that does not exist.
 const UNKNOWN_LEASE_ID: i64 = 7;
 /// Live leases at most; a lease request beyond revokes one.
