@@ -179,6 +179,12 @@ pub struct BatchSummary {
     /// Of those retries, the ones answered by a process that had the
     /// original application only through a restored snapshot.
     pub runtime_keyed_restored: u64,
+    /// etcd writes the runtime phase acknowledged with etcd's answer, over
+    /// all seeds.
+    pub runtime_etcd_acked: u64,
+    /// etcd writes acknowledged as refused for compacted history, over all
+    /// seeds.
+    pub runtime_etcd_compacted: u64,
 }
 
 /// Runs `seeds` on `jobs` threads; `progress` is called with each result.
@@ -234,6 +240,8 @@ pub fn run_batch(
             summary.runtime_keyed_retries += runtime.keyed_retries;
             summary.runtime_keyed_deduplicated += runtime.keyed_replayed + runtime.keyed_duplicates;
             summary.runtime_keyed_restored += runtime.keyed_restored;
+            summary.runtime_etcd_acked += runtime.etcd_acked;
+            summary.runtime_etcd_compacted += runtime.etcd_compacted;
             if result.failure.is_some() {
                 summary.failures.push(result.clone());
             }

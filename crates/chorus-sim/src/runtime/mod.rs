@@ -108,8 +108,10 @@ use fencing::{Audit, Reign};
 use workload::{WriteEnd, WriteKind, prepare};
 
 mod check;
+mod etcd;
 mod fencing;
 mod liveness;
+mod mvcc;
 mod revisions;
 #[cfg(test)]
 mod tests;
@@ -176,6 +178,14 @@ pub struct RuntimeStats {
     /// own history does not hold their key's first application: it came
     /// through a snapshot the process restored.
     pub keyed_restored: u64,
+    /// etcd writes started.
+    pub etcd_writes: u64,
+    /// etcd writes acknowledged with etcd's answer.
+    pub etcd_acked: u64,
+    /// etcd writes acknowledged as refused at apply time: a compaction, or
+    /// a transaction reading at a revision, that another compaction
+    /// applied first made refer to compacted history.
+    pub etcd_compacted: u64,
 }
 
 /// The settings of one run of the phase, drawn from its seed.
@@ -280,6 +290,8 @@ struct Process {
     holder: HolderId,
     /// The next index of its change history not yet checked.
     seen: RecordIndex,
+    /// The applied end its state was last checked at by R12.
+    digested: Option<RecordIndex>,
     role: Role,
     /// A graceful shutdown in progress.
     shutdown: Option<JoinHandle<()>>,
@@ -406,6 +418,10 @@ pub struct RuntimePhase<'a> {
     applied: BTreeMap<u64, Bytes>,
     /// The revision after each applied record (R10).
     revisions: revisions::Revisions,
+    /// The answer to each applied etcd record (R11).
+    answers: mvcc::Answers,
+    /// The digest of the state at each applied end (R12).
+    digests: mvcc::Digests,
     reigns: Vec<Reign>,
     last_head_write: Option<Head>,
     /// The HEAD payload last checked by R6.
@@ -453,6 +469,8 @@ impl<'a> RuntimePhase<'a> {
             acked: BTreeMap::new(),
             applied: BTreeMap::new(),
             revisions: Default::default(),
+            answers: Default::default(),
+            digests: Default::default(),
             reigns: Vec::new(),
             last_head_write: None,
             checked_payload: None,
@@ -723,6 +741,7 @@ impl<'a> RuntimePhase<'a> {
             runtime: Arc::new(runtime),
             holder: holder.clone(),
             seen: RecordIndex(0),
+            digested: None,
             role: Role::Booting,
             shutdown: None,
         });
@@ -814,9 +833,15 @@ impl<'a> RuntimePhase<'a> {
         self.next_write += 1;
         let id = self.next_write;
         let kind = match self.rng.random_range(0..100) {
-            0..=29 => WriteKind::Increment,
-            30..=41 => self.new_keyed_op(id),
-            42..=53 if !self.keyed.is_empty() => self.retry_keyed_op(),
+            0..=21 => WriteKind::Increment,
+            22..=30 => self.new_keyed_op(id),
+            31..=39 if !self.keyed.is_empty() => self.retry_keyed_op(),
+            40..=69 => {
+                self.stats.etcd_writes += 1;
+                WriteKind::Etcd {
+                    seed: self.rng.random(),
+                }
+            }
             _ => WriteKind::Put {
                 key: Bytes::from(format!("k{id:06}")),
                 value: self.random_value(&format!("w{id}.")),
