@@ -1,8 +1,9 @@
 //! The checkers that run after every step: R1 (agreement), R2
 //! (acknowledgements), R3 and R4 (current reads), R6 (snapshots), R8 (only a
 //! shutdown stops a runtime), R9 (exactly-once), with the lease phase's L2 and S1–S3 and the
-//! log phases' register checkers; R5 is in `fencing.rs`. They compare what
-//! the processes applied and answer with what the workload was told.
+//! log phases' register checkers; R5 is in `fencing.rs`, R10 in
+//! `revisions.rs`, R11 and R12 in `mvcc.rs` (fed from here). They compare
+//! what the processes applied and answer with what the workload was told.
 
 use bytes::Bytes;
 use chorus::ids::RecordIndex;

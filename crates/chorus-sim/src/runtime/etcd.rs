@@ -223,33 +223,72 @@ mod tests {
 
     use super::*;
 
-    /// Applies `count` drawn requests to a fresh state; returns it and how
-    /// many of each response kind applied.
-    fn apply_drawn(count: u64) -> (KvState, [u64; 4]) {
-        let mut state = KvState::default();
-        let mut kinds = [0; 4];
-        for seed in 0..count {
-            let command = draw_request(seed, &state);
-            command.validate(&state, DEFAULT_MAX_TXN_OPS).unwrap();
-            let output = state.apply(RecordIndex(seed), &command.encode());
-            let kind = match output {
-                Applied::Etcd(Ok(EtcdResponse::Put(_))) => 0,
-                Applied::Etcd(Ok(EtcdResponse::DeleteRange(_))) => 1,
-                Applied::Etcd(Ok(EtcdResponse::Txn(_))) => 2,
-                Applied::Etcd(Ok(EtcdResponse::Compact(_))) => 3,
-                other => panic!("seed {seed}: a drawn request applied as {other:?}"),
-            };
-            kinds[kind] += 1;
+    /// What a run of drawn requests exercised.
+    #[derive(Debug, Default)]
+    struct Coverage {
+        puts: u64,
+        deletes: u64,
+        compactions: u64,
+        txns_taken: [u64; 2],
+        nested: u64,
+        past_reads: u64,
+        prev_kvs: u64,
+    }
+
+    fn note_txn(txn: &TxnRequest, coverage: &mut Coverage) {
+        for op in txn.success.iter().chain(&txn.failure) {
+            match op {
+                RequestOp::Txn(inner) => {
+                    coverage.nested += 1;
+                    note_txn(inner, coverage);
+                }
+                RequestOp::Range(range) => coverage.past_reads += u64::from(range.revision > 0),
+                _ => {}
+            }
         }
-        (state, kinds)
+    }
+
+    fn note(command: &EtcdCommand, output: &Applied, coverage: &mut Coverage) {
+        match (command, output) {
+            (EtcdCommand::Put(_), Applied::Etcd(Ok(EtcdResponse::Put(put)))) => {
+                coverage.puts += 1;
+                coverage.prev_kvs += u64::from(put.prev_kv.is_some());
+            }
+            (EtcdCommand::DeleteRange(_), Applied::Etcd(Ok(EtcdResponse::DeleteRange(_)))) => {
+                coverage.deletes += 1;
+            }
+            (EtcdCommand::Txn(txn), Applied::Etcd(Ok(EtcdResponse::Txn(answer)))) => {
+                coverage.txns_taken[usize::from(answer.succeeded)] += 1;
+                note_txn(txn, coverage);
+            }
+            (EtcdCommand::Compact(_), Applied::Etcd(Ok(EtcdResponse::Compact(_)))) => {
+                coverage.compactions += 1;
+            }
+            other => panic!("a drawn request applied as {other:?}"),
+        }
     }
 
     #[test]
     fn drawn_requests_validate_apply_and_cover_every_kind() {
-        let (state, kinds) = apply_drawn(2000);
-        assert!(kinds.iter().all(|count| *count > 0), "{kinds:?}");
-        assert!(state.revision() > 100, "revision {}", state.revision());
-        assert!(state.compact_revision() > 0);
+        let mut state = KvState::default();
+        let mut coverage = Coverage::default();
+        for seed in 0..2000 {
+            let command = draw_request(seed, &state);
+            command.validate(&state, DEFAULT_MAX_TXN_OPS).unwrap();
+            let output = state.apply(RecordIndex(seed), &command.encode());
+            note(&command, &output, &mut coverage);
+        }
+        let seen = &coverage;
+        let counts = [
+            seen.puts,
+            seen.deletes,
+            seen.compactions,
+            seen.txns_taken[0],
+            seen.txns_taken[1],
+        ];
+        let more = [seen.nested, seen.past_reads, seen.prev_kvs];
+        assert!(counts.iter().chain(&more).all(|n| *n > 0), "{coverage:?}");
+        assert!(state.revision() > 100 && state.compact_revision() > 0);
         let (entries, _) = state.list(b"", None, usize::MAX);
         assert!(entries.iter().all(|(key, _)| key.starts_with(ETCD_PREFIX)));
     }

@@ -8,10 +8,13 @@
 //! The schedule: key-value writes through `Runtime::write` (puts of unique
 //! keys with `Condition::Absent`, compare-and-set increments of one
 //! counter key prepared with `KvState::check` against the applied state,
-//! and exactly-once puts stamped with an idempotency key, admitted against
+//! exactly-once puts stamped with an idempotency key, admitted against
 //! the applied idempotency table as the service admits them and retried
 //! with the same key: at once, as concurrent twins, and long after, from
-//! any process, so retries meet tables restored from snapshots),
+//! any process, so retries meet tables restored from snapshots, and etcd
+//! v3 writes — puts, range deletes, transactions with compares and nested
+//! branches, compactions — on keys of their own, drawn against the applied
+//! state and validated as the gRPC service validates them, `etcd.rs`),
 //! crashes (`Runtime::abort`) and fresh processes (a new holder id, the
 //! crashed one's: a restart, or the holder id of a process alive on another
 //! node: two processes that share one, told apart only by the random
@@ -24,7 +27,8 @@
 //! whose scheduler settings keep the runtime's blocking-pool work
 //! deterministic (`executor::GatedRuntime`).
 //!
-//! Checkers, after every step (`check.rs`; R5 in `fencing.rs`):
+//! Checkers, after every step (`check.rs`; R5 in `fencing.rs`, R10 in
+//! `revisions.rs`, R11 and R12 in `mvcc.rs`):
 //!
 //! - **R1, agreement**: every record any process applied (its change history,
 //!   polled every step, and for a few steps after it stopped) is the record every
@@ -65,6 +69,20 @@
 //!   table without appending) names that index too; every state checked by
 //!   R4 and R6 (snapshots included) remembers each key applied below its
 //!   end at that index, with its put at that version.
+//! - **R10, revisions**: every process is at the same store revision after
+//!   each record, and a record moves it by exactly 1 when its output
+//!   reports a change, by 0 otherwise.
+//! - **R11, etcd answers agree**: every process answers an etcd record
+//!   alike (the whole response: header revision, `prev_kv`s, `succeeded`,
+//!   nested answers), the acknowledged answer is that one, and its header
+//!   revision is the store revision after the record.
+//! - **R12, replicas hold one history**: every state seen at one applied
+//!   end (a process's, whenever its end moved, and each new HEAD's payload)
+//!   has the same store and compaction revisions, retained history and key
+//!   map (fingerprints over every change and every key's metadata), and its
+//!   history keeps etcd's per-key rules (a put's `mod_revision`, `version`,
+//!   `create_revision`; each change starting where the key's previous one
+//!   ended) and ends in the map the state holds.
 //! - The lease phase's L2 and S1–S3 on the same store, and the log phases'
 //!   register checkers (5, 6) on the runtime's register.
 //!
@@ -186,6 +204,11 @@ pub struct RuntimeStats {
     /// a transaction reading at a revision, that another compaction
     /// applied first made refer to compacted history.
     pub etcd_compacted: u64,
+    /// etcd answers compared with another process's or the acknowledged
+    /// one (R11).
+    pub etcd_answers_compared: u64,
+    /// States compared with another seen at their applied end (R12).
+    pub states_compared: u64,
 }
 
 /// The settings of one run of the phase, drawn from its seed.
@@ -543,6 +566,8 @@ impl<'a> RuntimePhase<'a> {
         };
         let step = self.step;
         let outcome = outcome.map_err(|violation| format!("step {step}: {violation}"));
+        self.stats.etcd_answers_compared = self.answers.compared;
+        self.stats.states_compared = self.digests.compared;
         let stats = format!("runtime stats {:?}", self.stats);
         self.event(stats);
         self.stop_everything();

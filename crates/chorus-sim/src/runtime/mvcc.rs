@@ -247,3 +247,37 @@ impl Digests {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use chorus::ids::RecordIndex;
+
+    use super::*;
+
+    fn entry(create_revision: Revision, mod_revision: Revision, version: i64) -> Entry {
+        Entry {
+            value: Bytes::from_static(b"v"),
+            index: RecordIndex(0),
+            create_revision,
+            mod_revision,
+            version,
+            lease: 0,
+        }
+    }
+
+    #[test]
+    fn a_put_that_breaks_etcds_per_key_rules_is_caught() {
+        let key = Bytes::from_static(b"e/a");
+        // A create, an update and a delete keep the rules.
+        check_put(&key, 2, None, Some(&entry(2, 2, 1))).unwrap();
+        check_put(&key, 5, Some(&entry(2, 2, 1)), Some(&entry(2, 5, 2))).unwrap();
+        check_put(&key, 6, Some(&entry(2, 5, 2)), None).unwrap();
+        // A version that skips, a create revision that moves, a stale mod.
+        let before = entry(2, 2, 1);
+        for after in [entry(2, 5, 3), entry(5, 5, 2), entry(2, 4, 2)] {
+            let error = check_put(&key, 5, Some(&before), Some(&after)).unwrap_err();
+            assert!(error.contains("etcd's rules"), "{error}");
+        }
+        assert!(check_put(&key, 2, None, Some(&entry(1, 2, 1))).is_err());
+    }
+}
