@@ -185,6 +185,11 @@ pub struct BatchSummary {
     /// etcd writes acknowledged as refused for compacted history, over all
     /// seeds.
     pub runtime_etcd_compacted: u64,
+    /// etcd answers compared across processes and acknowledgements (R11),
+    /// over all seeds.
+    pub runtime_etcd_answers_compared: u64,
+    /// States compared at one applied end (R12), over all seeds.
+    pub runtime_states_compared: u64,
 }
 
 /// Runs `seeds` on `jobs` threads; `progress` is called with each result.
@@ -242,6 +247,8 @@ pub fn run_batch(
             summary.runtime_keyed_restored += runtime.keyed_restored;
             summary.runtime_etcd_acked += runtime.etcd_acked;
             summary.runtime_etcd_compacted += runtime.etcd_compacted;
+            summary.runtime_etcd_answers_compared += runtime.etcd_answers_compared;
+            summary.runtime_states_compared += runtime.states_compared;
             if result.failure.is_some() {
                 summary.failures.push(result.clone());
             }
