@@ -190,6 +190,8 @@ pub struct BatchSummary {
     pub runtime_etcd_answers_compared: u64,
     /// States compared at one applied end (R12), over all seeds.
     pub runtime_states_compared: u64,
+    /// etcd answers checked against the model (R13), over all seeds.
+    pub runtime_etcd_model_checked: u64,
 }
 
 /// Runs `seeds` on `jobs` threads; `progress` is called with each result.
@@ -249,6 +251,7 @@ pub fn run_batch(
             summary.runtime_etcd_compacted += runtime.etcd_compacted;
             summary.runtime_etcd_answers_compared += runtime.etcd_answers_compared;
             summary.runtime_states_compared += runtime.states_compared;
+            summary.runtime_etcd_model_checked += runtime.etcd_model_checked;
             if result.failure.is_some() {
                 summary.failures.push(result.clone());
             }

@@ -2,7 +2,8 @@
 //! (acknowledgements), R3 and R4 (current reads), R6 (snapshots), R8 (only a
 //! shutdown stops a runtime), R9 (exactly-once), with the lease phase's L2 and S1–S3 and the
 //! log phases' register checkers; R5 is in `fencing.rs`, R10 in
-//! `revisions.rs`, R11 and R12 in `mvcc.rs` (fed from here). They compare
+//! `revisions.rs`, R11 and R12 in `mvcc.rs`, R13 in `etcd_model.rs` (fed
+//! from here). They compare
 //! what the processes applied and answer with what the workload was told.
 
 use bytes::Bytes;
@@ -14,6 +15,7 @@ use chorus::runtime::{RuntimeError, WriteError, Written};
 use futures::FutureExt;
 
 use super::etcd::ETCD_PREFIX;
+use super::etcd_model::Known;
 use super::workload::{
     COUNTER, WriteKind, counter_value, is_etcd, keyed_digest, put_value, record_label, stamp_key,
 };
@@ -67,6 +69,7 @@ impl RuntimePhase<'_> {
         self.poll_writes()?;
         self.poll_processes()?;
         self.check_states()?;
+        self.replay_etcd_model()?;
         self.check_landed()?;
         self.lease_checker
             .check(&self.control.raw, self.control.take_dirty())?;
@@ -546,6 +549,25 @@ impl RuntimePhase<'_> {
             self.digests.check(&state, &what)?;
         }
         Ok(())
+    }
+
+    /// R13: the etcd model replays every record known so far, up to the
+    /// first index whose record or revisions no process reported yet.
+    fn replay_etcd_model(&mut self) -> Result<(), Violation> {
+        let (applied, revisions, answers) = (&self.applied, &self.revisions, &self.answers);
+        self.etcd_model.advance(|index| {
+            // The store revision starts at 1.
+            let before = match index.checked_sub(1) {
+                None => 1,
+                Some(previous) => revisions.after(previous)?,
+            };
+            Some(Known {
+                record: applied.get(&index)?,
+                before,
+                after: revisions.after(index)?,
+                answer: answers.get(index),
+            })
+        })
     }
 
     /// R3 and R4.

@@ -28,7 +28,7 @@
 //! deterministic (`executor::GatedRuntime`).
 //!
 //! Checkers, after every step (`check.rs`; R5 in `fencing.rs`, R10 in
-//! `revisions.rs`, R11 and R12 in `mvcc.rs`):
+//! `revisions.rs`, R11 and R12 in `mvcc.rs`, R13 in `etcd_model.rs`):
 //!
 //! - **R1, agreement**: every record any process applied (its change history,
 //!   polled every step, and for a few steps after it stopped) is the record every
@@ -83,6 +83,11 @@
 //!   history keeps etcd's per-key rules (a put's `mod_revision`, `version`,
 //!   `create_revision`; each change starting where the key's previous one
 //!   ended) and ends in the map the state holds.
+//! - **R13, etcd answers follow a model**: a model of the etcd keys written
+//!   from etcd's rules apart from the machine replays every etcd record in
+//!   index order and expects each answer (header revisions, `prev_kv`s,
+//!   deleted counts, `succeeded`, the taken branch's answers, current-revision
+//!   ranges in full), each `Compacted` refusal and the store revision after.
 //! - The lease phase's L2 and S1–S3 on the same store, and the log phases'
 //!   register checkers (5, 6) on the runtime's register.
 //!
@@ -127,6 +132,7 @@ use workload::{WriteEnd, WriteKind, prepare};
 
 mod check;
 mod etcd;
+mod etcd_model;
 mod fencing;
 mod liveness;
 mod mvcc;
@@ -209,6 +215,8 @@ pub struct RuntimeStats {
     pub etcd_answers_compared: u64,
     /// States compared with another seen at their applied end (R12).
     pub states_compared: u64,
+    /// etcd answers checked against the model (R13).
+    pub etcd_model_checked: u64,
 }
 
 /// The settings of one run of the phase, drawn from its seed.
@@ -445,6 +453,8 @@ pub struct RuntimePhase<'a> {
     answers: mvcc::Answers,
     /// The digest of the state at each applied end (R12).
     digests: mvcc::Digests,
+    /// The etcd keys as etcd's rules make them (R13).
+    etcd_model: etcd_model::EtcdModel,
     reigns: Vec<Reign>,
     last_head_write: Option<Head>,
     /// The HEAD payload last checked by R6.
@@ -494,6 +504,7 @@ impl<'a> RuntimePhase<'a> {
             revisions: Default::default(),
             answers: Default::default(),
             digests: Default::default(),
+            etcd_model: Default::default(),
             reigns: Vec::new(),
             last_head_write: None,
             checked_payload: None,
@@ -568,6 +579,7 @@ impl<'a> RuntimePhase<'a> {
         let outcome = outcome.map_err(|violation| format!("step {step}: {violation}"));
         self.stats.etcd_answers_compared = self.answers.compared;
         self.stats.states_compared = self.digests.compared;
+        self.stats.etcd_model_checked = self.etcd_model.checked;
         let stats = format!("runtime stats {:?}", self.stats);
         self.event(stats);
         self.stop_everything();

@@ -38,6 +38,11 @@ pub(super) struct Answers {
 }
 
 impl Answers {
+    /// The answer to the etcd record at `index`, once known.
+    pub(super) fn get(&self, index: u64) -> Option<&Applied> {
+        self.by_index.get(&index)
+    }
+
     /// R11 for one record `node` applied.
     pub(super) fn on_applied(
         &mut self,

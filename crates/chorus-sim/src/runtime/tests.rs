@@ -13,6 +13,8 @@ use chorus::snapshot::{Head, PayloadId, PublicationSequence, PublisherId, Sha256
 
 use super::RuntimePhase;
 use super::check::{KeyedOp, PutState};
+use super::etcd::draw_request;
+use super::etcd_model::{EtcdModel, Known};
 use super::mvcc::{Answers, Digests};
 use super::workload::{WriteKind, increment, prepare, put};
 use crate::trace::Trace;
@@ -411,4 +413,65 @@ fn a_short_run_acknowledges_etcd_writes_and_compares_their_answers_and_states() 
     assert!(stats.etcd_acked > 0, "{stats:?}");
     assert!(stats.etcd_answers_compared > 0, "{stats:?}");
     assert!(stats.states_compared > 0, "{stats:?}");
+    assert!(stats.etcd_model_checked > 0, "{stats:?}");
+}
+
+/// Drawn etcd requests applied by the machine, one per index, with the
+/// revisions around each.
+fn drawn_history(count: u64) -> (Vec<Bytes>, Vec<Applied>, Vec<u64>) {
+    let mut state = KvState::default();
+    let (mut records, mut outputs, mut revisions) = (Vec::new(), Vec::new(), vec![1]);
+    for index in 0..count {
+        let record = draw_request(index, &state).encode();
+        outputs.push(state.apply(RecordIndex(index), &record));
+        records.push(record);
+        revisions.push(state.revision() as u64);
+    }
+    (records, outputs, revisions)
+}
+
+fn replay(
+    model: &mut EtcdModel,
+    history: &(Vec<Bytes>, Vec<Applied>, Vec<u64>),
+) -> Result<(), String> {
+    let (records, outputs, revisions) = history;
+    model.advance(|index| {
+        let index = index as usize;
+        Some(Known {
+            record: records.get(index)?,
+            before: revisions[index],
+            after: revisions[index + 1],
+            answer: outputs.get(index),
+        })
+    })
+}
+
+#[test]
+fn the_etcd_model_expects_every_answer_the_machine_gives() {
+    let history = drawn_history(3000);
+    let mut model = EtcdModel::default();
+    replay(&mut model, &history).unwrap();
+    assert_eq!(model.checked, 3000);
+}
+
+#[test]
+fn an_etcd_answer_or_revision_the_model_does_not_expect_is_caught() {
+    let (records, outputs, revisions) = drawn_history(300);
+    // A transaction that answers the other branch.
+    let mut flipped = outputs.clone();
+    let at = flipped
+        .iter()
+        .position(|output| matches!(output, Applied::Etcd(Ok(EtcdResponse::Txn(_)))))
+        .unwrap();
+    if let Applied::Etcd(Ok(EtcdResponse::Txn(txn))) = &mut flipped[at] {
+        txn.succeeded = !txn.succeeded;
+    }
+    let history = (records.clone(), flipped, revisions.clone());
+    let error = replay(&mut EtcdModel::default(), &history).unwrap_err();
+    assert!(error.contains(&format!("index {at} answered")), "{error}");
+    // A record that left the store revision one too high from there on.
+    let mut higher = revisions.clone();
+    higher[200..].iter_mut().for_each(|revision| *revision += 1);
+    let error = replay(&mut EtcdModel::default(), &(records, outputs, higher)).unwrap_err();
+    assert!(error.contains("leaves the store revision"), "{error}");
 }
