@@ -22,7 +22,10 @@ use chorus::runtime::{
     DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_RECORDS, Role, Runtime, RuntimeConfig, RuntimeStores,
 };
 use chorus::snapshot::{SnapshotConfig, SnapshotStore};
-use chorus_etcd::{DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, EtcdConfig, EtcdService};
+use chorus_etcd::{
+    DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, DEFAULT_QUOTA_BACKEND_BYTES, EtcdConfig,
+    EtcdService,
+};
 use chorus_server::limits::{self, MemoryLimits};
 use chorus_server::listener::{self, ConnectionLimits};
 use chorus_server::{AppState, ServiceConfig};
@@ -75,6 +78,14 @@ pub struct ServeArgs {
     /// Most operations in one etcd transaction branch, etcd's --max-txn-ops.
     #[arg(long, default_value_t = DEFAULT_MAX_TXN_OPS as u64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     etcd_max_txn_ops: u64,
+
+    /// etcd's space quota in bytes, etcd's --quota-backend-bytes: an etcd
+    /// write that would take the state (keys, values and retained history)
+    /// to this size is refused with "etcdserver: mvcc: database space
+    /// exceeded" and raises the NOSPACE alarm, which refuses writes that add
+    /// data until `etcdctl alarm disarm`.
+    #[arg(long, default_value_t = DEFAULT_QUOTA_BACKEND_BYTES as u64, value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
+    quota_backend_bytes: u64,
 
     /// This instance's URL as clients and other instances reach it
     /// [default: http://<listen address>, or http://<hostname>:<port> when
@@ -293,6 +304,7 @@ struct EtcdSettings {
     listen: Option<EtcdListen>,
     max_request_bytes: usize,
     max_txn_ops: usize,
+    quota_backend_bytes: usize,
 }
 
 /// The runtime settings `serve` takes from its flags.
@@ -321,7 +333,7 @@ impl Resolved {
 
     /// The etcd service's settings for an API bound at `bound`: the
     /// database's identity is its snapshot store and name.
-    fn etcd_config(&self, bound: SocketAddr) -> EtcdConfig {
+    fn etcd_config(&self, bound: Option<SocketAddr>) -> EtcdConfig {
         let identity = format!(
             "{}/{}",
             self.database.store,
@@ -330,7 +342,11 @@ impl Resolved {
         let mut config = EtcdConfig::new(identity);
         config.max_request_bytes = self.etcd.max_request_bytes;
         config.max_txn_ops = self.etcd.max_txn_ops;
-        config.client_urls = vec![default_advertise_url(bound, &hostname())];
+        config.quota_backend_bytes = self.etcd.quota_backend_bytes;
+        config.client_urls = bound
+            .map(|bound| default_advertise_url(bound, &hostname()))
+            .into_iter()
+            .collect();
         config
     }
 
@@ -432,6 +448,7 @@ impl ServeArgs {
                 listen: self.etcd_listen,
                 max_request_bytes: to_usize(self.etcd_max_request_bytes),
                 max_txn_ops: to_usize(self.etcd_max_txn_ops),
+                quota_backend_bytes: to_usize(self.quota_backend_bytes),
             },
             data_dir: self.store.data_dir.clone(),
         };
@@ -498,6 +515,7 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         },
         "etcd_max_request_bytes": resolved.etcd.max_request_bytes,
         "etcd_max_txn_ops": resolved.etcd.max_txn_ops,
+        "quota_backend_bytes": resolved.etcd.quota_backend_bytes,
         "advertise_url": advertise_url,
         "holder": holder,
         "replicas": resolved.location.replicas.iter().map(ToString::to_string).collect::<Vec<_>>(),
@@ -561,15 +579,14 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
         resolved.location.register,
         resolved.database.store,
     )?;
-    let etcd = match etcd_listener {
-        Some(etcd_listener) => {
-            let etcd_bound = etcd_listener.local_addr()?;
-            outln!("chorus serve: etcd API on {etcd_bound}")?;
-            let service = EtcdService::new(Arc::clone(&runtime), resolved.etcd_config(etcd_bound));
-            Some((etcd_listener, service))
-        }
-        None => None,
-    };
+    let etcd_bound = etcd_listener
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()?;
+    if let Some(etcd_bound) = etcd_bound {
+        outln!("chorus serve: etcd API on {etcd_bound}")?;
+    }
+    let etcd = EtcdService::new(Arc::clone(&runtime), resolved.etcd_config(etcd_bound));
     if let Some(dir) = &resolved.data_dir {
         tracing::debug!(data_dir = %dir.display(), "data directory");
     }
@@ -596,10 +613,17 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
     );
     tokio::spawn(report_roles(Arc::clone(&runtime)));
     let (stop_streams, shutdown) = watch::channel(false);
-    let etcd = etcd.map(|(etcd_listener, service)| {
-        let stopped = stop_streams.subscribe();
-        tokio::spawn(serve_etcd(etcd_listener, service, stopped))
-    });
+    let mut stopped = stop_streams.subscribe();
+    let etcd = match etcd_listener {
+        Some(etcd_listener) => Some(tokio::spawn(serve_etcd(etcd_listener, etcd, stopped))),
+        // Leases granted through another node still expire while this one leads.
+        None => {
+            tokio::spawn(etcd.expire_leases(async move {
+                let _ = stopped.wait_for(|stopped| *stopped).await;
+            }));
+            None
+        }
+    };
     let grace = resolved.service.connections.shutdown_grace;
     let mut service = resolved.service;
     service.advertise_url = Some(advertise);

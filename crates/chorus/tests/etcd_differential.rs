@@ -421,6 +421,10 @@ fn etcd_answer(response: EtcdResponse) -> Answer {
         EtcdResponse::Compact(r) => Answer::Compact(PbCompactionResponse {
             header: pb_header(r.header_revision),
         }),
+        lease @ (EtcdResponse::LeaseGrant(_) | EtcdResponse::LeaseRevoke(_)) => {
+            panic!("the workload sends no lease request, yet one answered {lease:?}")
+        }
+        EtcdResponse::Alarm(alarm) => panic!("the workload raises no alarm: {alarm:?}"),
     }
 }
 
@@ -430,6 +434,8 @@ fn chorus_refusal(error: &EtcdError) -> Answer {
         EtcdErrorCode::InvalidArgument => "InvalidArgument",
         EtcdErrorCode::OutOfRange => "OutOfRange",
         EtcdErrorCode::NotFound => "NotFound",
+        EtcdErrorCode::FailedPrecondition => "FailedPrecondition",
+        EtcdErrorCode::ResourceExhausted => "ResourceExhausted",
     };
     Answer::Refused {
         code: code.to_owned(),

@@ -84,7 +84,8 @@ fn etcd_changed(response: &EtcdResponse) -> bool {
         EtcdResponse::Put(_) => true,
         EtcdResponse::DeleteRange(delete) => delete.deleted > 0,
         EtcdResponse::Txn(txn) => txn.responses.iter().any(op_changed),
-        EtcdResponse::Compact(_) => false,
+        EtcdResponse::LeaseRevoke(revoke) => revoke.deleted > 0,
+        EtcdResponse::Compact(_) | EtcdResponse::LeaseGrant(_) | EtcdResponse::Alarm(_) => false,
     }
 }
 
