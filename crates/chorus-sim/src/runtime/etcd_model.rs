@@ -114,6 +114,12 @@ impl EtcdModel {
             revision: before + 1,
             changed: false,
         };
+        if matches!(
+            command,
+            EtcdCommand::LeaseGrant(_) | EtcdCommand::LeaseRevoke(_) | EtcdCommand::Alarm(_)
+        ) {
+            return Err("a lease or alarm request, which the workload never draws".into());
+        }
         let expected = match self.refusal(command, before) {
             Some(refusal) => Err(refusal),
             None => Ok(self.execute(&mut write, command)),
@@ -181,6 +187,7 @@ impl EtcdModel {
                     header_revision: write.read_revision(),
                 })
             }
+            other => unreachable!("replay refuses {other:?} first"),
         }
     }
 

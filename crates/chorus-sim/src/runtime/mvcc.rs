@@ -107,6 +107,9 @@ fn header_revision(response: &EtcdResponse) -> Revision {
         EtcdResponse::DeleteRange(delete) => delete.header_revision,
         EtcdResponse::Txn(txn) => txn.header_revision,
         EtcdResponse::Compact(compaction) => compaction.header_revision,
+        EtcdResponse::LeaseGrant(grant) => grant.header_revision,
+        EtcdResponse::LeaseRevoke(revoke) => revoke.header_revision,
+        EtcdResponse::Alarm(alarm) => alarm.header_revision,
     }
 }
 

@@ -206,6 +206,7 @@ fn etcd_label(command: &EtcdCommand) -> String {
         EtcdCommand::Compact(compaction) => {
             return format!("etcd compact {}", compaction.revision);
         }
+        other => return format!("etcd {other:?}"),
     };
     format!("etcd {kind} {}", String::from_utf8_lossy(key))
 }
