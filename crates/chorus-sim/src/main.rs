@@ -132,6 +132,16 @@ fn finish(summary: &BatchSummary, steps: u64) -> ExitCode {
         summary.runtime_etcd_model_checked,
         summary.runtime_states_compared
     );
+    eprintln!(
+        "etcd leases granted: {}, keep-alives acknowledged: {} (leases kept alive across a \
+         takeover: {}), expired: {}, revoked: {}, keys deleted with them: {}",
+        summary.runtime_lease_grants,
+        summary.runtime_lease_keep_alives,
+        summary.runtime_lease_kept_across,
+        summary.runtime_lease_expiries,
+        summary.runtime_lease_revokes,
+        summary.runtime_lease_keys_deleted
+    );
     let violations = summary.failures.len() as u64;
     print_summary(summary.seeds, summary.steps, violations, summary.wall_time);
     exit_code(violations)

@@ -192,6 +192,18 @@ pub struct BatchSummary {
     pub runtime_states_compared: u64,
     /// etcd answers checked against the model (R13), over all seeds.
     pub runtime_etcd_model_checked: u64,
+    /// etcd leases granted in the runtime phase, over all seeds.
+    pub runtime_lease_grants: u64,
+    /// Lease keep-alives acknowledged, over all seeds.
+    pub runtime_lease_keep_alives: u64,
+    /// Leases kept alive across a takeover, over all seeds.
+    pub runtime_lease_kept_across: u64,
+    /// Leases revoked by their expiry, over all seeds.
+    pub runtime_lease_expiries: u64,
+    /// Leases revoked by the client, over all seeds.
+    pub runtime_lease_revokes: u64,
+    /// Keys deleted by those revokes and expiries, over all seeds.
+    pub runtime_lease_keys_deleted: u64,
 }
 
 /// Runs `seeds` on `jobs` threads; `progress` is called with each result.
@@ -252,6 +264,12 @@ pub fn run_batch(
             summary.runtime_etcd_answers_compared += runtime.etcd_answers_compared;
             summary.runtime_states_compared += runtime.states_compared;
             summary.runtime_etcd_model_checked += runtime.etcd_model_checked;
+            summary.runtime_lease_grants += runtime.lease_grants;
+            summary.runtime_lease_keep_alives += runtime.lease_keep_alives_acked;
+            summary.runtime_lease_kept_across += runtime.lease_kept_across_takeovers;
+            summary.runtime_lease_expiries += runtime.lease_expiries;
+            summary.runtime_lease_revokes += runtime.lease_revokes;
+            summary.runtime_lease_keys_deleted += runtime.lease_keys_deleted;
             if result.failure.is_some() {
                 summary.failures.push(result.clone());
             }

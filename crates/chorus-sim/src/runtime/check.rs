@@ -3,7 +3,7 @@
 //! shutdown stops a runtime), R9 (exactly-once), with the lease phase's L2 and S1–S3 and the
 //! log phases' register checkers; R5 is in `fencing.rs`, R10 in
 //! `revisions.rs`, R11 and R12 in `mvcc.rs`, R13 in `etcd_model.rs` (fed
-//! from here). They compare
+//! from here), R14 in `leases.rs` (fed from here too). They compare
 //! what the processes applied and answer with what the workload was told.
 
 use bytes::Bytes;
@@ -16,6 +16,7 @@ use futures::FutureExt;
 
 use super::etcd::ETCD_PREFIX;
 use super::etcd_model::Known;
+use super::leases::check_lease_keys;
 use super::workload::{
     COUNTER, WriteKind, counter_value, is_etcd, keyed_digest, put_value, record_label, stamp_key,
 };
@@ -202,6 +203,13 @@ impl RuntimePhase<'_> {
                 self.stats.etcd_compacted += 1;
                 self.answers.on_acked(index, output)?;
             }
+            // A put naming a lease revoked between prepare and apply.
+            (WriteKind::Etcd { .. }, Applied::Etcd(Err(EtcdError::LeaseNotFound))) => {
+                self.answers.on_acked(index, output)?;
+            }
+            (WriteKind::Lease { origin, .. }, output) => {
+                return self.on_lease_acked(write, *origin, index, output);
+            }
             (_, output) => {
                 return Err(format!(
                     "W{id} acknowledged at {index} applied as {output:?}"
@@ -229,6 +237,9 @@ impl RuntimePhase<'_> {
             ));
             self.stats.keyed_replayed += 1;
             return self.on_keyed_answer(write, key, original.0);
+        }
+        if let WriteKind::Lease { .. } = &write.kind {
+            return self.on_lease_refused(write, &refused);
         }
         Err(format!(
             "W{id} on n{node}: prepare refused a write the workload built to hold against the \
@@ -287,6 +298,7 @@ impl RuntimePhase<'_> {
             // Whether it applied, R9 learns from the processes' histories;
             // an etcd write's record is checked wherever it applied (R11).
             WriteKind::Keyed { .. } | WriteKind::Etcd { .. } => {}
+            WriteKind::Lease { origin, .. } => self.on_lease_failed(write, *origin),
         }
         if may {
             self.stats.ambiguous += 1;
@@ -410,7 +422,11 @@ impl RuntimePhase<'_> {
         record: &Bytes,
         output: &Applied,
     ) -> Result<(), Violation> {
+        let first = !self.applied.contains_key(&index);
         self.check_agreement(node, index, record)?;
+        if first && is_etcd(record) {
+            self.on_lease_record_applied(record, output)?;
+        }
         match stamp_key(record) {
             Some(key) => self.on_keyed_applied(node, index, &key, output),
             None => Ok(()),
@@ -516,6 +532,7 @@ impl RuntimePhase<'_> {
         let state = KvState::decode_snapshot(&bytes)
             .map_err(|error| format!("HEAD's payload {key} does not restore: {error}"))?;
         self.digests.check(&state, &format!("snapshot {key}"))?;
+        check_lease_keys(&state, &format!("snapshot {key}"))?;
         if state.applied_end() != head.wal_index {
             return Err(format!(
                 "HEAD's payload {key} reflects records below {}, HEAD says {}",
@@ -547,6 +564,7 @@ impl RuntimePhase<'_> {
             process.digested = Some(end);
             let what = format!("n{node} {}", process.holder);
             self.digests.check(&state, &what)?;
+            check_lease_keys(&state, &what)?;
         }
         Ok(())
     }

@@ -1,6 +1,9 @@
 //! The etcd part of the workload: etcd v3 writes (`Put`, `DeleteRange`,
 //! `Txn`, `Compact`) on a few keys under [`ETCD_PREFIX`], apart from every
-//! other kind's keys, so compares and deletes meet keys that exist.
+//! other kind's keys, so compares and deletes meet keys that exist. Once
+//! the lease client (`leases.rs`) has granted leases, a put now and then
+//! names one the state holds (attaching its key, or moving it from another
+//! lease) and compares now and then compare a key's lease.
 //!
 //! A request is drawn at prepare time from its own seed and the applied
 //! state it is checked against, as a client that just read the store would
@@ -52,17 +55,17 @@ pub(super) fn draw_request(seed: u64, state: &KvState) -> EtcdCommand {
             return command;
         }
     }
-    EtcdCommand::Put(put(&mut rng))
+    EtcdCommand::Put(put(&mut rng, state))
 }
 
 fn draw(rng: &mut StdRng, state: &KvState) -> EtcdCommand {
     match rng.random_range(0..100) {
-        0..=29 => EtcdCommand::Put(put(rng)),
+        0..=29 => EtcdCommand::Put(put(rng, state)),
         30..=44 => EtcdCommand::DeleteRange(delete(rng)),
         45..=95 => EtcdCommand::Txn(txn(rng, state, 1)),
         _ => match compaction(rng, state) {
             Some(compaction) => EtcdCommand::Compact(compaction),
-            None => EtcdCommand::Put(put(rng)),
+            None => EtcdCommand::Put(put(rng, state)),
         },
     }
 }
@@ -88,13 +91,29 @@ fn key_or_prefix(rng: &mut StdRng, prefix_odds: u32) -> (Bytes, Bytes) {
     }
 }
 
-fn put(rng: &mut StdRng) -> PutRequest {
+/// A put; one in [`LEASE_PUT_ODDS`] names a lease `state` holds, if any.
+fn put(rng: &mut StdRng, state: &KvState) -> PutRequest {
     PutRequest {
         key: key(rng),
         value: Bytes::from_static(pick(rng, &VALUES).as_bytes()),
         prev_kv: rng.random_bool(0.5),
+        lease: existing_lease(rng, state, LEASE_PUT_ODDS),
         ..PutRequest::default()
     }
+}
+
+/// One put in this many names an existing lease (when there is one).
+const LEASE_PUT_ODDS: u32 = 4;
+
+/// One time in `odds`, a lease `state` holds; else 0 (none). Draws
+/// nothing while there is no lease, so runs without leases draw as before.
+fn existing_lease(rng: &mut StdRng, state: &KvState, odds: u32) -> i64 {
+    let leases = state.leases();
+    if leases.is_empty() || !rng.random_ratio(1, odds) {
+        return 0;
+    }
+    let nth = rng.random_range(0..leases.len());
+    leases.iter().nth(nth).map_or(0, |(id, _)| id)
 }
 
 fn delete(rng: &mut StdRng) -> DeleteRangeRequest {
@@ -157,10 +176,10 @@ fn branch(rng: &mut StdRng, state: &KvState, depth: u32) -> Vec<RequestOp> {
     (0..ops)
         .map(|_| match rng.random_range(0..10) {
             0..=1 => RequestOp::Range(range(rng, state)),
-            2..=5 => RequestOp::Put(put(rng)),
+            2..=5 => RequestOp::Put(put(rng, state)),
             6..=7 => RequestOp::DeleteRange(delete(rng)),
             _ if depth < MAX_TXN_DEPTH_DRAWN => RequestOp::Txn(txn(rng, state, depth + 1)),
-            _ => RequestOp::Put(put(rng)),
+            _ => RequestOp::Put(put(rng, state)),
         })
         .collect()
 }
@@ -175,13 +194,20 @@ fn compare(rng: &mut StdRng, state: &KvState) -> Compare {
         Some(field) if current => field,
         _ => rng.random_range(0..=state.revision()),
     };
-    let target = match rng.random_range(0..4) {
+    // A fifth kind, lease compares, once leases exist.
+    let kinds = if state.leases().is_empty() { 4 } else { 5 };
+    let target = match rng.random_range(0..kinds) {
         0 => CompareTarget::Version(match entry {
             Some(entry) if current => entry.version,
             _ => rng.random_range(0..=3),
         }),
         1 => CompareTarget::Create(revision(rng, entry.map(|entry| entry.create_revision))),
         2 => CompareTarget::Mod(revision(rng, entry.map(|entry| entry.mod_revision))),
+        // A key's lease: its own half the time, so an `Equal` holds.
+        4 => CompareTarget::Lease(match entry {
+            Some(entry) if current => entry.lease,
+            _ => existing_lease(rng, state, 2),
+        }),
         _ => CompareTarget::Value(match entry {
             Some(entry) if current => entry.value.clone(),
             _ => Bytes::from_static(pick(rng, &VALUES).as_bytes()),

@@ -7,34 +7,51 @@
 //! ranges at the current revision in full, with limit, sort, `keys_only`
 //! and `count_only`), a compaction's, etcd's `Compacted` refusal where a
 //! compaction applied first, and the store revision the record leaves.
+//! Leases too: a grant's answer (the id the request named, or the one the
+//! machine chose, which the model takes from the answer; the TTL raised to
+//! etcd's minimum), a put naming a lease that does not exist refused
+//! (`requested lease not found`, in a transaction's taken branches too), a
+//! revoke deleting exactly the keys attached to the lease, in key order,
+//! at one revision (none if no key is attached), or refused if the lease
+//! does not exist.
 //!
-//! The model keeps only the current entries of the etcd keys and the
-//! compaction revision; the store revision before each record is the one
+//! The model keeps only the current entries of the etcd keys, the leases
+//! with their attached keys and the compaction revision; the store revision before each record is the one
 //! R10 has every process agree on (the other kinds' records move it too).
 //! Ranges at a past revision are left to R12, which compares the history
 //! they read.
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use chorus::kv::etcd::{
     CompactionResponse, Compare, CompareResult, CompareTarget, DeleteRangeRequest,
-    DeleteRangeResponse, KeyValue, PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp,
-    ResponseOp, Revision, SortOrder, SortTarget, TxnRequest, TxnResponse,
+    DeleteRangeResponse, KeyValue, LeaseGrantRequest, LeaseGrantResponse, LeaseRevokeResponse,
+    PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp, ResponseOp, Revision,
+    SortOrder, SortTarget, TxnRequest, TxnResponse,
 };
 use chorus::kv::{Applied, EtcdCommand, EtcdError, EtcdResponse};
 
 use super::workload::record_label;
 use crate::model::Violation;
 
+/// etcd's shortest lease TTL in seconds (with its default election
+/// timing); a grant asking for less gets this.
+const ETCD_MIN_TTL_SECS: i64 = 2;
+
+/// etcd's longest lease TTL in seconds (`MaxLeaseTTL`).
+const ETCD_MAX_TTL_SECS: i64 = 9_000_000_000;
+
 /// The model: see the module docs.
 #[derive(Debug)]
 pub(super) struct EtcdModel {
     /// The next index to replay.
     next: u64,
-    /// The etcd keys' entries (`lease` always 0).
+    /// The etcd keys' entries.
     entries: BTreeMap<Bytes, KeyValue>,
+    /// The leases by id, each with the keys attached to it.
+    leases: BTreeMap<i64, BTreeSet<Bytes>>,
     /// etcd's compaction revision, -1 before the first compaction.
     compacted: Revision,
     /// etcd records whose answer was checked.
@@ -46,6 +63,7 @@ impl Default for EtcdModel {
         EtcdModel {
             next: 0,
             entries: BTreeMap::new(),
+            leases: BTreeMap::new(),
             compacted: -1,
             checked: 0,
         }
@@ -114,15 +132,12 @@ impl EtcdModel {
             revision: before + 1,
             changed: false,
         };
-        if matches!(
-            command,
-            EtcdCommand::LeaseGrant(_) | EtcdCommand::LeaseRevoke(_) | EtcdCommand::Alarm(_)
-        ) {
-            return Err("a lease or alarm request, which the workload never draws".into());
+        if matches!(command, EtcdCommand::Alarm(_)) {
+            return Err("an alarm request, which the workload never draws".into());
         }
         let expected = match self.refusal(command, before) {
             Some(refusal) => Err(refusal),
-            None => Ok(self.execute(&mut write, command)),
+            None => Ok(self.execute(&mut write, command, answer)?),
         };
         let after = write.read_revision();
         if after != known.after as Revision {
@@ -144,9 +159,26 @@ impl EtcdModel {
     }
 
     /// etcd's refusal at apply time: a compaction at or below the
-    /// compaction revision, or a range in the taken branches below it.
+    /// compaction revision, or a range in the taken branches below it; a
+    /// put naming a lease that does not exist; a grant of a lease id in
+    /// use or of too long a TTL; a revoke of a lease that does not exist.
     fn refusal(&self, command: &EtcdCommand, current: Revision) -> Option<EtcdError> {
         match command {
+            EtcdCommand::Put(put) if !self.lease_exists(put.lease) => {
+                Some(EtcdError::LeaseNotFound)
+            }
+            EtcdCommand::LeaseGrant(grant) if grant.ttl > ETCD_MAX_TTL_SECS => {
+                Some(EtcdError::LeaseTtlTooLarge)
+            }
+            EtcdCommand::LeaseGrant(grant)
+                if grant.id != 0 && self.leases.contains_key(&grant.id) =>
+            {
+                Some(EtcdError::LeaseExists)
+            }
+            EtcdCommand::LeaseRevoke(revoke) if !self.leases.contains_key(&revoke.id) => {
+                Some(EtcdError::LeaseNotFound)
+            }
+            EtcdCommand::Txn(txn) if self.lease_refusal(txn) => Some(EtcdError::LeaseNotFound),
             EtcdCommand::Compact(compaction) if compaction.revision <= self.compacted => {
                 Some(EtcdError::Compacted)
             }
@@ -156,6 +188,21 @@ impl EtcdModel {
             EtcdCommand::Txn(txn) => self.range_refusal(txn, current),
             _ => None,
         }
+    }
+
+    /// Whether lease 0 (none) or a lease that exists.
+    fn lease_exists(&self, lease: i64) -> bool {
+        lease == 0 || self.leases.contains_key(&lease)
+    }
+
+    /// Whether a put in the branches `txn` takes (nested ones too) names
+    /// a lease that does not exist.
+    fn lease_refusal(&self, txn: &TxnRequest) -> bool {
+        self.taken(txn).iter().any(|op| match op {
+            RequestOp::Put(put) => !self.lease_exists(put.lease),
+            RequestOp::Txn(inner) => self.lease_refusal(inner),
+            _ => false,
+        })
     }
 
     fn range_refusal(&self, txn: &TxnRequest, current: Revision) -> Option<EtcdError> {
@@ -169,8 +216,31 @@ impl EtcdModel {
         })
     }
 
-    fn execute(&mut self, write: &mut Write, command: &EtcdCommand) -> EtcdResponse {
-        match command {
+    /// The answer etcd gives `command`; `answer` is the machine's, of
+    /// which only a grant's chosen id is taken (etcd's ids are the
+    /// server's choice).
+    fn execute(
+        &mut self,
+        write: &mut Write,
+        command: &EtcdCommand,
+        answer: &Applied,
+    ) -> Result<EtcdResponse, Violation> {
+        Ok(match command {
+            EtcdCommand::LeaseGrant(grant) => {
+                EtcdResponse::LeaseGrant(self.grant(write, grant, answer)?)
+            }
+            EtcdCommand::LeaseRevoke(revoke) => {
+                let keys = self.leases.remove(&revoke.id).expect("checked to exist");
+                // etcd deletes the attached keys in key order, in one write.
+                for key in &keys {
+                    self.entries.remove(key).expect("an attached key exists");
+                    write.changed = true;
+                }
+                EtcdResponse::LeaseRevoke(LeaseRevokeResponse {
+                    header_revision: write.read_revision(),
+                    deleted: keys.len() as i64,
+                })
+            }
             EtcdCommand::Put(put) => EtcdResponse::Put(self.put(write, put)),
             EtcdCommand::DeleteRange(delete) => {
                 EtcdResponse::DeleteRange(self.delete(write, delete))
@@ -188,6 +258,43 @@ impl EtcdModel {
                 })
             }
             other => unreachable!("replay refuses {other:?} first"),
+        })
+    }
+
+    /// A grant: the id it names, or (naming none) the one the machine
+    /// answered, which must be positive and not in use.
+    fn grant(
+        &mut self,
+        write: &Write,
+        grant: &LeaseGrantRequest,
+        answer: &Applied,
+    ) -> Result<LeaseGrantResponse, Violation> {
+        let id = match (grant.id, answer) {
+            (0, Applied::Etcd(Ok(EtcdResponse::LeaseGrant(granted)))) => granted.id,
+            (0, other) => return Err(format!("a grant answered {other:?}")),
+            (id, _) => id,
+        };
+        if id <= 0 || self.leases.contains_key(&id) {
+            return Err(format!(
+                "a grant naming no id got id {id}, which is not free"
+            ));
+        }
+        let ttl = grant.ttl.max(ETCD_MIN_TTL_SECS);
+        self.leases.insert(id, BTreeSet::new());
+        Ok(LeaseGrantResponse {
+            header_revision: write.read_revision(),
+            id,
+            ttl,
+        })
+    }
+
+    /// Moves `key` from lease `from` to lease `to` (0: none).
+    fn reattach(&mut self, key: &Bytes, from: i64, to: i64) {
+        if let Some(keys) = self.leases.get_mut(&from) {
+            keys.remove(key);
+        }
+        if let Some(keys) = self.leases.get_mut(&to) {
+            keys.insert(key.clone());
         }
     }
 
@@ -195,13 +302,19 @@ impl EtcdModel {
         write.changed = true;
         let revision = write.revision;
         let before = self.entries.get(&put.key).cloned();
+        let lease = match (&before, put.ignore_lease) {
+            (Some(kv), true) => kv.lease,
+            (None, true) => 0,
+            (_, false) => put.lease,
+        };
+        self.reattach(&put.key, before.as_ref().map_or(0, |kv| kv.lease), lease);
         let entry = KeyValue {
             key: put.key.clone(),
             value: put.value.clone(),
             create_revision: before.as_ref().map_or(revision, |kv| kv.create_revision),
             mod_revision: revision,
             version: before.as_ref().map_or(1, |kv| kv.version + 1),
-            lease: 0,
+            lease,
         };
         self.entries.insert(put.key.clone(), entry);
         PutResponse {
@@ -218,6 +331,7 @@ impl EtcdModel {
         let mut prev_kvs = Vec::new();
         for key in &keys {
             let before = self.entries.remove(key).expect("a listed key");
+            self.reattach(key, before.lease, 0);
             write.changed = true;
             if delete.prev_kv {
                 prev_kvs.push(before);

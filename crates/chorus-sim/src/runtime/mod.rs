@@ -107,6 +107,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use chorus::blob::FaultController;
 use chorus::ids::RecordIndex;
+use chorus::kv::lessor::Lessor;
 use chorus::kv::{IdempotencyKey, KvState};
 use chorus::lease::{DatabaseKey, HolderId, Incarnation};
 use chorus::runtime::{Role, Runtime, RuntimeConfig, RuntimeStores};
@@ -134,6 +135,7 @@ mod check;
 mod etcd;
 mod etcd_model;
 mod fencing;
+mod leases;
 mod liveness;
 mod mvcc;
 mod revisions;
@@ -217,6 +219,22 @@ pub struct RuntimeStats {
     pub states_compared: u64,
     /// etcd answers checked against the model (R13).
     pub etcd_model_checked: u64,
+    /// Leases granted (grants acknowledged).
+    pub lease_grants: u64,
+    /// Keep-alives acknowledged (renewed by a primary sure of its lease).
+    pub lease_keep_alives_acked: u64,
+    /// Keep-alives refused: sent to a process that is not a primary sure
+    /// of its lease.
+    pub lease_keep_alives_refused: u64,
+    /// Leases whose keep-alives were acknowledged by two primacies (kept
+    /// alive across a takeover).
+    pub lease_kept_across_takeovers: u64,
+    /// Leases revoked by their expiry (expiry revokes acknowledged).
+    pub lease_expiries: u64,
+    /// Leases revoked by the client (its revokes acknowledged).
+    pub lease_revokes: u64,
+    /// Keys those revokes deleted.
+    pub lease_keys_deleted: u64,
 }
 
 /// The settings of one run of the phase, drawn from its seed.
@@ -326,6 +344,10 @@ struct Process {
     role: Role,
     /// A graceful shutdown in progress.
     shutdown: Option<JoinHandle<()>>,
+    /// Its etcd lease deadlines (`leases.rs`).
+    lessor: Lessor,
+    /// When its last expiry tick ran (virtual ms since the phase began).
+    last_expiry_ms: Option<u64>,
 }
 
 /// What part of its world a cut-off node cannot reach.
@@ -411,6 +433,8 @@ enum Action {
     },
     Clear,
     Sleep(Duration),
+    /// One action of the lease client (`leases.rs`).
+    Lease,
 }
 
 /// The state of the runtime phase.
@@ -455,6 +479,8 @@ pub struct RuntimePhase<'a> {
     digests: mvcc::Digests,
     /// The etcd keys as etcd's rules make them (R13).
     etcd_model: etcd_model::EtcdModel,
+    /// The lease client's leases (R14).
+    leases: leases::LeaseLedger,
     reigns: Vec<Reign>,
     last_head_write: Option<Head>,
     /// The HEAD payload last checked by R6.
@@ -505,6 +531,7 @@ impl<'a> RuntimePhase<'a> {
             answers: Default::default(),
             digests: Default::default(),
             etcd_model: Default::default(),
+            leases: Default::default(),
             reigns: Vec::new(),
             last_head_write: None,
             checked_payload: None,
@@ -600,6 +627,7 @@ impl<'a> RuntimePhase<'a> {
                 self.rng.random_range(20..=500)
             };
             tokio::time::sleep(Duration::from_millis(settle)).await;
+            self.drive_leases()?;
             self.observe()?;
         }
         Ok(())
@@ -649,6 +677,7 @@ impl<'a> RuntimePhase<'a> {
         options.push((1, Action::Skew { node, skew_ms }));
         let sleep = self.settings.timing.draw_sleep(&mut self.rng);
         options.push((5, Action::Sleep(sleep)));
+        options.push((6, Action::Lease));
         // Graceful shutdowns go to the primary half the time: its way out
         // (drain, final snapshot, release) is the one worth exercising.
         let stopping = primary
@@ -732,6 +761,7 @@ impl<'a> RuntimePhase<'a> {
             }
             Action::Clear => self.clear(),
             Action::Sleep(duration) => tokio::time::sleep(duration).await,
+            Action::Lease => self.lease_action(),
         }
     }
 
@@ -781,6 +811,8 @@ impl<'a> RuntimePhase<'a> {
             digested: None,
             role: Role::Booting,
             shutdown: None,
+            lessor: Lessor::default(),
+            last_expiry_ms: None,
         });
         self.stats.boots += 1;
         self.event(format!("runtime n{node} boots as {holder}"));
@@ -857,18 +889,13 @@ impl<'a> RuntimePhase<'a> {
         ));
     }
 
-    /// Starts a write on `node`'s process.
+    /// Starts a write of the workload's kinds on `node`'s process.
     fn write(&mut self, node: usize) {
-        let Some(process) = self.nodes[node].process.as_ref() else {
-            return;
-        };
-        if self.writes.len() >= MAX_PENDING_WRITES {
+        if self.nodes[node].process.is_none() || self.writes.len() >= MAX_PENDING_WRITES {
             return;
         }
-        let runtime = Arc::clone(&process.runtime);
-        let holder = process.holder.clone();
-        self.next_write += 1;
-        let id = self.next_write;
+        // The id `start_write` gives it.
+        let id = self.next_write + 1;
         let kind = match self.rng.random_range(0..100) {
             0..=21 => WriteKind::Increment,
             22..=30 => self.new_keyed_op(id),
@@ -888,6 +915,20 @@ impl<'a> RuntimePhase<'a> {
             self.puts.insert(key.clone(), PutState::Pending);
             self.put_values.insert(key.clone(), value.clone());
         }
+        self.start_write(node, kind);
+    }
+
+    /// Starts a write of `kind` on `node`'s process; its id, or `None` if
+    /// there is no process or too many writes are in flight.
+    fn start_write(&mut self, node: usize, kind: WriteKind) -> Option<u64> {
+        let process = self.nodes[node].process.as_ref()?;
+        if self.writes.len() >= MAX_PENDING_WRITES {
+            return None;
+        }
+        let runtime = Arc::clone(&process.runtime);
+        let holder = process.holder.clone();
+        self.next_write += 1;
+        let id = self.next_write;
         let prepared = kind.clone();
         let writer = Arc::clone(&runtime);
         // The writer's clock, as the service stamps a keyed write.
@@ -912,6 +953,7 @@ impl<'a> RuntimePhase<'a> {
             kind,
             handle,
         });
+        Some(id)
     }
 
     /// A value: `tag`, then up to 48 random bytes.

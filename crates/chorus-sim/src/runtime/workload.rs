@@ -12,6 +12,7 @@ use chorus::kv::{
 use chorus::runtime::{WriteError, Written};
 
 use super::etcd::draw_request;
+use super::leases::LeaseOrigin;
 use crate::trace::label;
 
 /// The counter the increments compare-and-set.
@@ -35,6 +36,12 @@ pub(super) enum WriteKind {
     /// An etcd write on the keys under `etcd::ETCD_PREFIX`, drawn from
     /// `seed` and the applied state at prepare time (`etcd::draw_request`).
     Etcd { seed: u64 },
+    /// A lease request of the lease client or of a process's expiry tick
+    /// (`leases.rs`), fixed when started.
+    Lease {
+        command: EtcdCommand,
+        origin: LeaseOrigin,
+    },
 }
 
 /// The retention keyed writes carry: more keys than a run writes, and
@@ -62,6 +69,12 @@ pub(super) fn prepare(kind: &WriteKind, state: &KvState, at_ms: u64) -> Result<B
         }
         WriteKind::Etcd { seed } => {
             let command = draw_request(*seed, state);
+            command
+                .validate(state, DEFAULT_MAX_TXN_OPS)
+                .map_err(|refusal| Applied::Etcd(Err(refusal)))?;
+            return Ok(command.encode());
+        }
+        WriteKind::Lease { command, .. } => {
             command
                 .validate(state, DEFAULT_MAX_TXN_OPS)
                 .map_err(|refusal| Applied::Etcd(Err(refusal)))?;
@@ -197,6 +210,10 @@ fn command_label(record: &Bytes) -> String {
 /// An etcd request in trace form: its kind and first key.
 fn etcd_label(command: &EtcdCommand) -> String {
     let (kind, key) = match command {
+        EtcdCommand::Put(put) if put.lease != 0 => {
+            let key = String::from_utf8_lossy(&put.key);
+            return format!("etcd put {key} lease={:#x}", put.lease);
+        }
         EtcdCommand::Put(put) => ("put", &put.key),
         EtcdCommand::DeleteRange(delete) => ("delete", &delete.key),
         EtcdCommand::Txn(txn) => {
@@ -206,6 +223,10 @@ fn etcd_label(command: &EtcdCommand) -> String {
         EtcdCommand::Compact(compaction) => {
             return format!("etcd compact {}", compaction.revision);
         }
+        EtcdCommand::LeaseGrant(grant) => {
+            return format!("etcd lease grant id={:#x} ttl={}", grant.id, grant.ttl);
+        }
+        EtcdCommand::LeaseRevoke(revoke) => return format!("etcd lease revoke {:#x}", revoke.id),
         other => return format!("etcd {other:?}"),
     };
     format!("etcd {kind} {}", String::from_utf8_lossy(key))
