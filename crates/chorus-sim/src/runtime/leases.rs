@@ -126,6 +126,28 @@ pub(super) struct LeaseLedger {
     to_attach: Vec<LeaseId>,
 }
 
+#[cfg(test)]
+impl LeaseLedger {
+    /// Notes lease `id` granted with `ttl_ms`, to live until `alive_until_ms`.
+    pub(super) fn note_granted(&mut self, id: LeaseId, ttl_ms: u64, alive_until_ms: u64) {
+        let lease = ClientLease {
+            ttl_ms,
+            alive_until_ms,
+            last_sent_ms: 0,
+            keeping: true,
+            gone: false,
+            acked_in: None,
+            crossed: false,
+        };
+        self.leases.insert(id, lease);
+    }
+
+    /// Notes the client's revoke of `id` asked for at `at_ms`.
+    pub(super) fn note_revoke_asked(&mut self, id: LeaseId, at_ms: u64) {
+        self.revoke_asked.insert(id, at_ms);
+    }
+}
+
 /// A keep-alive's answer, as the service gives it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum KeepAlive {
@@ -226,7 +248,7 @@ impl RuntimePhase<'_> {
         if primacy.is_none() && !expired.is_empty() {
             return Err(format!(
                 "lease expiry: n{node}, not a primary sure of its lease, had its lessor hand \
-                 out leases {expired:?} as expired"
+                 out leases {expired:x?} as expired"
             ));
         }
         for id in expired {
@@ -244,7 +266,12 @@ impl RuntimePhase<'_> {
     }
 
     /// R14 (a) for lease `id` handed out as expired by `node` at `now`.
-    fn on_expiry_decided(&mut self, node: usize, id: LeaseId, now: u64) -> Result<(), Violation> {
+    pub(super) fn on_expiry_decided(
+        &mut self,
+        node: usize,
+        id: LeaseId,
+        now: u64,
+    ) -> Result<(), Violation> {
         self.event(format!("runtime n{node} lease {id:#x} expired at {now} ms"));
         self.check_due(
             id,

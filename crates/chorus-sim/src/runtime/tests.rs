@@ -4,7 +4,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chorus::ids::RecordIndex;
-use chorus::kv::etcd::{CompactionRequest, DeleteRangeRequest, PutRequest};
+use chorus::kv::etcd::{
+    CompactionRequest, DeleteRangeRequest, LeaseGrantRequest, LeaseRevokeRequest, PutRequest,
+};
+use chorus::kv::lease::SERVER_LEASE_ID_BASE;
 use chorus::kv::{Applied, Condition, IdempotencyKey, KvState, Outcome};
 use chorus::kv::{EtcdCommand, EtcdResponse};
 use chorus::lease::{DatabaseKey, Generation, HolderId, Incarnation, LeaseRecord, Term};
@@ -474,4 +477,132 @@ fn an_etcd_answer_or_revision_the_model_does_not_expect_is_caught() {
     higher[200..].iter_mut().for_each(|revision| *revision += 1);
     let error = replay(&mut EtcdModel::default(), &(records, outputs, higher)).unwrap_err();
     assert!(error.contains("leaves the store revision"), "{error}");
+}
+
+/// A short run: leases are granted, kept alive across a takeover,
+/// expired and revoked, and R14 and R13 check them.
+#[test]
+fn a_short_run_grants_keeps_alive_across_a_takeover_expires_and_revokes_leases() {
+    let report = crate::run_once(crate::SimOptions {
+        seed: 14,
+        steps: 600,
+        verbose: false,
+    });
+    assert!(report.failure.is_none(), "{:?}", report.failure);
+    let stats = &report.stats.runtime;
+    let counts = [
+        stats.lease_grants,
+        stats.lease_keep_alives_acked,
+        stats.lease_kept_across_takeovers,
+        stats.lease_expiries,
+        stats.lease_revokes,
+        stats.lease_keys_deleted,
+    ];
+    assert!(counts.iter().all(|count| *count > 0), "{stats:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_ended_before_its_ttl_passed_is_caught_unless_the_client_revoked_it() {
+    let mut trace = Trace::new(false);
+    let mut phase = phase(&mut trace).await;
+    phase.leases.note_granted(7, 4_000, 10_000);
+    let error = phase.on_expiry_decided(0, 7, 9_999).unwrap_err();
+    assert!(error.contains("must live until 10000 ms"), "{error}");
+    phase.on_expiry_decided(0, 7, 10_000).unwrap();
+    // A revoke seen applied (at the latest now, 0 ms) while it must live.
+    let revoke = EtcdCommand::LeaseRevoke(LeaseRevokeRequest { id: 7 }).encode();
+    let (_, changes) = applied(&[
+        EtcdCommand::LeaseGrant(LeaseGrantRequest { id: 7, ttl: 4 }).encode(),
+        revoke.clone(),
+    ]);
+    let error = phase
+        .on_lease_record_applied(&revoke, &changes[1].output)
+        .unwrap_err();
+    assert!(error.contains("its revoke applied"), "{error}");
+    // The client asked for it: no expiry.
+    phase.leases.note_revoke_asked(7, 0);
+    phase
+        .on_lease_record_applied(&revoke, &changes[1].output)
+        .unwrap();
+    phase.on_expiry_decided(0, 7, 1).unwrap();
+}
+
+/// Lease requests applied by the machine from index 0: two grants (one
+/// naming no id), keys attached and moved between leases, a put and a
+/// revoke naming a lease that does not exist, both revokes.
+fn lease_history() -> (Vec<Bytes>, Vec<Applied>, Vec<u64>) {
+    let chosen = SERVER_LEASE_ID_BASE;
+    let grant = |id, ttl| EtcdCommand::LeaseGrant(LeaseGrantRequest { id, ttl }).encode();
+    let revoke = |id| EtcdCommand::LeaseRevoke(LeaseRevokeRequest { id }).encode();
+    let put = |key: &str, lease| {
+        EtcdCommand::Put(PutRequest {
+            key: bytes(key),
+            value: bytes("v"),
+            lease,
+            prev_kv: true,
+            ..PutRequest::default()
+        })
+        .encode()
+    };
+    let records = vec![
+        grant(0, 1),
+        grant(5, 3),
+        put("e/a", chosen),
+        put("e/b", chosen),
+        put("e/c", 5),
+        put("e/a", 5),
+        put("e/x", 99),
+        revoke(chosen),
+        revoke(99),
+        revoke(5),
+        grant(5, 2),
+    ];
+    let (_, changes) = applied(&records);
+    let mut revisions = vec![1];
+    revisions.extend(changes.iter().map(|change| change.revision));
+    let outputs = changes.into_iter().map(|change| change.output).collect();
+    (records, outputs, revisions)
+}
+
+#[test]
+fn the_etcd_model_expects_the_machines_lease_answers() {
+    let history = lease_history();
+    let mut model = EtcdModel::default();
+    replay(&mut model, &history).unwrap();
+    assert_eq!(model.checked, history.0.len() as u64);
+    let (_, outputs, revisions) = &history;
+    // The first revoke deletes e/b only (e/a moved to lease 5), the
+    // second e/a and e/c at one revision.
+    let deleted = |index: usize| match &outputs[index] {
+        Applied::Etcd(Ok(EtcdResponse::LeaseRevoke(revoke))) => revoke.deleted,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((deleted(7), deleted(9)), (1, 2));
+    assert_eq!(revisions[10] - revisions[9], 1);
+}
+
+#[test]
+fn a_revoke_that_leaves_a_key_or_a_grant_of_an_id_in_use_is_caught() {
+    let (records, outputs, revisions) = lease_history();
+    // The second revoke answers one key deleted, not two.
+    let mut fewer = outputs.clone();
+    if let Applied::Etcd(Ok(EtcdResponse::LeaseRevoke(revoke))) = &mut fewer[9] {
+        revoke.deleted = 1;
+    }
+    let history = (records.clone(), fewer, revisions.clone());
+    let error = replay(&mut EtcdModel::default(), &history).unwrap_err();
+    assert!(error.contains("index 9 answered"), "{error}");
+    // The machine chose the id of the lease granted at index 1.
+    let mut reused = outputs.clone();
+    if let Applied::Etcd(Ok(EtcdResponse::LeaseGrant(grant))) = &mut reused[0] {
+        grant.id = 5;
+    }
+    let history = (records.clone(), reused, revisions.clone());
+    let error = replay(&mut EtcdModel::default(), &history).unwrap_err();
+    assert!(error.contains("index 1 answered"), "{error}");
+    // A put naming a missing lease applied rather than refused.
+    let mut accepted = outputs;
+    accepted[6] = accepted[5].clone();
+    let error = replay(&mut EtcdModel::default(), &(records, accepted, revisions)).unwrap_err();
+    assert!(error.contains("index 6 answered"), "{error}");
 }
