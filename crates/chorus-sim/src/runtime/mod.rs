@@ -14,7 +14,10 @@
 //! any process, so retries meet tables restored from snapshots, and etcd
 //! v3 writes — puts, range deletes, transactions with compares and nested
 //! branches, compactions — on keys of their own, drawn against the applied
-//! state and validated as the gRPC service validates them, `etcd.rs`),
+//! state and validated as the gRPC service validates them, `etcd.rs`, and
+//! the requests of an etcd lease client: grants, puts naming a lease,
+//! revokes; its keep-alives and every process's lease expiry tick run
+//! after every step, `leases.rs`),
 //! crashes (`Runtime::abort`) and fresh processes (a new holder id, the
 //! crashed one's: a restart, or the holder id of a process alive on another
 //! node: two processes that share one, told apart only by the random
@@ -28,7 +31,8 @@
 //! deterministic (`executor::GatedRuntime`).
 //!
 //! Checkers, after every step (`check.rs`; R5 in `fencing.rs`, R10 in
-//! `revisions.rs`, R11 and R12 in `mvcc.rs`, R13 in `etcd_model.rs`):
+//! `revisions.rs`, R11 and R12 in `mvcc.rs`, R13 in `etcd_model.rs`, R14 in
+//! `leases.rs`):
 //!
 //! - **R1, agreement**: every record any process applied (its change history,
 //!   polled every step, and for a few steps after it stopped) is the record every
@@ -87,7 +91,16 @@
 //!   from etcd's rules apart from the machine replays every etcd record in
 //!   index order and expects each answer (header revisions, `prev_kv`s,
 //!   deleted counts, `succeeded`, the taken branch's answers, current-revision
-//!   ranges in full), each `Compacted` refusal and the store revision after.
+//!   ranges in full), each `Compacted` refusal and the store revision after;
+//!   leases too (grants, puts naming a missing lease refused, a revoke
+//!   deleting exactly its attached keys at one revision).
+//! - **R14, leases expire only when due**: while the clocks agree, no lease
+//!   is handed out as expired, nor its revoke applied unless the client
+//!   asked, before its TTL passed since its grant request or last
+//!   acknowledged keep-alive (virtual time); no keep-alive is acknowledged
+//!   after its lease's revoke applied; every state keeps keys and leases
+//!   naming each other; no lessor of a process that is not a sure primary
+//!   hands out an expiry.
 //! - The lease phase's L2 and S1–S3 on the same store, and the log phases'
 //!   register checkers (5, 6) on the runtime's register.
 //!
