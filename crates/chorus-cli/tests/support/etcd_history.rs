@@ -136,6 +136,8 @@ pub enum Outcome {
 pub struct Op {
     /// The client that sent it.
     pub client: usize,
+    /// The node it was sent to (for reports; the checks ignore it).
+    pub node: usize,
     /// When it was sent.
     pub start_micros: u64,
     /// When it was answered.
@@ -714,6 +716,7 @@ mod tests {
     fn op(start: u64, end: Option<u64>, request: Request, outcome: Outcome) -> Op {
         Op {
             client: 0,
+            node: 0,
             start_micros: start,
             end_micros: end,
             request,
