@@ -10,7 +10,8 @@
 //!   still a primary sure of its writer lease after renewing, so no
 //!   successor can have started before the renewal (see
 //!   [`chorus::kv::lessor`]). On a standby the stream ends `Unavailable`,
-//!   which etcd's clients take as "try another endpoint".
+//!   which etcd's clients take as "try another endpoint"; so it does when
+//!   the node shuts down.
 //! - LeaseTimeToLive: the primary's remaining TTL (whole seconds, rounded
 //!   down as etcd does) and granted TTL, with the keys if asked; TTL -1 for
 //!   a lease that does not exist. `Unavailable` on a standby: only the
@@ -242,7 +243,18 @@ impl pb::lease_server::Lease for LeaseService {
         let (answers, stream) = mpsc::channel(KEEP_ALIVE_QUEUE);
         let shared = Arc::clone(&self.shared);
         tokio::spawn(async move {
-            while let Ok(Some(request)) = requests.message().await {
+            let mut closing = shared.closing.subscribe();
+            loop {
+                let request = tokio::select! {
+                    request = requests.message() => request,
+                    () = error::closed(&mut closing) => {
+                        let _ = answers.send(Err(error::shutting_down())).await;
+                        return;
+                    }
+                };
+                let Ok(Some(request)) = request else {
+                    return;
+                };
                 let answer = keep_alive(&shared, request.id);
                 let last = answer.is_err();
                 if answers.send(answer).await.is_err() || last {

@@ -36,6 +36,8 @@ pub(crate) struct Shared {
     pub(crate) identity: Identity,
     /// The primary's lease deadlines.
     pub(crate) leases: LeaseClock,
+    /// Turns true when the node shuts down: LeaseKeepAlive streams end.
+    pub(crate) closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {
@@ -185,6 +187,7 @@ impl EtcdService {
                 config,
                 identity,
                 leases: LeaseClock::default(),
+                closing: tokio::sync::watch::Sender::new(false),
             }),
             watch,
         }
@@ -205,6 +208,17 @@ impl EtcdService {
         stop: S,
     ) -> impl Future<Output = ()> + use<S> {
         expire_leases(Arc::clone(&self.shared), stop)
+    }
+
+    /// Ends every Watch and LeaseKeepAlive stream, open or opened later,
+    /// with `Unavailable` ([`SHUTTING_DOWN`](crate::error::SHUTTING_DOWN)),
+    /// as a node shutting down must: those streams never end on their
+    /// own, so a graceful stop waiting for them would hold the writer lease
+    /// (and keep every client from writing) for its whole grace period.
+    /// [`serve`] calls it when its shutdown future resolves.
+    pub fn close_streams(&self) {
+        self.watch.close_streams();
+        self.shared.closing.send_replace(true);
     }
 
     /// This node's cluster and member ids.
@@ -252,12 +266,18 @@ impl EtcdService {
 }
 
 /// Serves `service` on `listener` until `shutdown` resolves, then stops
-/// accepting and waits for the RPCs in flight.
+/// accepting, ends the streams ([`EtcdService::close_streams`]) and waits
+/// for the RPCs in flight.
 pub async fn serve(
     listener: TcpListener,
     service: EtcdService,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
+    let closer = service.clone();
+    let shutdown = async move {
+        shutdown.await;
+        closer.close_streams();
+    };
     let incoming = tonic::codegen::tokio_stream::wrappers::TcpListenerStream::new(listener);
     let (stopped, stop) = tokio::sync::oneshot::channel::<()>();
     let expiry = tokio::spawn(service.expire_leases(async {
