@@ -77,10 +77,17 @@ const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(120);
 const FAULT_GAP_MS: (u64, u64) = (1_000, 4_000);
 /// How long a standby stays stopped, drawn in this range (milliseconds).
 const STANDBY_STOP_MS: (u64, u64) = (500, 4_000);
-/// Generous bound on the time from a primary fault to the first write
-/// acknowledged after it (the design target is the lease TTL + 1 s; the
+/// Generous bound on the time from a primary fault to the first write the
+/// new primary acknowledged (the design target is the lease TTL + 1 s; the
 /// machine is loaded).
-const FIRST_WRITE_BOUND: Duration = Duration::from_secs(30);
+const FIRST_WRITE_BOUND: Duration = Duration::from_secs(5 * LEASE_TTL_SECS);
+/// The shutdown grace: longer than [`FIRST_WRITE_BOUND`], so a SIGTERMed
+/// primary that held its lease through the grace (waiting for watch
+/// streams, as it once did) fails the bound.
+const SHUTDOWN_GRACE_SECS: u64 = 30;
+/// Most times a write of unknown outcome is sent again while the answers
+/// are refusals (both nodes refuse during a takeover).
+const MAX_RETRIES: usize = 100;
 /// Most past revisions read back by Range at the end.
 const MAX_PAST_STATES: usize = 300;
 
@@ -157,6 +164,8 @@ impl Node {
             &LEASE_TTL_SECS.to_string(),
             "--etcd-listen",
             &format!("127.0.0.1:{port}"),
+            "--shutdown-grace-secs",
+            &SHUTDOWN_GRACE_SECS.to_string(),
         ]);
         Node {
             name,
@@ -575,8 +584,10 @@ impl Worker {
     }
 }
 
-/// A client's loop until `stop`: a write of unknown outcome is retried once,
-/// unchanged (on the other node, where the failure moved it).
+/// A client's loop until `stop`. A write of unknown outcome is sent again,
+/// unchanged, as an etcd client retries on `Unavailable`: until it is
+/// answered or its outcome is unknown again (refusals wrote nothing, so
+/// they are retried too, at most [`MAX_RETRIES`] times).
 async fn client_loop(mut worker: Worker, stop: Arc<AtomicBool>) -> Vec<Op> {
     while !stop.load(Ordering::Relaxed) {
         let request = worker.next_request();
@@ -584,8 +595,13 @@ async fn client_loop(mut worker: Worker, stop: Arc<AtomicBool>) -> Vec<Op> {
             request,
             Request::Put { .. } | Request::Cas { .. } | Request::Create { .. }
         );
-        if worker.run(request.clone()).await == Outcome::Unknown && retryable {
-            worker.run(request).await;
+        if worker.run(request.clone()).await != Outcome::Unknown || !retryable {
+            continue;
+        }
+        for _ in 0..MAX_RETRIES {
+            if worker.run(request.clone()).await != Outcome::Failed {
+                break;
+            }
         }
     }
     worker.ops
@@ -767,17 +783,34 @@ fn first_writes_after(faults: &[FaultRecord], ops: &[Op]) -> Vec<(Fault, Option<
         .collect()
 }
 
-/// Retries of writes of unknown outcome, by kind: how many were sent.
-fn retries(ops: &[Op]) -> BTreeMap<&'static str, usize> {
-    let mut counts = BTreeMap::new();
-    let mut seen: HashMap<&str, usize> = HashMap::new();
+/// Retries of writes of unknown outcome, per kind: requests retried, and
+/// the retries' outcomes (`ok`, `failed`, `unknown`).
+#[derive(Debug, Default)]
+struct Retries {
+    requests: usize,
+    ok: usize,
+    failed: usize,
+    unknown: usize,
+}
+
+fn retries(ops: &[Op]) -> BTreeMap<&'static str, Retries> {
+    let mut counts: BTreeMap<&'static str, Retries> = BTreeMap::new();
+    let mut sent: HashMap<&str, usize> = HashMap::new();
     for op in ops {
-        if let Some(value) = op.request.value() {
-            let count = seen.entry(value).or_default();
-            *count += 1;
-            if *count > 1 {
-                *counts.entry(op.request.kind()).or_default() += 1;
-            }
+        let Some(value) = op.request.value() else {
+            continue;
+        };
+        let attempts = sent.entry(value).or_default();
+        *attempts += 1;
+        if *attempts == 1 {
+            continue;
+        }
+        let count = counts.entry(op.request.kind()).or_default();
+        count.requests += usize::from(*attempts == 2);
+        match op.outcome {
+            Outcome::Ok { .. } => count.ok += 1,
+            Outcome::Failed => count.failed += 1,
+            Outcome::Unknown => count.unknown += 1,
         }
     }
     counts
@@ -795,7 +828,7 @@ fn print_report(
         eprintln!("  {kind:>6} {outcome:>7}: {count}");
     }
     eprintln!(
-        "writes of unknown outcome: {} applied, {} not; retries sent: {:?}; requests applied \
+        "writes of unknown outcome: {} applied, {} not; retries: {:?}; requests applied \
          twice: {:?}",
         summary.unknown_applied,
         summary.unknown_not_applied,
