@@ -16,8 +16,9 @@
 //! the three primary faults, in a seeded order, so a short run sees each.
 //!
 //! A request without an answer, or answered "the write may have been
-//! applied", has an unknown outcome: the client retries it once, unchanged
-//! (what an etcd client does), and the report counts requests applied twice.
+//! applied", has an unknown outcome: the client sends it again, unchanged,
+//! until it is answered (what an etcd client does), and the report counts
+//! requests applied twice.
 //! At the end the committed history is read by a watch from the first
 //! revision, the states at past revisions by Range, and `etcd_history`
 //! checks everything (see its docs): linearizable, every acknowledged write
@@ -152,8 +153,7 @@ struct Node {
 }
 
 impl Node {
-    fn new(dir: &Path, name: &'static str) -> Node {
-        let port = free_port();
+    fn new(dir: &Path, name: &'static str, port: u16) -> Node {
         let data = dir.join("data").display().to_string();
         let launch = Launch::new(dir).args([
             "--data-dir",
@@ -210,13 +210,31 @@ impl Node {
     }
 }
 
-/// A loopback port free now (the etcd listener keeps it across restarts).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// Ports the etcd listeners are picked from: below Linux's ephemeral range
+/// (32768–60999), so no outgoing connection takes a node's port while it
+/// restarts.
+const ETCD_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// Two distinct loopback ports free now, outside the ephemeral range (each
+/// node's etcd listener binds its port again at every restart).
+fn free_ports() -> [u16; 2] {
+    let span = u64::from(ETCD_PORTS.end - ETCD_PORTS.start);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_nanos() as u64;
+    let mut rng = Rng(nanos ^ u64::from(std::process::id()));
+    let mut held = Vec::new();
+    for _ in 0..1_000 {
+        let port = ETCD_PORTS.start + rng.below(span) as u16;
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+            held.push((port, listener));
+        }
+        if let [(first, _), (second, _)] = held[..] {
+            return [first, second];
+        }
+    }
+    panic!("no two free ports in {ETCD_PORTS:?}");
 }
 
 /// The index of the node that is primary, waiting for one.
@@ -864,9 +882,10 @@ fn etcd_histories_stay_linearizable_through_kills_pauses_and_stops() {
     eprintln!("CHORUS_ETCD_FAULTS_SEED={seed} CHORUS_ETCD_FAULTS_SECONDS={seconds}");
     let mut rng = Rng(seed);
     let dir = TempDir::new().unwrap();
+    let [port_a, port_b] = free_ports();
     let mut nodes = [
-        Node::new(dir.path(), "node-a"),
-        Node::new(dir.path(), "node-b"),
+        Node::new(dir.path(), "node-a", port_a),
+        Node::new(dir.path(), "node-b", port_b),
     ];
     nodes[0].start();
     nodes[0].server().wait_for_role("primary");
