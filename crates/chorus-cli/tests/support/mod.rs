@@ -12,6 +12,7 @@ pub mod moto;
 #[path = "../../../chorus/tests/support/etcd.rs"]
 pub mod etcd;
 
+pub mod etcdctl;
 pub mod raw;
 pub mod server;
 pub mod test_s3;

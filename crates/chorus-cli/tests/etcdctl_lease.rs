@@ -1,0 +1,359 @@
+//! etcd's leases through the real binary with Debian's etcdctl (3.4):
+//! `chorus serve` started as the README says, with `--etcd-listen` on a
+//! free port, and etcdctl's lease commands, then the client-side recipes
+//! built on leases (`etcdctl lock`, `etcdctl elect`) with two contenders,
+//! one SIGKILLed so its lease is left to expire, and a watch seeing an
+//! expiry. Without etcdctl the tests skip, except under CI, where they fail.
+//!
+//! Timing bounds are generous (the machine is loaded) but have both ends:
+//! nothing expires while kept alive, and an abandoned lease expires within
+//! its remaining TTL plus a margin, not before.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+
+use support::etcdctl::{Background, Etcdctl, serve_with_etcdctl};
+
+/// How late past its deadline an abandoned lease may expire (the primary
+/// looks twice a second, then appends the revoke; the client then sees it).
+const EXPIRY_MARGIN: Duration = Duration::from_secs(2);
+/// How long a waiting contender may take past its rival's expiry to
+/// notice (a watch event, then its own read) on a loaded machine.
+const TAKEOVER_MARGIN: Duration = Duration::from_secs(5);
+/// How long a background etcdctl may take to print its first line.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// The session TTL of `etcdctl elect` in 3.4, which has no `--ttl` flag
+/// (the client library's default session TTL).
+const ELECT_SESSION_TTL: Duration = Duration::from_secs(60);
+
+/// The id in `lease <16 hex digits> granted with TTL(<ttl>s)`.
+fn granted_id(stdout: &str, ttl: u64) -> String {
+    let id = stdout
+        .strip_prefix("lease ")
+        .and_then(|rest| rest.strip_suffix(&format!(" granted with TTL({ttl}s)")))
+        .unwrap_or_else(|| panic!("not a grant of TTL {ttl}: {stdout:?}"));
+    assert!(
+        id.len() == 16 && id.chars().all(|c| c.is_ascii_hexdigit()),
+        "{stdout:?}"
+    );
+    id.to_owned()
+}
+
+/// Grants a lease of `ttl` seconds and returns its id as etcdctl prints it.
+fn grant(etcdctl: &Etcdctl, ttl: u64) -> String {
+    granted_id(&etcdctl.run_ok(&["lease", "grant", &ttl.to_string()]), ttl)
+}
+
+/// `lease timetolive <id> --keys`: the granted TTL, the remaining TTL and
+/// the attached keys.
+fn time_to_live(etcdctl: &Etcdctl, id: &str) -> (u64, u64, String) {
+    let stdout = etcdctl.run_ok(&["lease", "timetolive", id, "--keys"]);
+    let parse = || {
+        let rest = stdout.strip_prefix(&format!("lease {id} granted with TTL("))?;
+        let (granted, rest) = rest.split_once("s), remaining(")?;
+        let (remaining, rest) = rest.split_once("s), attached keys(")?;
+        let keys = rest.strip_suffix(')')?;
+        Some((
+            granted.parse().ok()?,
+            remaining.parse().ok()?,
+            keys.to_owned(),
+        ))
+    };
+    parse().unwrap_or_else(|| panic!("not a live lease {id}: {stdout:?}"))
+}
+
+/// The value of `key`, if it exists.
+fn get(etcdctl: &Etcdctl, key: &str) -> Option<String> {
+    let stdout = etcdctl.run_ok(&["get", key, "--print-value-only"]);
+    (!stdout.is_empty()).then_some(stdout)
+}
+
+/// Polls until `key` is gone; returns the instant the read that saw it
+/// gone was sent. Panics after `timeout`.
+fn wait_deleted(etcdctl: &Etcdctl, key: &str, timeout: Duration) -> Instant {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let sent = Instant::now();
+        if get(etcdctl, key).is_none() {
+            return sent;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{key} still there after {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The lease id (16 hex digits, as `lease` commands take it) of a lock or
+/// election key `<name>/<lease id in hex>` written by etcdctl's recipes.
+fn lease_of_key(key: &str) -> String {
+    let hex = key.rsplit_once('/').map(|(_, hex)| hex).unwrap_or_default();
+    let id = i64::from_str_radix(hex, 16).unwrap_or_else(|_| panic!("no lease in key {key:?}"));
+    format!("{id:016x}")
+}
+
+/// After SIGKILLing the etcdctl holding lease `id`, how long the lease has
+/// left at most and at least, from now: timetolive rounds down to whole
+/// seconds. The process being dead, nothing renews it any more.
+fn remaining_after_kill(etcdctl: &Etcdctl, id: &str) -> (Instant, Duration, Duration) {
+    let asked = Instant::now();
+    let (_, remaining, _) = time_to_live(etcdctl, id);
+    assert!(remaining > 0, "lease {id} expired while its holder lived");
+    let at_least = Duration::from_secs(remaining);
+    (asked, at_least, at_least + Duration::from_secs(1))
+}
+
+/// Grant, put with the lease, timetolive with keys, list, keep-alive once,
+/// revoke; etcd's wording for an unknown lease and a too long TTL.
+#[test]
+fn etcdctl_lease_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((_chorus, etcdctl)) = serve_with_etcdctl(dir.path()) else {
+        return;
+    };
+    let granted_at = Instant::now();
+    let id = grant(&etcdctl, 30);
+    assert_eq!(
+        etcdctl.run_ok(&["put", &format!("--lease={id}"), "k", "v"]),
+        "OK"
+    );
+    let (granted, remaining, keys) = time_to_live(&etcdctl, &id);
+    let elapsed = granted_at.elapsed().as_secs();
+    assert_eq!((granted, keys.as_str()), (30, "[k]"));
+    assert!(
+        remaining <= 30 && remaining + elapsed >= 28,
+        "remaining {remaining}s, {elapsed}s after the grant"
+    );
+    let listed = etcdctl.run_ok(&["lease", "list"]);
+    assert!(
+        listed.starts_with("found 1 leases\n") && listed.lines().any(|line| line == id),
+        "{listed:?}"
+    );
+    assert_eq!(
+        etcdctl.run_ok(&["lease", "keep-alive", "--once", &id]),
+        format!("lease {id} keepalived with TTL(30)")
+    );
+    assert_eq!(
+        etcdctl.run_ok(&["lease", "revoke", &id]),
+        format!("lease {id} revoked")
+    );
+    assert_eq!(
+        get(&etcdctl, "k"),
+        None,
+        "a revoke deletes the lease's keys"
+    );
+    for unknown in [id.as_str(), "1234"] {
+        assert_eq!(
+            etcdctl.run_ok(&["lease", "timetolive", unknown]),
+            format!("lease {unknown:0>16} already expired")
+        );
+    }
+    assert_eq!(etcdctl.run_ok(&["lease", "list"]), "found 0 leases");
+    let too_long = etcdctl.run(&["lease", "grant", "9000000001"], "");
+    assert_eq!(too_long.code, Some(1), "{too_long:?}");
+    assert_eq!(
+        too_long.messages,
+        ["Error: failed to grant lease (etcdserver: too large lease TTL)"]
+    );
+}
+
+/// `lease keep-alive` in the background keeps a 3 s lease alive well past
+/// its TTL; once it is killed the lease expires and its key goes.
+#[test]
+fn etcdctl_keep_alive_holds_a_lease_until_killed() {
+    const TTL: Duration = Duration::from_secs(3);
+    let dir = tempfile::tempdir().unwrap();
+    let Some((_chorus, etcdctl)) = serve_with_etcdctl(dir.path()) else {
+        return;
+    };
+    let id = grant(&etcdctl, TTL.as_secs());
+    etcdctl.run_ok(&["put", &format!("--lease={id}"), "short", "lived"]);
+    let mut keeper = etcdctl.spawn("keep-alive", &["lease", "keep-alive", &id]);
+    let renewed = format!("lease {id} keepalived with TTL(3)");
+    keeper.wait_for_line(START_TIMEOUT, |line| line == renewed);
+    std::thread::sleep(TTL * 8 / 3);
+    assert_eq!(get(&etcdctl, "short").as_deref(), Some("lived"));
+    let renewals = keeper.stdout();
+    assert!(
+        renewals.len() >= 4 && renewals.iter().all(|(_, line)| *line == renewed),
+        "{}",
+        keeper.printed()
+    );
+    keeper.kill();
+    let (asked, _, at_most) = remaining_after_kill(&etcdctl, &id);
+    let gone = wait_deleted(&etcdctl, "short", at_most + EXPIRY_MARGIN + TAKEOVER_MARGIN);
+    assert!(
+        gone <= asked + at_most + EXPIRY_MARGIN,
+        "expired {:?} after the kill, TTL {TTL:?}",
+        gone - asked
+    );
+    assert_eq!(
+        etcdctl.run_ok(&["lease", "timetolive", &id]),
+        format!("lease {id} already expired")
+    );
+}
+
+/// The first line of `etcdctl lock` (the lock's key) or `etcdctl elect`
+/// (the leader's key).
+fn key_line(name: &str) -> impl Fn(&str) -> bool + '_ {
+    move |line: &str| line.starts_with(&format!("{name}/"))
+}
+
+/// Asserts `waiter` printed nothing yet: it is blocked behind the holder.
+fn assert_waiting(waiter: &Background) {
+    assert!(waiter.stdout().is_empty(), "{}", waiter.printed());
+}
+
+/// Kills `holder` (SIGKILL: its lease is left to expire), then checks
+/// `waiter` takes over once the lease expired: not before, and within the
+/// margins after. Returns the waiter's key.
+fn kill_and_take_over(
+    etcdctl: &Etcdctl,
+    holder: &mut Background,
+    held: &str,
+    waiter: &Background,
+    name: &str,
+) -> String {
+    let lease = lease_of_key(held);
+    let killed = holder.kill();
+    let (asked, at_least, at_most) = remaining_after_kill(etcdctl, &lease);
+    let deadline = at_most + EXPIRY_MARGIN + TAKEOVER_MARGIN;
+    let (took_over, key) = waiter.wait_for_line(deadline, key_line(name));
+    assert!(took_over > killed, "took over before the holder was killed");
+    assert!(
+        took_over + Duration::from_millis(500) >= asked + at_least,
+        "took over {:?} after the kill, the holder's lease had {at_least:?} left",
+        took_over - killed
+    );
+    assert!(
+        took_over <= asked + deadline,
+        "took over {:?} after the kill",
+        took_over - killed
+    );
+    assert_ne!(key, held);
+    key
+}
+
+/// `etcdctl lock` with two contenders: the second blocks until the first,
+/// SIGKILLed, has its lease expire.
+#[test]
+fn etcdctl_lock_passes_when_the_holder_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((_chorus, etcdctl)) = serve_with_etcdctl(dir.path()) else {
+        return;
+    };
+    let lock = ["lock", "--ttl=3", "mylock"];
+    let mut holder = etcdctl.spawn("lock holder", &lock);
+    let (_, held) = holder.wait_for_line(START_TIMEOUT, key_line("mylock"));
+    let waiter = etcdctl.spawn("lock waiter", &lock);
+    // Its key written (a second lease), it waits on the holder's.
+    let waiting = Instant::now() + START_TIMEOUT;
+    while etcdctl
+        .run_ok(&["get", "--prefix", "mylock/", "--keys-only"])
+        .lines()
+        .filter(|line| !line.is_empty())
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < waiting, "{}", waiter.printed());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    assert_waiting(&waiter);
+    kill_and_take_over(&etcdctl, &mut holder, &held, &waiter, "mylock");
+}
+
+/// `etcdctl elect` with two candidates and an observer (`--listen`): the
+/// second becomes leader once the first, SIGKILLed, has its lease expire
+/// (the session TTL of etcdctl 3.4's elect, 60 s).
+#[test]
+fn etcdctl_elect_passes_when_the_leader_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((_chorus, etcdctl)) = serve_with_etcdctl(dir.path()) else {
+        return;
+    };
+    let observer = etcdctl.spawn("observer", &["elect", "--listen", "myelection"]);
+    let mut leader = etcdctl.spawn("candidate A", &["elect", "myelection", "pA"]);
+    let (_, leader_key) = leader.wait_for_line(START_TIMEOUT, key_line("myelection"));
+    leader.wait_for_line(START_TIMEOUT, |line| line == "pA");
+    observer.wait_for_line(START_TIMEOUT, |line| line == "pA");
+    let candidate = etcdctl.spawn("candidate B", &["elect", "myelection", "pB"]);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_waiting(&candidate);
+    let (leader_ttl, _, _) = time_to_live(&etcdctl, &lease_of_key(&leader_key));
+    assert_eq!(leader_ttl, ELECT_SESSION_TTL.as_secs());
+    kill_and_take_over(&etcdctl, &mut leader, &leader_key, &candidate, "myelection");
+    candidate.wait_for_line(START_TIMEOUT, |line| line == "pB");
+    observer.wait_for_line(START_TIMEOUT, |line| line == "pB");
+    let observed: Vec<String> = observer
+        .stdout()
+        .into_iter()
+        .map(|(_, line)| line)
+        .collect();
+    assert_eq!(observed[1], "pA", "{observed:?}");
+    assert_eq!(observed[3], "pB", "{observed:?}");
+}
+
+/// A watch over a prefix sees an expired lease's keys deleted at one
+/// revision, one DELETE event each, in one response; the key without the
+/// lease stays.
+#[test]
+fn etcdctl_watch_sees_an_expiry_as_deletes_at_one_revision() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((_chorus, etcdctl)) = serve_with_etcdctl(dir.path()) else {
+        return;
+    };
+    let id = grant(&etcdctl, 3);
+    for key in ["w/a", "w/b", "w/c"] {
+        etcdctl.run_ok(&["put", &format!("--lease={id}"), key, "v"]);
+    }
+    let put = etcdctl.run_ok(&["put", "w/other", "stays", "-w", "json"]);
+    let put: serde_json::Value = serde_json::from_str(&put).expect("JSON");
+    let after_puts = put["header"]["revision"].as_u64().expect("a revision") + 1;
+    // From the revision after the puts: the expiry cannot be missed.
+    let watcher = etcdctl.spawn(
+        "watcher",
+        &[
+            "watch",
+            "--prefix",
+            "w/",
+            "--rev",
+            &after_puts.to_string(),
+            "-w",
+            "json",
+        ],
+    );
+    let (_, response) = watcher.wait_for_line(START_TIMEOUT, |line| line.contains("\"Events\""));
+    let response: serde_json::Value = serde_json::from_str(&response).expect("JSON");
+    let revision = response["Header"]["revision"].as_u64().expect("a revision");
+    let events = response["Events"].as_array().expect("events");
+    let deleted: Vec<(String, u64)> = events
+        .iter()
+        .map(|event| {
+            // etcd's `mvccpb.Event_DELETE` is 1; PUT (0) is left out of JSON.
+            assert_eq!(event["type"], 1, "{response}");
+            let key = event["kv"]["key"].as_str().expect("a key");
+            let key = String::from_utf8(BASE64.decode(key).expect("base64")).expect("UTF-8");
+            (
+                key,
+                event["kv"]["mod_revision"].as_u64().expect("a revision"),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, u64)> = ["w/a", "w/b", "w/c"]
+        .iter()
+        .map(|key| (key.to_string(), revision))
+        .collect();
+    assert_eq!(deleted, expected, "{response}");
+    assert!(revision >= after_puts, "{response}");
+    assert_eq!(get(&etcdctl, "w/other").as_deref(), Some("stays"));
+    assert_eq!(
+        etcdctl.run_ok(&["lease", "timetolive", &id]),
+        format!("lease {id} already expired")
+    );
+}
