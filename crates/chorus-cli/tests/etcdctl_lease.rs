@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 
-use support::etcdctl::{Background, Etcdctl, serve_with_etcdctl};
+use support::etcdctl::{Background, Etcdctl, launch_with_etcdctl, serve_with_etcdctl};
 
 /// How late past its deadline an abandoned lease may expire (the primary
 /// looks twice a second, then appends the revoke; the client then sees it).
@@ -64,6 +64,13 @@ fn time_to_live(etcdctl: &Etcdctl, id: &str) -> (u64, u64, String) {
         ))
     };
     parse().unwrap_or_else(|| panic!("not a live lease {id}: {stdout:?}"))
+}
+
+/// The id the server chooses after `id` when nothing else was written
+/// in between (ids follow the log's records).
+fn next_id(id: &str) -> String {
+    let id = i64::from_str_radix(id, 16).expect("a hex id");
+    format!("{:016x}", id + 1)
 }
 
 /// The value of `key`, if it exists.
@@ -154,6 +161,12 @@ fn etcdctl_lease_commands() {
         );
     }
     assert_eq!(etcdctl.run_ok(&["lease", "list"]), "found 0 leases");
+    // Shorter than the minimum: raised to it, as etcd does.
+    let short = grant(&etcdctl, 2);
+    assert_eq!(
+        etcdctl.run_ok(&["lease", "grant", "1"]),
+        format!("lease {} granted with TTL(2s)", next_id(&short))
+    );
     let too_long = etcdctl.run(&["lease", "grant", "9000000001"], "");
     assert_eq!(too_long.code, Some(1), "{too_long:?}");
     assert_eq!(
@@ -352,6 +365,63 @@ fn etcdctl_watch_sees_an_expiry_as_deletes_at_one_revision() {
     assert_eq!(deleted, expected, "{response}");
     assert!(revision >= after_puts, "{response}");
     assert_eq!(get(&etcdctl, "w/other").as_deref(), Some("stays"));
+    assert_eq!(
+        etcdctl.run_ok(&["lease", "timetolive", &id]),
+        format!("lease {id} already expired")
+    );
+}
+
+/// `lease timetolive` once it answers: a restarted node serves leases only
+/// once it is primary again.
+fn time_to_live_when_served(etcdctl: &Etcdctl, id: &str) -> (u64, u64, String) {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        let outcome = etcdctl.run(&["lease", "timetolive", id, "--keys"], "");
+        if outcome.code == Some(0) {
+            return time_to_live(etcdctl, id);
+        }
+        assert!(Instant::now() < deadline, "{outcome:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A lease outlives a SIGKILLed `chorus serve`: restarted on the same
+/// stores, the new primary starts its deadline afresh (a takeover extends
+/// leases by their TTL, as etcd's leader change does), keeps its key past
+/// the deadline it had before, and then expires it on its own.
+#[test]
+fn etcdctl_leases_survive_a_restart_extended_by_their_ttl() {
+    const TTL: u64 = 12;
+    let dir = tempfile::tempdir().unwrap();
+    let Some((launch, etcdctl)) = launch_with_etcdctl(dir.path()) else {
+        return;
+    };
+    let mut chorus = launch.start("chorus");
+    etcdctl.wait_healthy();
+    let granted_at = Instant::now();
+    let id = grant(&etcdctl, TTL);
+    etcdctl.run_ok(&["put", &format!("--lease={id}"), "survivor", "v"]);
+    std::thread::sleep(Duration::from_secs(4));
+    chorus.kill();
+    let restarted_at = Instant::now();
+    let _chorus = launch.start("chorus restarted");
+    let (granted, remaining, keys) = time_to_live_when_served(&etcdctl, &id);
+    assert_eq!((granted, keys.as_str()), (TTL, "[survivor]"));
+    let since_restart = restarted_at.elapsed().as_secs();
+    assert!(
+        remaining + since_restart + 1 >= TTL,
+        "remaining {remaining}s, {since_restart}s after the restart: not extended by its TTL"
+    );
+    // Past the deadline the first primary had set, the key is still there.
+    let first_deadline = granted_at + Duration::from_secs(TTL) + EXPIRY_MARGIN;
+    std::thread::sleep(first_deadline.saturating_duration_since(Instant::now()));
+    assert_eq!(get(&etcdctl, "survivor").as_deref(), Some("v"));
+    let (_, _, at_most) = remaining_after_kill(&etcdctl, &id);
+    wait_deleted(
+        &etcdctl,
+        "survivor",
+        at_most + EXPIRY_MARGIN + TAKEOVER_MARGIN,
+    );
     assert_eq!(
         etcdctl.run_ok(&["lease", "timetolive", &id]),
         format!("lease {id} already expired")

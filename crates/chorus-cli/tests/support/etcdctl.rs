@@ -178,17 +178,23 @@ impl Etcdctl {
 /// free port, and etcdctl aimed at it once it answers; `None` (the test
 /// skips) when there is no etcdctl outside CI.
 pub fn serve_with_etcdctl(dir: &Path) -> Option<(Server, Etcdctl)> {
+    let (launch, etcdctl) = launch_with_etcdctl(dir)?;
+    let chorus = launch.start("chorus");
+    etcdctl.wait_healthy();
+    Some((chorus, etcdctl))
+}
+
+/// How [`serve_with_etcdctl`] starts `chorus serve` (for a test that
+/// restarts it on the same etcd address), and etcdctl aimed at it.
+pub fn launch_with_etcdctl(dir: &Path) -> Option<(Launch, Etcdctl)> {
     let binary = etcdctl_binary()?;
     let listen = format!("127.0.0.1:{}", free_port());
-    let chorus = Launch::new(dir)
-        .args(["--etcd-listen", &listen])
-        .start("chorus");
+    let launch = Launch::new(dir).args(["--etcd-listen", &listen]);
     let etcdctl = Etcdctl {
         binary,
         endpoint: format!("http://{listen}"),
     };
-    etcdctl.wait_healthy();
-    Some((chorus, etcdctl))
+    Some((launch, etcdctl))
 }
 
 /// What a background etcdctl printed, as the drain threads read it.
