@@ -427,3 +427,69 @@ fn etcdctl_leases_survive_a_restart_extended_by_their_ttl() {
         format!("lease {id} already expired")
     );
 }
+
+/// The writer lease of the failover test's instances, in seconds (a
+/// takeover after a SIGKILL takes about this plus a second).
+const FAILOVER_WRITER_TTL_SECS: &str = "3";
+
+/// A `lease keep-alive` given both nodes' endpoints keeps its lease alive
+/// across a failover: the primary SIGKILLed, the standby takes over (its
+/// keep-alives answered `Unavailable` until then, which the client
+/// retries), the client's keep-alives reach it, and the key is still
+/// there a whole TTL later; once the keeper is killed, the new primary
+/// expires the lease.
+#[test]
+fn etcdctl_keep_alive_holds_a_lease_across_a_failover() {
+    const TTL: Duration = Duration::from_secs(10);
+    let dir = tempfile::tempdir().unwrap();
+    let (Some((launch_a, to_a)), Some((launch_b, to_b))) = (
+        launch_with_etcdctl(dir.path()),
+        launch_with_etcdctl(dir.path()),
+    ) else {
+        return;
+    };
+    let writer_ttl = ["--lease-ttl-secs", FAILOVER_WRITER_TTL_SECS];
+    let mut a = launch_a.args(writer_ttl).start("a");
+    a.wait_for_role("primary");
+    let b = launch_b.args(writer_ttl).start("b");
+    b.wait_for_role("standby");
+    let to_both = Etcdctl {
+        binary: to_a.binary.clone(),
+        endpoint: format!("{},{}", to_a.endpoint, to_b.endpoint),
+    };
+    let id = grant(&to_a, TTL.as_secs());
+    to_a.run_ok(&["put", &format!("--lease={id}"), "held", "v"]);
+    let mut keeper = to_both.spawn("keep-alive", &["lease", "keep-alive", &id]);
+    let renewed = format!("lease {id} keepalived with TTL({})", TTL.as_secs());
+    keeper.wait_for_line(START_TIMEOUT, |line| line == renewed);
+    a.kill();
+    b.wait_for_role("primary");
+    let took_over = Instant::now();
+    // Renewed by the new primary: a keep-alive answered after the takeover.
+    let renewals = keeper.stdout().len();
+    let deadline = took_over + START_TIMEOUT;
+    while keeper.stdout().len() <= renewals + 1 {
+        assert!(Instant::now() < deadline, "{}", keeper.printed());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep((took_over + TTL + EXPIRY_MARGIN).saturating_duration_since(Instant::now()));
+    assert_eq!(
+        get(&to_b, "held").as_deref(),
+        Some("v"),
+        "{}",
+        keeper.printed()
+    );
+    assert!(
+        keeper.stdout().iter().all(|(_, line)| *line == renewed),
+        "{}",
+        keeper.printed()
+    );
+    keeper.kill();
+    let (asked, _, at_most) = remaining_after_kill(&to_b, &id);
+    let gone = wait_deleted(&to_b, "held", at_most + EXPIRY_MARGIN + TAKEOVER_MARGIN);
+    assert!(
+        gone <= asked + at_most + EXPIRY_MARGIN,
+        "expired {:?} after the kill",
+        gone - asked
+    );
+}
