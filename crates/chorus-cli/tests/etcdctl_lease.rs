@@ -11,12 +11,14 @@
 
 mod support;
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 
 use support::etcdctl::{Background, Etcdctl, launch_with_etcdctl, serve_with_etcdctl};
+use support::server::Server;
 
 /// How late past its deadline an abandoned lease may expire (the primary
 /// looks twice a second, then appends the revoke; the client then sees it).
@@ -260,13 +262,31 @@ fn etcdctl_lock_passes_when_the_holder_dies() {
     let Some((_chorus, etcdctl)) = serve_with_etcdctl(dir.path()) else {
         return;
     };
+    lock_passes_when_the_holder_dies(&etcdctl, &etcdctl);
+}
+
+/// The same with the contenders on two nodes: the holder through the
+/// standby (which forwards its lease and txn RPCs to the primary and
+/// serves its watch), the waiter through the primary.
+#[test]
+fn etcdctl_lock_passes_between_nodes_when_the_holder_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((_a, _b, to_primary, to_standby)) = primary_and_standby(dir.path()) else {
+        return;
+    };
+    lock_passes_when_the_holder_dies(&to_standby, &to_primary);
+}
+
+/// `etcdctl lock` through `to_holder`, then through `to_waiter`: the
+/// waiter blocks until the holder, SIGKILLed, has its lease expire.
+fn lock_passes_when_the_holder_dies(to_holder: &Etcdctl, to_waiter: &Etcdctl) {
     let lock = ["lock", "--ttl=3", "mylock"];
-    let mut holder = etcdctl.spawn("lock holder", &lock);
+    let mut holder = to_holder.spawn("lock holder", &lock);
     let (_, held) = holder.wait_for_line(START_TIMEOUT, key_line("mylock"));
-    let waiter = etcdctl.spawn("lock waiter", &lock);
+    let waiter = to_waiter.spawn("lock waiter", &lock);
     // Its key written (a second lease), it waits on the holder's.
     let waiting = Instant::now() + START_TIMEOUT;
-    while etcdctl
+    while to_waiter
         .run_ok(&["get", "--prefix", "mylock/", "--keys-only"])
         .lines()
         .filter(|line| !line.is_empty())
@@ -278,7 +298,7 @@ fn etcdctl_lock_passes_when_the_holder_dies() {
     }
     std::thread::sleep(Duration::from_secs(1));
     assert_waiting(&waiter);
-    kill_and_take_over(&etcdctl, &mut holder, &held, &waiter, "mylock");
+    kill_and_take_over(to_waiter, &mut holder, &held, &waiter, "mylock");
 }
 
 /// `etcdctl elect` with two candidates and an observer (`--listen`): the
@@ -432,27 +452,35 @@ fn etcdctl_leases_survive_a_restart_extended_by_their_ttl() {
 /// takeover after a SIGKILL takes about this plus a second).
 const FAILOVER_WRITER_TTL_SECS: &str = "3";
 
+/// Two `chorus serve` on the same stores in `dir` (each with its own etcd
+/// address, a short writer lease): `a` primary, then `b` its standby, and
+/// etcdctl aimed at each; `None` when there is no etcdctl outside CI.
+fn primary_and_standby(dir: &Path) -> Option<(Server, Server, Etcdctl, Etcdctl)> {
+    let (launch_a, to_a) = launch_with_etcdctl(dir)?;
+    let (launch_b, to_b) = launch_with_etcdctl(dir)?;
+    let writer_ttl = ["--lease-ttl-secs", FAILOVER_WRITER_TTL_SECS];
+    let a = launch_a.args(writer_ttl).start("a");
+    a.wait_for_role("primary");
+    let b = launch_b.args(writer_ttl).start("b");
+    b.wait_for_role("standby");
+    to_a.wait_healthy();
+    to_b.wait_healthy();
+    Some((a, b, to_a, to_b))
+}
+
 /// A `lease keep-alive` given both nodes' endpoints keeps its lease alive
-/// across a failover: the primary SIGKILLed, the standby takes over (its
-/// keep-alives answered `Unavailable` until then, which the client
-/// retries), the client's keep-alives reach it, and the key is still
-/// there a whole TTL later; once the keeper is killed, the new primary
-/// expires the lease.
+/// across a failover: the primary SIGKILLed, the standby takes over (until
+/// then it has no primary to forward keep-alives to and answers
+/// `Unavailable`, which the client retries), the client's keep-alives reach
+/// it, and the key is still there a whole TTL later; once the keeper is
+/// killed, the new primary expires the lease.
 #[test]
 fn etcdctl_keep_alive_holds_a_lease_across_a_failover() {
     const TTL: Duration = Duration::from_secs(10);
     let dir = tempfile::tempdir().unwrap();
-    let (Some((launch_a, to_a)), Some((launch_b, to_b))) = (
-        launch_with_etcdctl(dir.path()),
-        launch_with_etcdctl(dir.path()),
-    ) else {
+    let Some((mut a, b, to_a, to_b)) = primary_and_standby(dir.path()) else {
         return;
     };
-    let writer_ttl = ["--lease-ttl-secs", FAILOVER_WRITER_TTL_SECS];
-    let mut a = launch_a.args(writer_ttl).start("a");
-    a.wait_for_role("primary");
-    let b = launch_b.args(writer_ttl).start("b");
-    b.wait_for_role("standby");
     let to_both = Etcdctl {
         binary: to_a.binary.clone(),
         endpoint: format!("{},{}", to_a.endpoint, to_b.endpoint),
