@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use chorus::kv::{Applied, EtcdCommand, EtcdResponse, KvState};
 use chorus::runtime::{Runtime, Unavailable};
@@ -10,6 +11,7 @@ use tokio::net::TcpListener;
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::service::{Routes, RoutesBuilder};
+use tonic::transport::ServerTlsConfig;
 use tonic::{Code, Response, Status};
 use tower::util::MapResponseLayer;
 
@@ -220,12 +222,68 @@ pub async fn serve(
     service: EtcdService,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
+    serve_with(
+        tonic::transport::Server::builder(),
+        listener,
+        service,
+        shutdown,
+    )
+    .await
+}
+
+/// TLS on the etcd listener, as etcd's `--cert-file`, `--key-file` and
+/// `--trusted-ca-file` set it: PEM text read (and checked) by the caller.
+#[derive(Debug, Clone)]
+pub struct EtcdTls {
+    /// The certificate chain the server presents, its own first.
+    pub certificate_pem: Vec<u8>,
+    /// The private key of that certificate.
+    pub key_pem: Vec<u8>,
+    /// The CA certificates that must have signed every client's
+    /// certificate; `None`: clients present none.
+    pub trusted_ca_pem: Option<Vec<u8>>,
+    /// Bound on a client's TLS handshake; the connection is closed after it.
+    pub handshake_timeout: Duration,
+}
+
+/// [`serve`] over TLS: a client that presents no certificate, or one the
+/// trusted CA did not sign, when one is required, fails the handshake and
+/// reaches no RPC.
+pub async fn serve_tls(
+    listener: TcpListener,
+    service: EtcdService,
+    tls: &EtcdTls,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let mut config = ServerTlsConfig::new()
+        .identity(tonic::transport::Identity::from_pem(
+            &tls.certificate_pem,
+            &tls.key_pem,
+        ))
+        .timeout(tls.handshake_timeout);
+    if let Some(ca) = &tls.trusted_ca_pem {
+        config = config
+            .client_ca_root(tonic::transport::Certificate::from_pem(ca))
+            .client_auth_optional(false);
+    }
+    let builder = tonic::transport::Server::builder().tls_config(config)?;
+    serve_with(builder, listener, service, shutdown).await
+}
+
+/// Serves `service` with `builder`'s transport, and expires leases beside
+/// it until the server stops.
+async fn serve_with(
+    builder: tonic::transport::Server,
+    listener: TcpListener,
+    service: EtcdService,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
     let incoming = tonic::codegen::tokio_stream::wrappers::TcpListenerStream::new(listener);
     let (stopped, stop) = tokio::sync::oneshot::channel::<()>();
     let expiry = tokio::spawn(service.expire_leases(async {
         let _ = stop.await;
     }));
-    let served = tonic::transport::Server::builder()
+    let served = builder
         .layer(oversize_layer())
         .add_routes(service.routes())
         .serve_with_incoming_shutdown(incoming, shutdown)
