@@ -8,6 +8,8 @@
 
 mod support;
 
+use std::io::Read;
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -376,6 +378,48 @@ fn server_tls_alone_serves_clients_without_certificates() {
     assert!(output.status.success(), "{}", text(&output));
     let output = etcdctl(&binary, &format!("127.0.0.1:{port}"), &[], &["get", "k"]);
     assert!(!output.status.success(), "plaintext: {}", text(&output));
+}
+
+/// A client that connects and never starts its handshake is closed after
+/// the header read timeout, on both listeners, as a silent plaintext
+/// client is: TLS opens no way around the connection bounds.
+#[test]
+fn a_client_that_never_starts_its_handshake_is_closed_after_the_header_read_timeout() {
+    let dir = TempDir::new().unwrap();
+    let pki = Pki::new();
+    let port = free_port();
+    let server = Launch::new(dir.path())
+        .args(["--etcd-listen", &format!("127.0.0.1:{port}")])
+        .args(["--header-read-timeout-secs", "1"])
+        .args(pki.server_flags(true))
+        .start("tls");
+    let https = server.endpoint().url.replace("http://", "https://");
+    let trusted = curl_tls(&pki, Some("client"));
+    wait_until("a read over https", &server, || {
+        match curl(&trusted, &format!("{https}/v1/status")) {
+            Ok((200, _)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    let http = https.trim_start_matches("https://").to_owned();
+    for address in [http, format!("127.0.0.1:{port}")] {
+        let mut silent = TcpStream::connect(&address).unwrap();
+        // Far beyond the 1 s timeout: a loaded machine is slow, not this slow.
+        silent
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut byte = [0u8; 1];
+        let read = silent.read(&mut byte);
+        let closed = match &read {
+            Ok(0) => true,
+            Err(error) => error.kind() == std::io::ErrorKind::ConnectionReset,
+            Ok(_) => false,
+        };
+        assert!(
+            closed,
+            "{address}: a silent client still connected: {read:?}"
+        );
+    }
 }
 
 /// `chorus serve --print-config` with TLS flags: each unusable file or
