@@ -251,6 +251,8 @@ fn etcdctl_needs_a_client_certificate_the_trusted_ca_signed() {
         text(&output)
     );
 
+    let output = etcdctl(&binary, &bare, &trusted, &["endpoint", "status"]);
+    assert!(output.status.success(), "{}", text(&output));
     let output = etcdctl(&binary, &bare, &trusted, &["member", "list", "-w", "json"]);
     assert!(output.status.success(), "{}", text(&output));
     let list: Value = serde_json::from_slice(&output.stdout).unwrap();
