@@ -233,7 +233,8 @@ pub async fn serve(
 
 /// TLS on the etcd listener, as etcd's `--cert-file`, `--key-file` and
 /// `--trusted-ca-file` set it: PEM text read (and checked) by the caller.
-#[derive(Debug, Clone)]
+/// Its `Debug` leaves the key out.
+#[derive(Clone)]
 pub struct EtcdTls {
     /// The certificate chain the server presents, its own first.
     pub certificate_pem: Vec<u8>,
@@ -244,6 +245,17 @@ pub struct EtcdTls {
     pub trusted_ca_pem: Option<Vec<u8>>,
     /// Bound on a client's TLS handshake; the connection is closed after it.
     pub handshake_timeout: Duration,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("certificate_pem_bytes", &self.certificate_pem.len())
+            .field("key_pem", &"<redacted>")
+            .field("trusted_ca", &self.trusted_ca_pem.is_some())
+            .field("handshake_timeout", &self.handshake_timeout)
+            .finish()
+    }
 }
 
 /// [`serve`] over TLS: a client that presents no certificate, or one the

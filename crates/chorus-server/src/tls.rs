@@ -80,8 +80,8 @@ pub enum TlsError {
     },
 }
 
-/// The checked contents of the TLS files.
-#[derive(Debug)]
+/// The checked contents of the TLS files (its `Debug` shows the files,
+/// never the key).
 pub struct TlsMaterial {
     files: TlsFiles,
     certificate_pem: Vec<u8>,
@@ -200,6 +200,19 @@ impl TlsMaterial {
     }
 }
 
+impl std::fmt::Debug for TlsMaterial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsMaterial")
+            .field("files", &self.files)
+            .field("certificates", &self.chain.len())
+            .field(
+                "requires_client_certificates",
+                &self.requires_client_certificates(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
 /// Makes aws-lc-rs the process's rustls provider, so that rustls
 /// configurations built without naming one (the gRPC server's) use the
 /// backend the process already links; a provider installed earlier stays.
@@ -312,6 +325,11 @@ mod tests {
         let pki = Pki::new("good");
         let (cert, key) = pki.server("server");
         let plain = TlsMaterial::load(&files(&cert, &key, None)).unwrap();
+        let shown = format!("{plain:?}");
+        assert!(
+            !shown.contains("PRIVATE KEY") && shown.contains("server.key"),
+            "{shown}"
+        );
         assert!(!plain.requires_client_certificates());
         assert!(plain.trusted_ca_pem().is_none());
         let ca = pki.ca_file();
