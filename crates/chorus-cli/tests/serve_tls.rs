@@ -442,6 +442,7 @@ fn bad_tls_flags_are_refused_naming_the_flag_and_the_file() {
     );
     let other_key = display(&client.key);
     let (garbage, missing) = (display(&garbage), display(&missing));
+    let directory = display(dir.path());
     let cases: Vec<(Vec<&str>, String)> = vec![
         (
             vec!["--cert-file", &missing, "--key-file", &key],
@@ -450,6 +451,18 @@ fn bad_tls_flags_are_refused_naming_the_flag_and_the_file() {
         (
             vec!["--cert-file", &cert, "--key-file", &missing],
             format!("--key-file {missing}: cannot read"),
+        ),
+        // Unreadable (even as root): a directory.
+        (
+            vec![
+                "--cert-file",
+                &cert,
+                "--key-file",
+                &key,
+                "--trusted-ca-file",
+                &directory,
+            ],
+            format!("--trusted-ca-file {directory}: cannot read"),
         ),
         (
             vec!["--cert-file", &garbage, "--key-file", &key],
