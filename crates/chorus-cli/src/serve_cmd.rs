@@ -23,7 +23,8 @@ use chorus::runtime::{
 };
 use chorus::snapshot::{SnapshotConfig, SnapshotStore};
 use chorus_etcd::{
-    DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, EtcdConfig, EtcdService, EtcdTls,
+    DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, DEFAULT_QUOTA_BACKEND_BYTES, EtcdConfig,
+    EtcdService, EtcdTls,
 };
 use chorus_server::limits::{self, MemoryLimits};
 use chorus_server::listener::{self, ConnectionLimits};
@@ -78,6 +79,14 @@ pub struct ServeArgs {
     /// Most operations in one etcd transaction branch, etcd's --max-txn-ops.
     #[arg(long, default_value_t = DEFAULT_MAX_TXN_OPS as u64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     etcd_max_txn_ops: u64,
+
+    /// etcd's space quota in bytes, etcd's --quota-backend-bytes: an etcd
+    /// write that would take the state (keys, values and retained history)
+    /// to this size is refused with "etcdserver: mvcc: database space
+    /// exceeded" and raises the NOSPACE alarm, which refuses writes that add
+    /// data until `etcdctl alarm disarm`.
+    #[arg(long, default_value_t = DEFAULT_QUOTA_BACKEND_BYTES as u64, value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
+    quota_backend_bytes: u64,
 
     /// This instance's URL as clients and other instances reach it
     /// [default: http://<listen address>, or http://<hostname>:<port> when
@@ -321,6 +330,7 @@ struct EtcdSettings {
     listen: Option<EtcdListen>,
     max_request_bytes: usize,
     max_txn_ops: usize,
+    quota_backend_bytes: usize,
 }
 
 /// The runtime settings `serve` takes from its flags.
@@ -358,6 +368,7 @@ impl Resolved {
         let mut config = EtcdConfig::new(identity);
         config.max_request_bytes = self.etcd.max_request_bytes;
         config.max_txn_ops = self.etcd.max_txn_ops;
+        config.quota_backend_bytes = self.etcd.quota_backend_bytes;
         config.client_urls = bound
             .map(|bound| default_advertise_url(self.scheme(), bound, &hostname()))
             .into_iter()
@@ -478,6 +489,7 @@ impl ServeArgs {
                 listen: self.etcd_listen,
                 max_request_bytes: to_usize(self.etcd_max_request_bytes),
                 max_txn_ops: to_usize(self.etcd_max_txn_ops),
+                quota_backend_bytes: to_usize(self.quota_backend_bytes),
             },
             data_dir: self.store.data_dir.clone(),
             tls: self.tls()?,
@@ -600,6 +612,7 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         },
         "etcd_max_request_bytes": resolved.etcd.max_request_bytes,
         "etcd_max_txn_ops": resolved.etcd.max_txn_ops,
+        "quota_backend_bytes": resolved.etcd.quota_backend_bytes,
         "advertise_url": advertise_url,
         "tls": resolved.tls.is_some(),
         "cert_file": resolved.tls.as_ref().map(|tls| tls.files().cert_file.display().to_string()),

@@ -7,6 +7,8 @@ use crate::watch::WatchConfig;
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 3 << 19;
 /// etcd's default `--max-txn-ops`: operations in one transaction branch.
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+/// etcd's default `--quota-backend-bytes`: 2 GiB.
+pub const DEFAULT_QUOTA_BACKEND_BYTES: usize = 2 << 30;
 /// What etcd's gRPC server accepts beyond `--max-request-bytes` before it
 /// refuses a message outright (etcd's `grpcOverheadBytes`): a message between
 /// the two reaches the request check and gets "request is too large".
@@ -30,6 +32,10 @@ pub struct EtcdConfig {
     pub client_urls: Vec<String>,
     /// The Watch service's progress interval and send buffers.
     pub watch: WatchConfig,
+    /// The space quota: a write whose quota cost would take the state (keys,
+    /// values and retained history) to this many bytes is refused, and the
+    /// primary raises the NOSPACE alarm, as etcd does at its quota.
+    pub quota_backend_bytes: usize,
 }
 
 impl EtcdConfig {
@@ -42,6 +48,7 @@ impl EtcdConfig {
             database: database.into(),
             client_urls: Vec::new(),
             watch: WatchConfig::default(),
+            quota_backend_bytes: DEFAULT_QUOTA_BACKEND_BYTES,
         }
     }
 

@@ -9,7 +9,7 @@
 //! - Watch: streams of any number of watches ([`watch`]).
 //! - Lease: grant, revoke, keep-alive, time-to-live and the list, with
 //!   expiry decided by the primary ([`lease`]).
-//! - Maintenance: Status and Alarm ([`maintenance`]); Cluster: MemberList
+//! - Maintenance: Status, Alarm, HashKV, Defragment ([`maintenance`]); Cluster: MemberList
 //!   ([`cluster`]); `grpc.health.v1` reporting SERVING.
 //! - Everything else, Auth included, answers
 //!   `Unimplemented` naming the RPC ([`unserved`]).
@@ -25,6 +25,7 @@ pub mod cluster;
 pub mod config;
 pub mod convert;
 pub mod error;
+pub mod forward;
 pub mod identity;
 pub mod kv;
 pub mod lease;
@@ -34,7 +35,9 @@ mod server;
 pub mod unserved;
 pub mod watch;
 
-pub use config::{DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, EtcdConfig};
+pub use config::{
+    DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, DEFAULT_QUOTA_BACKEND_BYTES, EtcdConfig,
+};
 pub use identity::Identity;
 pub use maintenance::EMULATED_ETCD_VERSION;
 pub use server::{EtcdService, EtcdTls, oversize_layer, serve, serve_tls};

@@ -5,7 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chorus::kv::{Applied, EtcdCommand, EtcdResponse, KvState};
+use chorus::kv::etcd::{AlarmAction, AlarmMember, AlarmRequest, AlarmType};
+use chorus::kv::{Applied, EtcdCommand, EtcdError, EtcdResponse, KvState};
 use chorus::runtime::{Runtime, Unavailable};
 use tokio::net::TcpListener;
 use tonic::body::Body;
@@ -15,13 +16,14 @@ use tonic::transport::ServerTlsConfig;
 use tonic::{Code, Response, Status};
 use tower::util::MapResponseLayer;
 
-use crate::cluster::ClusterService;
+use crate::cluster::{ClusterService, announce};
 use crate::config::EtcdConfig;
 use crate::error;
+use crate::forward::Forwarder;
 use crate::identity::{Identity, raft_term};
 use crate::kv::KvService;
 use crate::lease::{LeaseClock, LeaseService, expire_leases};
-use crate::maintenance::MaintenanceService;
+use crate::maintenance::{MaintenanceService, state_size_bytes};
 use crate::proto::etcdserverpb::{
     ResponseHeader, auth_server, cluster_server, kv_server, lease_server, maintenance_server,
     watch_server,
@@ -37,6 +39,8 @@ pub(crate) struct Shared {
     pub(crate) identity: Identity,
     /// The primary's lease deadlines.
     pub(crate) leases: LeaseClock,
+    /// On a standby: the channel to the primary.
+    pub(crate) forwarder: Forwarder,
 }
 
 impl Shared {
@@ -61,17 +65,29 @@ impl Shared {
     }
 
     /// Appends `command` once it passes etcd's checks against the applied
-    /// state, and answers what applying it answered.
+    /// state and the space quota, and answers what applying it answered. A
+    /// write over the quota is refused with etcd's NOSPACE error, and this
+    /// node raises the NOSPACE alarm for itself (a record) unless raised.
     pub(crate) async fn write(&self, command: EtcdCommand) -> Result<EtcdResponse, Status> {
         let max_txn_ops = self.config.max_txn_ops;
+        let quota = self.config.quota_backend_bytes;
+        let mut over_quota = false;
         let written = self
             .runtime
             .write(|state| {
                 command.validate(state, max_txn_ops)?;
+                let cost = command.quota_cost();
+                if cost > 0 && state_size_bytes(state).saturating_add(cost) >= quota {
+                    over_quota = !state.out_of_space();
+                    return Err(EtcdError::NoSpace);
+                }
                 Ok(command.encode())
             })
-            .await
-            .map_err(error::write_failed)?;
+            .await;
+        if over_quota {
+            self.raise_no_space().await;
+        }
+        let written = written.map_err(error::write_failed)?;
         match written.output {
             Applied::Etcd(Ok(response)) => Ok(response),
             Applied::Etcd(Err(refusal)) => Err(error::refused(&refusal)),
@@ -79,6 +95,31 @@ impl Shared {
                 "chorus: record {} applied as {other:?}, not as an etcd request",
                 written.index
             ))),
+        }
+    }
+
+    /// Raises NOSPACE for this node, as etcd's quota check does; a failure
+    /// is logged (the next write over the quota tries again).
+    async fn raise_no_space(&self) {
+        let member = AlarmMember {
+            member_id: self.identity.member_id,
+            alarm: AlarmType::NoSpace,
+        };
+        let alarm = EtcdCommand::Alarm(AlarmRequest {
+            action: AlarmAction::Activate,
+            member,
+        });
+        let raised = self
+            .runtime
+            .write(|_| Ok::<_, EtcdError>(alarm.encode()))
+            .await;
+        match raised {
+            Ok(_) => tracing::warn!(
+                quota_backend_bytes = self.config.quota_backend_bytes,
+                "NOSPACE alarm raised: the state reached the space quota; writes that add data \
+                 are refused until `etcdctl alarm disarm`"
+            ),
+            Err(error) => tracing::warn!(%error, "cannot raise the NOSPACE alarm"),
         }
     }
 
@@ -149,6 +190,7 @@ impl EtcdService {
                 config,
                 identity,
                 leases: LeaseClock::default(),
+                forwarder: Forwarder::default(),
             }),
             watch,
         }
@@ -216,7 +258,8 @@ impl EtcdService {
 }
 
 /// Serves `service` on `listener` until `shutdown` resolves, then stops
-/// accepting and waits for the RPCs in flight.
+/// accepting and waits for the RPCs in flight. Beside it, expires leases
+/// while this node leads and announces this node in the member directory.
 pub async fn serve(
     listener: TcpListener,
     service: EtcdService,
@@ -282,8 +325,8 @@ pub async fn serve_tls(
     serve_with(builder, listener, service, shutdown).await
 }
 
-/// Serves `service` with `builder`'s transport, and expires leases beside
-/// it until the server stops.
+/// Serves `service` with `builder`'s transport; beside it, until the
+/// server stops, expires leases and announces this node.
 async fn serve_with(
     builder: tonic::transport::Server,
     listener: TcpListener,
@@ -291,17 +334,23 @@ async fn serve_with(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     let incoming = tonic::codegen::tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let (stopped, stop) = tokio::sync::oneshot::channel::<()>();
-    let expiry = tokio::spawn(service.expire_leases(async {
-        let _ = stop.await;
-    }));
+    let (stopped, stop) = tokio::sync::watch::channel(false);
+    let until_stopped = move || {
+        let mut stop = stop.clone();
+        async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        }
+    };
+    let expiry = tokio::spawn(service.expire_leases(until_stopped()));
+    let shared = Arc::clone(&service.shared);
+    let announcing = tokio::spawn(announce(shared, until_stopped()));
     let served = builder
         .layer(oversize_layer())
         .add_routes(service.routes())
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
-    drop(stopped);
-    let _ = expiry.await;
+    let _ = stopped.send(true);
+    let _ = tokio::join!(expiry, announcing);
     served
 }
 

@@ -424,6 +424,7 @@ fn etcd_answer(response: EtcdResponse) -> Answer {
         lease @ (EtcdResponse::LeaseGrant(_) | EtcdResponse::LeaseRevoke(_)) => {
             panic!("the workload sends no lease request, yet one answered {lease:?}")
         }
+        EtcdResponse::Alarm(alarm) => panic!("the workload raises no alarm: {alarm:?}"),
     }
 }
 

@@ -80,7 +80,7 @@ fn etcd_changed(response: &EtcdResponse) -> bool {
         EtcdResponse::DeleteRange(delete) => delete.deleted > 0,
         EtcdResponse::Txn(txn) => txn.responses.iter().any(op_changed),
         EtcdResponse::LeaseRevoke(revoke) => revoke.deleted > 0,
-        EtcdResponse::Compact(_) | EtcdResponse::LeaseGrant(_) => false,
+        EtcdResponse::Compact(_) | EtcdResponse::LeaseGrant(_) | EtcdResponse::Alarm(_) => false,
     }
 }
 

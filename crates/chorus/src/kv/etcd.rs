@@ -298,6 +298,52 @@ pub struct LeaseRevokeResponse {
     pub deleted: i64,
 }
 
+/// etcd's alarm kinds (`etcdserverpb.AlarmType`, but for `NONE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AlarmType {
+    /// The store is out of space: writes that add data are refused until
+    /// it is deactivated.
+    NoSpace,
+    /// A member found its data corrupt (never raised by Chorus itself).
+    Corrupt,
+}
+
+/// An alarm raised for one member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AlarmMember {
+    /// The member the alarm is raised for.
+    pub member_id: u64,
+    /// Which alarm.
+    pub alarm: AlarmType,
+}
+
+/// What an alarm record does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlarmAction {
+    /// Raises the alarm (a no-op if raised).
+    Activate,
+    /// Clears the alarm (a no-op if not raised).
+    Deactivate,
+}
+
+/// etcd's `AlarmRequest` that changes the alarms (a `GET` reads the state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AlarmRequest {
+    /// Raise or clear.
+    pub action: AlarmAction,
+    /// The member and the alarm.
+    pub member: AlarmMember,
+}
+
+/// etcd's `AlarmResponse`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AlarmResponse {
+    /// The store revision when the alarm record applied.
+    pub header_revision: Revision,
+    /// The alarm raised or cleared; empty if nothing changed on a clear.
+    pub alarms: Vec<AlarmMember>,
+}
+
 /// One etcd write request as a log record carries it: each applies as one
 /// transaction, at most one revision.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -314,6 +360,8 @@ pub enum EtcdCommand {
     LeaseGrant(LeaseGrantRequest),
     /// A lease's end, by a client or by expiry: its keys are deleted.
     LeaseRevoke(LeaseRevokeRequest),
+    /// An alarm raised or cleared.
+    Alarm(AlarmRequest),
 }
 
 /// The answer to an applied [`EtcdCommand`], one variant per request kind.
@@ -331,6 +379,8 @@ pub enum EtcdResponse {
     LeaseGrant(LeaseGrantResponse),
     /// A lease revoke's answer.
     LeaseRevoke(LeaseRevokeResponse),
+    /// An alarm record's answer.
+    Alarm(AlarmResponse),
 }
 
 /// The gRPC status class of an [`EtcdError`], as etcd answers it.

@@ -34,11 +34,13 @@ mod snapshot;
 mod txn;
 
 #[cfg(test)]
+mod alarm_tests;
+#[cfg(test)]
 mod lease_tests;
 #[cfg(test)]
 mod mvcc_tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 
 use bytes::Bytes;
@@ -134,6 +136,10 @@ pub struct KvState {
     history: mvcc::History,
     /// etcd's leases and the keys attached to each.
     leases: LeaseTable,
+    /// etcd's raised alarms.
+    alarms: BTreeSet<etcd::AlarmMember>,
+    /// The bytes of the current keys and values.
+    size_bytes: usize,
 }
 
 impl Applied {
@@ -161,6 +167,17 @@ impl KvState {
     /// etcd's leases.
     pub fn leases(&self) -> &LeaseTable {
         &self.leases
+    }
+
+    /// etcd's raised alarms, by member then kind.
+    pub fn alarms(&self) -> &BTreeSet<etcd::AlarmMember> {
+        &self.alarms
+    }
+
+    /// The bytes of the current keys and values (what etcd's space quota
+    /// weighs, with [`history_bytes`](Self::history_bytes)).
+    pub fn size_bytes(&self) -> usize {
+        self.size_bytes
     }
 
     /// The number of keys.
@@ -818,14 +835,14 @@ mod tests {
 
     #[test]
     fn format_three_and_four_snapshots_still_decode() {
-        // Format 4 is format 5 without the lease count (no lease), format 3
-        // differs from 4 only in its table; with no remembered key and no
-        // lease the bytes are the same but for the format and that count.
+        // Format 4 is format 5 without the lease and alarm counts (none),
+        // format 3 differs from 4 only in its table; with no remembered key,
+        // lease or alarm the bytes are the same but for the format and those.
         let mut state = KvState::default();
         state.apply(RecordIndex(0), &put("a", "1", Condition::None));
         for format in [3, 4] {
             let mut bytes = state.encode_snapshot()[..].to_vec();
-            bytes.truncate(bytes.len() - 4 - 8);
+            bytes.truncate(bytes.len() - 4 - 8 - 8);
             bytes[4] = format;
             let crc = crc32c::crc32c(&bytes);
             bytes.extend_from_slice(&crc.to_le_bytes());

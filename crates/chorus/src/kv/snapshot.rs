@@ -8,6 +8,7 @@
 //!        | idempotency table
 //!        | revisions u64 | revisions × (revision i64 | changes u32 | changes × (key | before))
 //!        | leases u64 | leases × (id i64 | ttl_secs i64), ids ascending
+//!        | alarms u64 | alarms × (member_id u64 | alarm u8 (1 NOSPACE, 2 CORRUPT)), ascending
 //!        | crc32c u32
 //! entry:  index u64 | create_revision i64 | mod_revision i64 | version i64 | lease i64 | value
 //! before: 0 (absent) | 1 entry
@@ -20,7 +21,7 @@
 //!
 //! Each lease's keys are the entries naming it; an entry naming a lease
 //! the snapshot does not hold is refused. Format 4 is format 5 without
-//! leases (none existed). Format 3 is format 4 with the idempotency table of format 2, whose
+//! leases and alarms (none existed). Format 3 is format 4 with the idempotency table of format 2, whose
 //! outcomes hold index versions: a done write none, a failed condition the
 //! index that last set the key. Those map as the entries of formats 1 and 2
 //! do (below): index `i` is revision `i + 1`, and a write at record `i`
@@ -39,12 +40,12 @@
 //! history starts empty at the store revision (it is the compaction
 //! revision: a read below it answers "compacted", never a guess).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use super::command;
-use super::etcd::Revision;
+use super::etcd::{AlarmMember, AlarmType, Revision};
 use super::idempotency::TableVersions;
 use super::lease::{LeaseTable, MAX_LEASE_TTL_SECS, granted_ttl};
 use super::mvcc::{Change, History};
@@ -61,7 +62,7 @@ const FORMAT_IDEMPOTENCY: u8 = 2;
 const FORMAT_REVISIONS_INDEX_TABLE: u8 = 3;
 /// Format 3 with the table's outcomes in revisions.
 const FORMAT_REVISIONS: u8 = 4;
-/// Format 4 with etcd's leases.
+/// Format 4 with etcd's leases and alarms.
 pub(super) const FORMAT_LEASES: u8 = 5;
 
 fn fail(reason: &str) -> SnapshotError {
@@ -103,6 +104,14 @@ pub(super) fn encode(state: &KvState) -> Bytes {
     for (id, lease) in state.leases.iter() {
         out.put_i64_le(id);
         out.put_i64_le(lease.ttl_secs);
+    }
+    out.put_u64_le(state.alarms.len() as u64);
+    for alarm in &state.alarms {
+        out.put_u64_le(alarm.member_id);
+        out.put_u8(match alarm.alarm {
+            AlarmType::NoSpace => 1,
+            AlarmType::Corrupt => 2,
+        });
     }
     let crc = crc32c::crc32c(&out);
     out.put_u32_le(crc);
@@ -158,18 +167,48 @@ fn decode_revisions(
     };
     let idempotency = IdempotencyTable::decode(input, applied_end, versions).map_err(fail)?;
     let history = take_history(input, applied_end, &entries, revision, compacted)?;
-    let leases = match format {
-        FORMAT_LEASES => take_leases(input)?,
-        _ => LeaseTable::default(),
+    let (leases, alarms) = match format {
+        FORMAT_LEASES => (take_leases(input)?, take_alarms(input)?),
+        _ => (LeaseTable::default(), BTreeSet::new()),
     };
     let leases = attach_keys(leases, &entries)?;
     Ok(KvState {
+        size_bytes: size_bytes(&entries),
         entries,
         applied_end,
         idempotency,
         history,
         leases,
+        alarms,
     })
+}
+
+/// The bytes of the entries' keys and values.
+fn size_bytes(entries: &BTreeMap<Bytes, Entry>) -> usize {
+    let sizes = entries
+        .iter()
+        .map(|(key, entry)| key.len() + entry.value.len());
+    sizes.sum()
+}
+
+/// The raised alarms, ascending and unique.
+fn take_alarms(input: &mut &[u8]) -> Result<BTreeSet<AlarmMember>, SnapshotError> {
+    let count = take_u64(input).ok_or_else(|| fail("truncated alarm count"))?;
+    let mut alarms = BTreeSet::new();
+    for _ in 0..count {
+        let member_id = take_u64(input).ok_or_else(|| fail("truncated alarm member"))?;
+        let alarm = match take_u8(input) {
+            Some(1) => AlarmType::NoSpace,
+            Some(2) => AlarmType::Corrupt,
+            _ => return Err(fail("an unknown alarm")),
+        };
+        let alarm = AlarmMember { member_id, alarm };
+        if alarms.last().is_some_and(|last| *last >= alarm) {
+            return Err(fail("alarms out of order"));
+        }
+        alarms.insert(alarm);
+    }
+    Ok(alarms)
 }
 
 /// The leases, ids ascending and unique, TTLs within what a grant gives.
@@ -244,11 +283,13 @@ fn decode_index_versions(
         history.compacted = revision;
     }
     Ok(KvState {
+        size_bytes: size_bytes(&entries),
         entries,
         applied_end,
         idempotency,
         history,
         leases: LeaseTable::default(),
+        alarms: BTreeSet::new(),
     })
 }
 
