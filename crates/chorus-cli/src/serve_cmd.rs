@@ -24,7 +24,7 @@ use chorus::runtime::{
 use chorus::snapshot::{SnapshotConfig, SnapshotStore};
 use chorus_etcd::{
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, DEFAULT_QUOTA_BACKEND_BYTES, EtcdConfig,
-    EtcdService, EtcdTls,
+    EtcdService, EtcdTls, PeerTls,
 };
 use chorus_server::limits::{self, MemoryLimits};
 use chorus_server::listener::{self, ConnectionLimits};
@@ -369,6 +369,7 @@ impl Resolved {
         config.max_request_bytes = self.etcd.max_request_bytes;
         config.max_txn_ops = self.etcd.max_txn_ops;
         config.quota_backend_bytes = self.etcd.quota_backend_bytes;
+        config.peer_tls = self.peer_tls();
         config.client_urls = bound
             .map(|bound| default_advertise_url(self.scheme(), bound, &hostname()))
             .into_iter()
@@ -389,6 +390,19 @@ impl Resolved {
     /// The scheme clients reach both listeners with.
     fn scheme(&self) -> &'static str {
         if self.tls.is_some() { "https" } else { "http" }
+    }
+
+    /// What this node trusts and presents when, as a standby, it forwards
+    /// to the primary's etcd listener: the trusted CA (which must then have
+    /// signed every node's certificate) and its own certificate. `None`
+    /// without TLS or without a trusted CA.
+    fn peer_tls(&self) -> Option<PeerTls> {
+        let tls = self.tls.as_ref()?;
+        Some(PeerTls {
+            ca_pem: tls.trusted_ca_pem()?.to_vec(),
+            certificate_pem: tls.certificate_pem().to_vec(),
+            key_pem: tls.key_pem().to_vec(),
+        })
     }
 
     /// The etcd listener's TLS, if any.
@@ -695,6 +709,12 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
             "no client certificates"
         };
         outln!("chorus serve: TLS on every listener ({clients})")?;
+        if !tls.requires_client_certificates() {
+            tracing::warn!(
+                "without --trusted-ca-file this node cannot verify a primary's certificate: \
+                 as a standby it answers etcd writes Unavailable instead of forwarding them"
+            );
+        }
     }
     let etcd_tls = resolved.etcd_tls();
     let http_tls = resolved

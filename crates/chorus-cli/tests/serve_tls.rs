@@ -45,15 +45,20 @@ impl Pki {
         let ca = certificate_authority("chorus test CA");
         let rogue = certificate_authority("another CA");
         pki.write("ca.pem", &ca.pem());
+        // Client use too: a standby presents it when it forwards to the
+        // primary (as kubeadm's etcd server certificates allow).
         let server = leaf(
             &ca,
             &["127.0.0.1", "localhost"],
-            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            &[
+                rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+                rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+            ],
         );
         pki.write_pair("server", server);
-        let client = leaf(&ca, &[], rcgen::ExtendedKeyUsagePurpose::ClientAuth);
+        let client = leaf(&ca, &[], &[rcgen::ExtendedKeyUsagePurpose::ClientAuth]);
         pki.write_pair("client", client);
-        let stranger = leaf(&rogue, &[], rcgen::ExtendedKeyUsagePurpose::ClientAuth);
+        let stranger = leaf(&rogue, &[], &[rcgen::ExtendedKeyUsagePurpose::ClientAuth]);
         pki.write_pair("stranger", stranger);
         pki
     }
@@ -129,14 +134,14 @@ fn certificate_authority(name: &str) -> rcgen::CertifiedIssuer<'static, rcgen::K
 fn leaf(
     issuer: &rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
     names: &[&str],
-    usage: rcgen::ExtendedKeyUsagePurpose,
+    usages: &[rcgen::ExtendedKeyUsagePurpose],
 ) -> (String, String) {
     let names: Vec<String> = names.iter().map(|name| (*name).to_owned()).collect();
     let mut params = rcgen::CertificateParams::new(names).unwrap();
     params
         .distinguished_name
         .push(rcgen::DnType::CommonName, "chorus test");
-    params.extended_key_usages = vec![usage];
+    params.extended_key_usages = usages.to_vec();
     let key = rcgen::KeyPair::generate().unwrap();
     let certificate = params.signed_by(&key, &**issuer).unwrap();
     (certificate.pem(), key.serialize_pem())
@@ -380,6 +385,83 @@ fn server_tls_alone_serves_clients_without_certificates() {
     assert!(output.status.success(), "{}", text(&output));
     let output = etcdctl(&binary, &format!("127.0.0.1:{port}"), &[], &["get", "k"]);
     assert!(!output.status.success(), "plaintext: {}", text(&output));
+}
+
+/// Waits until `server`'s `/readyz`, read over TLS with the CA's client
+/// certificate, reports `role`.
+fn wait_for_role(server: &Server, pki: &Pki, role: &str) {
+    let https = server.endpoint().url.replace("http://", "https://");
+    let trusted = curl_tls(pki, Some("client"));
+    wait_until(&format!("role {role}"), server, || {
+        let (_, body) = curl(&trusted, &format!("{https}/readyz"))?;
+        let ready: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
+        (ready["role"] == role).then_some(()).ok_or(body)
+    });
+}
+
+/// Two nodes on shared stores, both requiring client certificates: etcdctl
+/// writes through the standby, which forwards to the primary over TLS
+/// (presenting its own certificate), and the write reads back through the
+/// primary.
+#[test]
+fn a_standby_forwards_writes_to_the_primary_over_tls() {
+    let Some(binary) = etcdctl_binary() else {
+        return;
+    };
+    let dir = TempDir::new().unwrap();
+    let pki = Pki::new();
+    let (primary, primary_port) = start(dir.path(), &pki, true);
+    wait_for_role(&primary, &pki, "primary");
+    let (standby, standby_port) = start(dir.path(), &pki, true);
+    wait_for_role(&standby, &pki, "standby");
+    let trusted = etcdctl_tls(&pki, Some("client"));
+    let through_standby = format!("https://127.0.0.1:{standby_port}");
+    // Until the primary announced its endpoint, the standby has none to
+    // forward to.
+    wait_until("a write through the standby", &standby, || {
+        let output = etcdctl(
+            &binary,
+            &through_standby,
+            &trusted,
+            &["put", "k", "forwarded"],
+        );
+        output
+            .status
+            .success()
+            .then_some(())
+            .ok_or_else(|| text(&output))
+    });
+    let through_primary = format!("https://127.0.0.1:{primary_port}");
+    let output = etcdctl(&binary, &through_primary, &trusted, &["get", "k"]);
+    assert!(output.status.success(), "{}", text(&output));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "k\nforwarded\n");
+}
+
+/// With server TLS alone a standby has no CA to verify the primary with:
+/// a write through it is refused saying so, and nothing is written.
+#[test]
+fn without_a_trusted_ca_a_standby_says_it_cannot_verify_the_primary() {
+    let Some(binary) = etcdctl_binary() else {
+        return;
+    };
+    let dir = TempDir::new().unwrap();
+    let pki = Pki::new();
+    let (primary, primary_port) = start(dir.path(), &pki, false);
+    wait_for_role(&primary, &pki, "primary");
+    let (standby, standby_port) = start(dir.path(), &pki, false);
+    wait_for_role(&standby, &pki, "standby");
+    let ca_only = etcdctl_tls(&pki, None);
+    let through_standby = format!("https://127.0.0.1:{standby_port}");
+    wait_until("the standby's refusal", &standby, || {
+        let output = etcdctl(&binary, &through_standby, &ca_only, &["put", "k", "v"]);
+        let refused = !output.status.success()
+            && String::from_utf8_lossy(&output.stderr).contains("no CA to verify it");
+        refused.then_some(()).ok_or_else(|| text(&output))
+    });
+    let through_primary = format!("https://127.0.0.1:{primary_port}");
+    let output = etcdctl(&binary, &through_primary, &ca_only, &["get", "k"]);
+    assert!(output.status.success(), "{}", text(&output));
+    assert!(output.stdout.is_empty(), "{}", text(&output));
 }
 
 /// A client that connects and never starts its handshake is closed after

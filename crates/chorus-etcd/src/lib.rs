@@ -37,6 +37,7 @@ pub mod watch;
 
 pub use config::{
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, DEFAULT_QUOTA_BACKEND_BYTES, EtcdConfig,
+    PeerTls,
 };
 pub use identity::Identity;
 pub use maintenance::EMULATED_ETCD_VERSION;
