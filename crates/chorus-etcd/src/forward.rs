@@ -15,6 +15,9 @@
 //!   takeover) answer `Unavailable` rather than pass it back and forth.
 //! - No primary known, or no endpoint announced for it: `Unavailable`
 //!   naming why, nothing sent, as before.
+//! - An `https://` primary is reached over TLS: the standby trusts the CA
+//!   of [`PeerTls`](crate::PeerTls) and presents its certificate; without
+//!   one it answers `Unavailable` saying so.
 //! - The primary's own answers (refusals included) are relayed as they are.
 //!   A failure to reach it, or a broken connection mid-call, is
 //!   `Unavailable` with etcd's "request timed out, possibly due to previous
@@ -26,7 +29,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use chorus::runtime::Role;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Request, Status};
 
 use crate::cluster::ETCD;
@@ -130,9 +133,32 @@ impl Shared {
                 "chorus: not the primary; the primary's endpoint {url} is not a URL: {error}"
             ))
         })?;
+        let endpoint = self.secured(endpoint, &url)?;
         let channel = endpoint.connect_timeout(CONNECT_TIMEOUT).connect_lazy();
         self.forwarder.remember(&holder, channel.clone());
         Ok(channel)
+    }
+
+    /// `endpoint` (at `url`) over TLS when `url` is `https://`: trusting the
+    /// configured CA and presenting this node's certificate.
+    fn secured(&self, endpoint: Endpoint, url: &str) -> Result<Endpoint, Status> {
+        if !url.starts_with("https://") {
+            return Ok(endpoint);
+        }
+        let tls = self.config.peer_tls.as_ref().ok_or_else(|| {
+            Status::unavailable(format!(
+                "chorus: not the primary; the primary's endpoint {url} is TLS and this node has \
+                 no CA to verify it (--trusted-ca-file)"
+            ))
+        })?;
+        let config = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&tls.ca_pem))
+            .identity(Identity::from_pem(&tls.certificate_pem, &tls.key_pem));
+        endpoint.tls_config(config).map_err(|error| {
+            Status::unavailable(format!(
+                "chorus: not the primary; cannot set up TLS to the primary's endpoint {url}: {error}"
+            ))
+        })
     }
 
     /// Sends `message` to the primary with `call`, marked as forwarded, and

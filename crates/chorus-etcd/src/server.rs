@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use chorus::kv::etcd::{AlarmAction, AlarmMember, AlarmRequest, AlarmType};
 use chorus::kv::{Applied, EtcdCommand, EtcdError, EtcdResponse, KvState};
@@ -11,6 +12,7 @@ use tokio::net::TcpListener;
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::service::{Routes, RoutesBuilder};
+use tonic::transport::ServerTlsConfig;
 use tonic::{Code, Response, Status};
 use tower::util::MapResponseLayer;
 
@@ -263,6 +265,74 @@ pub async fn serve(
     service: EtcdService,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
+    serve_with(
+        tonic::transport::Server::builder(),
+        listener,
+        service,
+        shutdown,
+    )
+    .await
+}
+
+/// TLS on the etcd listener, as etcd's `--cert-file`, `--key-file` and
+/// `--trusted-ca-file` set it: PEM text read (and checked) by the caller.
+/// Its `Debug` leaves the key out.
+#[derive(Clone)]
+pub struct EtcdTls {
+    /// The certificate chain the server presents, its own first.
+    pub certificate_pem: Vec<u8>,
+    /// The private key of that certificate.
+    pub key_pem: Vec<u8>,
+    /// The CA certificates that must have signed every client's
+    /// certificate; `None`: clients present none.
+    pub trusted_ca_pem: Option<Vec<u8>>,
+    /// Bound on a client's TLS handshake; the connection is closed after it.
+    pub handshake_timeout: Duration,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("certificate_pem_bytes", &self.certificate_pem.len())
+            .field("key_pem", &"<redacted>")
+            .field("trusted_ca", &self.trusted_ca_pem.is_some())
+            .field("handshake_timeout", &self.handshake_timeout)
+            .finish()
+    }
+}
+
+/// [`serve`] over TLS: a client that presents no certificate, or one the
+/// trusted CA did not sign, when one is required, fails the handshake and
+/// reaches no RPC.
+pub async fn serve_tls(
+    listener: TcpListener,
+    service: EtcdService,
+    tls: &EtcdTls,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let mut config = ServerTlsConfig::new()
+        .identity(tonic::transport::Identity::from_pem(
+            &tls.certificate_pem,
+            &tls.key_pem,
+        ))
+        .timeout(tls.handshake_timeout);
+    if let Some(ca) = &tls.trusted_ca_pem {
+        config = config
+            .client_ca_root(tonic::transport::Certificate::from_pem(ca))
+            .client_auth_optional(false);
+    }
+    let builder = tonic::transport::Server::builder().tls_config(config)?;
+    serve_with(builder, listener, service, shutdown).await
+}
+
+/// Serves `service` with `builder`'s transport; beside it, until the
+/// server stops, expires leases and announces this node.
+async fn serve_with(
+    builder: tonic::transport::Server,
+    listener: TcpListener,
+    service: EtcdService,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
     let incoming = tonic::codegen::tokio_stream::wrappers::TcpListenerStream::new(listener);
     let (stopped, stop) = tokio::sync::watch::channel(false);
     let until_stopped = move || {
@@ -274,7 +344,7 @@ pub async fn serve(
     let expiry = tokio::spawn(service.expire_leases(until_stopped()));
     let shared = Arc::clone(&service.shared);
     let announcing = tokio::spawn(announce(shared, until_stopped()));
-    let served = tonic::transport::Server::builder()
+    let served = builder
         .layer(oversize_layer())
         .add_routes(service.routes())
         .serve_with_incoming_shutdown(incoming, shutdown)
