@@ -399,7 +399,8 @@ enum Failure {
     Unknown,
 }
 
-/// Sorts an error: the refusals Chorus documents as "nothing written" and a
+/// Sorts an error: the refusals Chorus documents as "nothing written" (a
+/// standby relays them from the primary as they are) and this client's
 /// connection that was never made are definite; anything else may have
 /// applied.
 fn classify(error: &etcd_client::Error) -> Failure {
@@ -413,7 +414,10 @@ fn classify(error: &etcd_client::Error) -> Failure {
         "chorus: write not appended",
         "tcp connect error",
     ];
-    if definite.iter().any(|needle| message.contains(needle)) {
+    // A standby relays a failure to reach the primary as etcd's timeout,
+    // whatever the transport said: unknown.
+    let timed_out = message.starts_with("etcdserver: request timed out");
+    if !timed_out && definite.iter().any(|needle| message.contains(needle)) {
         Failure::Refused
     } else {
         Failure::Unknown

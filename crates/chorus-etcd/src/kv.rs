@@ -19,7 +19,9 @@ use tonic::{Request, Response, Status};
 
 use crate::convert;
 use crate::error;
+use crate::forward::forward_if_standby;
 use crate::proto::etcdserverpb as pb;
+use crate::proto::etcdserverpb::kv_client::KvClient;
 use crate::server::{Shared, mismatched};
 use crate::unserved::{NoStream, not_served};
 
@@ -65,6 +67,15 @@ impl KvService {
         Ok(convert::txn_response(response))
     }
 
+    /// Whether a transaction is a read this node answers itself: read-only,
+    /// every range in it serializable (a standby forwards the rest).
+    fn serializable_read(&self, txn: &pb::TxnRequest) -> bool {
+        let ops = txn.success.iter().chain(&txn.failure);
+        ops.clone().all(|op| {
+            matches!(&op.request, Some(pb::request_op::Request::RequestRange(range)) if range.serializable)
+        })
+    }
+
     /// `response` with its header filled in.
     fn answer<T>(
         &self,
@@ -102,6 +113,9 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::RangeRequest>,
     ) -> Result<Response<pb::RangeResponse>, Status> {
+        if !request.get_ref().serializable {
+            forward_if_standby!(self.shared, request, KvClient, range);
+        }
         let request = convert::range_request(request.into_inner())?;
         let answer = self
             .shared
@@ -121,6 +135,7 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::PutRequest>,
     ) -> Result<Response<pb::PutResponse>, Status> {
+        forward_if_standby!(self.shared, request, KvClient, put);
         let request = request.into_inner();
         self.check_size(&request)?;
         let command = EtcdCommand::Put(convert::put_request(request));
@@ -136,6 +151,7 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::DeleteRangeRequest>,
     ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
+        forward_if_standby!(self.shared, request, KvClient, delete_range);
         let request = request.into_inner();
         self.check_size(&request)?;
         let command = EtcdCommand::DeleteRange(convert::delete_range_request(request));
@@ -151,6 +167,9 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::TxnRequest>,
     ) -> Result<Response<pb::TxnResponse>, Status> {
+        if !self.serializable_read(request.get_ref()) {
+            forward_if_standby!(self.shared, request, KvClient, txn);
+        }
         let request = request.into_inner();
         let size_check = self.check_size(&request);
         let txn = convert::txn_request(request)?;
@@ -171,6 +190,7 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::CompactionRequest>,
     ) -> Result<Response<pb::CompactionResponse>, Status> {
+        forward_if_standby!(self.shared, request, KvClient, compact);
         let request = request.into_inner();
         self.check_size(&request)?;
         let command = EtcdCommand::Compact(convert::compaction_request(request));

@@ -9,13 +9,14 @@
 //!   or already expired. A keep-alive is acknowledged only if this node is
 //!   still a primary sure of its writer lease after renewing, so no
 //!   successor can have started before the renewal (see
-//!   [`chorus::kv::lessor`]). On a standby the stream ends `Unavailable`,
-//!   which etcd's clients take as "try another endpoint"; so it does when
-//!   the node shuts down.
+//!   [`chorus::kv::lessor`]). When the node shuts down the stream ends
+//!   `Unavailable`, which etcd's clients take as "try another endpoint".
 //! - LeaseTimeToLive: the primary's remaining TTL (whole seconds, rounded
 //!   down as etcd does) and granted TTL, with the keys if asked; TTL -1 for
-//!   a lease that does not exist. `Unavailable` on a standby: only the
-//!   primary keeps deadlines.
+//!   a lease that does not exist.
+//! - A standby forwards Grant, Revoke, TimeToLive and KeepAlive streams to
+//!   the primary ([`forward`](crate::forward)): only the primary keeps
+//!   deadlines; if it cannot, `Unavailable`.
 //! - LeaseLeases: the ids, ascending, as applied on this node.
 //!
 //! Expiry ([`expire_leases`]): twice a second the primary brings its
@@ -41,7 +42,9 @@ use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error;
+use crate::forward::forward_if_standby;
 use crate::proto::etcdserverpb as pb;
+use crate::proto::etcdserverpb::lease_client::LeaseClient;
 use crate::server::{Shared, mismatched};
 
 /// How often the primary looks for expired leases (etcd's lessor checks
@@ -164,6 +167,57 @@ impl LeaseService {
     }
 }
 
+impl LeaseService {
+    /// A standby's keep-alive stream: one stream to the primary, the
+    /// client's requests relayed to it and its answers back, until either
+    /// side ends (the client then reconnects, as to any failed endpoint).
+    async fn relay_keep_alives(
+        &self,
+        mut requests: Streaming<pb::LeaseKeepAliveRequest>,
+    ) -> Result<Response<KeepAliveAnswers>, Status> {
+        let (relayed, outbound) = mpsc::channel(KEEP_ALIVE_QUEUE);
+        let mut inbound = self
+            .shared
+            .forward(
+                ReceiverStream::new(outbound),
+                |channel, request| async move {
+                    LeaseClient::new(channel).lease_keep_alive(request).await
+                },
+            )
+            .await?
+            .into_inner();
+        tokio::spawn(async move {
+            while let Ok(Some(request)) = requests.message().await {
+                if relayed.send(request).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let (answers, stream) = mpsc::channel(KEEP_ALIVE_QUEUE);
+        let mut closing = self.shared.closing.subscribe();
+        tokio::spawn(async move {
+            loop {
+                let answer = tokio::select! {
+                    answer = inbound.message() => match answer {
+                        Ok(Some(answer)) => Ok(answer),
+                        Ok(None) => return,
+                        Err(status) => Err(status),
+                    },
+                    () = error::closed(&mut closing) => Err(error::shutting_down()),
+                };
+                let last = answer.is_err();
+                if answers.send(answer).await.is_err() || last {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(stream)))
+    }
+}
+
+/// The keep-alive answers a client reads.
+type KeepAliveAnswers = ReceiverStream<Result<pb::LeaseKeepAliveResponse, Status>>;
+
 /// One keep-alive: the lease's granted TTL if renewed, 0 if it does not
 /// exist or already expired.
 fn keep_alive(shared: &Shared, id: LeaseId) -> Result<pb::LeaseKeepAliveResponse, Status> {
@@ -185,12 +239,13 @@ fn keep_alive(shared: &Shared, id: LeaseId) -> Result<pb::LeaseKeepAliveResponse
 
 #[tonic::async_trait]
 impl pb::lease_server::Lease for LeaseService {
-    type LeaseKeepAliveStream = ReceiverStream<Result<pb::LeaseKeepAliveResponse, Status>>;
+    type LeaseKeepAliveStream = KeepAliveAnswers;
 
     async fn lease_grant(
         &self,
         request: Request<pb::LeaseGrantRequest>,
     ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
+        forward_if_standby!(self.shared, request, LeaseClient, lease_grant);
         let request = request.into_inner();
         let command = EtcdCommand::LeaseGrant(LeaseGrantRequest {
             id: request.id,
@@ -221,6 +276,7 @@ impl pb::lease_server::Lease for LeaseService {
         &self,
         request: Request<pb::LeaseRevokeRequest>,
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
+        forward_if_standby!(self.shared, request, LeaseClient, lease_revoke);
         let id = request.into_inner().id;
         let command = EtcdCommand::LeaseRevoke(LeaseRevokeRequest { id });
         match self.shared.write(command).await? {
@@ -238,6 +294,9 @@ impl pb::lease_server::Lease for LeaseService {
         &self,
         request: Request<Streaming<pb::LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        if self.shared.should_forward(&request) {
+            return self.relay_keep_alives(request.into_inner()).await;
+        }
         require_primacy(&self.shared.runtime)?;
         let mut requests = request.into_inner();
         let (answers, stream) = mpsc::channel(KEEP_ALIVE_QUEUE);
@@ -269,6 +328,7 @@ impl pb::lease_server::Lease for LeaseService {
         &self,
         request: Request<pb::LeaseTimeToLiveRequest>,
     ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
+        forward_if_standby!(self.shared, request, LeaseClient, lease_time_to_live);
         let request = request.into_inner();
         let primacy = require_primacy(&self.shared.runtime)?;
         let lease = self.shared.read(false, |state| {

@@ -25,8 +25,10 @@ use chorus::kv::{EtcdCommand, EtcdResponse, KvState};
 use tonic::{Request, Response, Status};
 
 use crate::error;
+use crate::forward::forward_if_standby;
 use crate::identity::{leader_id, raft_term};
 use crate::proto::etcdserverpb as pb;
+use crate::proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use crate::server::{Shared, mismatched};
 use crate::unserved::{NoStream, not_served, not_served_unary};
 
@@ -122,6 +124,9 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         request: Request<pb::AlarmRequest>,
     ) -> Result<Response<pb::AlarmResponse>, Status> {
         use pb::alarm_request::AlarmAction as Action;
+        if request.get_ref().action != Action::Get as i32 {
+            forward_if_standby!(self.shared, request, MaintenanceClient, alarm);
+        }
         let request = request.into_inner();
         let action = Action::try_from(request.action).map_err(|_| {
             Status::invalid_argument(format!("unknown alarm action: {}", request.action))

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use chorus::kv::etcd::{AlarmAction, AlarmMember, AlarmRequest, AlarmType};
 use chorus::kv::{Applied, EtcdCommand, EtcdError, EtcdResponse, KvState};
@@ -11,12 +12,14 @@ use tokio::net::TcpListener;
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::service::{Routes, RoutesBuilder};
+use tonic::transport::ServerTlsConfig;
 use tonic::{Code, Response, Status};
 use tower::util::MapResponseLayer;
 
-use crate::cluster::ClusterService;
+use crate::cluster::{ClusterService, announce};
 use crate::config::EtcdConfig;
 use crate::error;
+use crate::forward::Forwarder;
 use crate::identity::{Identity, raft_term};
 use crate::kv::KvService;
 use crate::lease::{LeaseClock, LeaseService, expire_leases};
@@ -36,6 +39,8 @@ pub(crate) struct Shared {
     pub(crate) identity: Identity,
     /// The primary's lease deadlines.
     pub(crate) leases: LeaseClock,
+    /// On a standby: the channel to the primary.
+    pub(crate) forwarder: Forwarder,
     /// Turns true when the node shuts down: LeaseKeepAlive streams end.
     pub(crate) closing: tokio::sync::watch::Sender<bool>,
 }
@@ -187,6 +192,7 @@ impl EtcdService {
                 config,
                 identity,
                 leases: LeaseClock::default(),
+                forwarder: Forwarder::default(),
                 closing: tokio::sync::watch::Sender::new(false),
             }),
             watch,
@@ -267,8 +273,77 @@ impl EtcdService {
 
 /// Serves `service` on `listener` until `shutdown` resolves, then stops
 /// accepting, ends the streams ([`EtcdService::close_streams`]) and waits
-/// for the RPCs in flight.
+/// for the RPCs in flight. Beside it, expires leases while this node leads
+/// and announces this node in the member directory.
 pub async fn serve(
+    listener: TcpListener,
+    service: EtcdService,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    serve_with(
+        tonic::transport::Server::builder(),
+        listener,
+        service,
+        shutdown,
+    )
+    .await
+}
+
+/// TLS on the etcd listener, as etcd's `--cert-file`, `--key-file` and
+/// `--trusted-ca-file` set it: PEM text read (and checked) by the caller.
+/// Its `Debug` leaves the key out.
+#[derive(Clone)]
+pub struct EtcdTls {
+    /// The certificate chain the server presents, its own first.
+    pub certificate_pem: Vec<u8>,
+    /// The private key of that certificate.
+    pub key_pem: Vec<u8>,
+    /// The CA certificates that must have signed every client's
+    /// certificate; `None`: clients present none.
+    pub trusted_ca_pem: Option<Vec<u8>>,
+    /// Bound on a client's TLS handshake; the connection is closed after it.
+    pub handshake_timeout: Duration,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("certificate_pem_bytes", &self.certificate_pem.len())
+            .field("key_pem", &"<redacted>")
+            .field("trusted_ca", &self.trusted_ca_pem.is_some())
+            .field("handshake_timeout", &self.handshake_timeout)
+            .finish()
+    }
+}
+
+/// [`serve`] over TLS: a client that presents no certificate, or one the
+/// trusted CA did not sign, when one is required, fails the handshake and
+/// reaches no RPC.
+pub async fn serve_tls(
+    listener: TcpListener,
+    service: EtcdService,
+    tls: &EtcdTls,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let mut config = ServerTlsConfig::new()
+        .identity(tonic::transport::Identity::from_pem(
+            &tls.certificate_pem,
+            &tls.key_pem,
+        ))
+        .timeout(tls.handshake_timeout);
+    if let Some(ca) = &tls.trusted_ca_pem {
+        config = config
+            .client_ca_root(tonic::transport::Certificate::from_pem(ca))
+            .client_auth_optional(false);
+    }
+    let builder = tonic::transport::Server::builder().tls_config(config)?;
+    serve_with(builder, listener, service, shutdown).await
+}
+
+/// Serves `service` with `builder`'s transport; beside it, until the
+/// server stops, expires leases and announces this node.
+async fn serve_with(
+    builder: tonic::transport::Server,
     listener: TcpListener,
     service: EtcdService,
     shutdown: impl Future<Output = ()>,
@@ -279,17 +354,23 @@ pub async fn serve(
         closer.close_streams();
     };
     let incoming = tonic::codegen::tokio_stream::wrappers::TcpListenerStream::new(listener);
-    let (stopped, stop) = tokio::sync::oneshot::channel::<()>();
-    let expiry = tokio::spawn(service.expire_leases(async {
-        let _ = stop.await;
-    }));
-    let served = tonic::transport::Server::builder()
+    let (stopped, stop) = tokio::sync::watch::channel(false);
+    let until_stopped = move || {
+        let mut stop = stop.clone();
+        async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        }
+    };
+    let expiry = tokio::spawn(service.expire_leases(until_stopped()));
+    let shared = Arc::clone(&service.shared);
+    let announcing = tokio::spawn(announce(shared, until_stopped()));
+    let served = builder
         .layer(oversize_layer())
         .add_routes(service.routes())
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
-    drop(stopped);
-    let _ = expiry.await;
+    let _ = stopped.send(true);
+    let _ = tokio::join!(expiry, announcing);
     served
 }
 

@@ -315,6 +315,45 @@ async fn the_space_quota_raises_nospace_until_it_is_disarmed() {
     assert!(client.status().await.unwrap().errors().is_empty());
 }
 
+/// Every node lists every node serving the database, with its client URLs,
+/// and names the same leader: what `etcdctl endpoint status --cluster` reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_list_names_every_node_and_status_the_same_leader() {
+    let stores = MemoryStores::new("etcd-members", |store| store).await;
+    let start = |holder: &str| {
+        stores.runtime_with(holder, |config| {
+            config.standby_poll_interval = std::time::Duration::from_millis(50);
+        })
+    };
+    let primary = support::serve_runtime(start("http://primary:1"), "etcd-members", |_| {}).await;
+    wait_until("primary", || primary.runtime.is_primary_and_sure()).await;
+    let standby = support::serve_runtime(start("http://standby:1"), "etcd-members", |_| {}).await;
+    let expected = vec![
+        ("http://primary:1".to_owned(), vec![primary.endpoint()]),
+        ("http://standby:1".to_owned(), vec![standby.endpoint()]),
+    ];
+    for served in [&primary, &standby] {
+        let mut client = served.client().await;
+        let mut listed = Vec::new();
+        for _ in 0..100 {
+            let members = client.member_list().await.unwrap();
+            listed = members
+                .members()
+                .iter()
+                .map(|m| (m.name().to_owned(), m.client_urls().to_vec()))
+                .collect::<Vec<_>>();
+            listed.sort();
+            if listed == expected {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(listed, expected, "as listed by {}", served.endpoint());
+        let leader = client.status().await.unwrap().leader();
+        assert_eq!(leader, primary.service.identity().member_id);
+    }
+}
+
 /// HashKV answers the same hash on the primary and a standby at one
 /// revision, and a different one once the state changed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -458,11 +497,12 @@ async fn every_rpc_not_served_answers_unimplemented_naming_it() {
 const STANDBY_PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// A standby serves what etcd serves from any member (serializable reads,
-/// Status, MemberList naming the primary) and answers everything that needs
-/// the primary (linearizable reads, writes) `Unavailable`, the status etcd
-/// clients take as "try another endpoint", naming the primary.
+/// Status, MemberList) and forwards everything that needs the primary
+/// (linearizable reads, writes) to it, as an etcd follower forwards to its
+/// leader; a request already forwarded once is answered `Unavailable`
+/// naming the primary, and so is one the primary itself refuses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_standby_serves_serializable_reads_and_sends_the_rest_to_the_primary() {
+async fn a_standby_serves_serializable_reads_and_forwards_the_rest_to_the_primary() {
     let database = support::unique("etcd-standby");
     let stores = MemoryStores::new(&database, |store| store).await;
     let first = stores.runtime("http://first:1");
@@ -491,24 +531,44 @@ async fn a_standby_serves_serializable_reads_and_sends_the_rest_to_the_primary()
     let read_only = Txn::new().and_then([TxnOp::get("k", serializable())]);
     assert!(client.txn(read_only).await.unwrap().succeeded());
 
-    let unavailable = |result: Result<(), etcd_client::Error>, what: &str| {
-        let refused = status(result.expect_err(what));
-        assert_eq!(refused.code(), Code::Unavailable, "{what}: {refused:?}");
-        assert!(
-            refused.message().contains("the primary is http://first:1"),
-            "{what}: {refused:?}"
-        );
-    };
-    unavailable(client.get("k", None).await.map(drop), "a linearizable get");
+    // Forwarded: each answers as the primary does.
+    let written = client.put("k", "w", None).await.unwrap();
+    assert_eq!(written.header().unwrap().revision(), revision + 1);
+    let read = client.get("k", None).await.unwrap();
+    assert_eq!(read.kvs()[0].value(), b"w", "a linearizable read");
     let linearizable_txn = Txn::new().and_then([TxnOp::get("k", None)]);
-    unavailable(client.txn(linearizable_txn).await.map(drop), "a read txn");
-    unavailable(client.put("k", "w", None).await.map(drop), "a put");
-    unavailable(client.delete("k", None).await.map(drop), "a delete");
-    let write_txn = Txn::new().and_then([TxnOp::put("k", "w", None)]);
-    unavailable(client.txn(write_txn).await.map(drop), "a write txn");
-    unavailable(
-        client.compact(revision, None).await.map(drop),
-        "a compaction",
+    let answered = client.txn(linearizable_txn).await.unwrap();
+    assert_eq!(answered.header().unwrap().revision(), revision + 1);
+    let write_txn = Txn::new().and_then([TxnOp::put("j", "x", None)]);
+    assert!(client.txn(write_txn).await.unwrap().succeeded());
+    assert_eq!(client.delete("j", None).await.unwrap().deleted(), 1);
+    client.compact(revision, None).await.unwrap();
+    let on_primary = primary.client().await.get("k", None).await.unwrap();
+    assert_eq!(on_primary.header().unwrap().revision(), revision + 3);
+    wait_until("the forwarded writes applied on the standby", || {
+        standby.runtime.read_stale(|state| state.revision()).0 == revision + 3
+    })
+    .await;
+
+    // Forwarded once already: the standby answers itself.
+    let channel = tonic::transport::Endpoint::from_shared(standby.endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut kv = pb::kv_client::KvClient::new(channel);
+    let mut again = tonic::Request::new(pb::PutRequest {
+        key: bytes::Bytes::from_static(b"k"),
+        ..Default::default()
+    });
+    again
+        .metadata_mut()
+        .insert(chorus_etcd::forward::FORWARDED, "1".parse().unwrap());
+    let refused = kv.put(again).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains("the primary is http://first:1"),
+        "{refused:?}"
     );
 
     let members = client.member_list().await.unwrap();
@@ -518,6 +578,7 @@ async fn a_standby_serves_serializable_reads_and_sends_the_rest_to_the_primary()
         unreachable!("two members");
     };
     assert_eq!(own.client_urls(), [standby.endpoint()]);
+    assert_eq!(leader.client_urls(), [primary.endpoint()]);
     assert_eq!(leader.id(), primary.service.identity().member_id);
     assert_eq!(leader.peer_urls(), ["http://first:1"]);
     let status = client.status().await.unwrap();
@@ -526,9 +587,14 @@ async fn a_standby_serves_serializable_reads_and_sends_the_rest_to_the_primary()
         leader.id(),
         "the standby names the primary"
     );
-    assert_eq!(status.header().unwrap().revision(), revision);
+    assert_eq!(status.header().unwrap().revision(), revision + 3);
 
-    // Nothing the standby refused was written.
-    let after = primary.client().await.get("k", None).await.unwrap();
-    assert_eq!(after.header().unwrap().revision(), revision);
+    // A primary that stopped (its lease not yet expired) refuses, and the
+    // standby relays the refusal: nothing is written.
+    primary.runtime.abort();
+    let refused = self::status(client.put("k", "z", None).await.unwrap_err());
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("not the primary"), "{refused:?}");
+    let read = client.get("k", serializable()).await.unwrap();
+    assert_eq!(read.kvs()[0].value(), b"w");
 }

@@ -222,8 +222,10 @@ fn gone(runtime: &Runtime<KvState>, key: &str) -> bool {
         .0
 }
 
+/// A standby lists the leases it applied and forwards grants, keep-alive
+/// streams and time-to-live to the primary, which keeps the deadlines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_standby_lists_leases_but_refuses_what_only_the_primary_keeps() {
+async fn a_standby_lists_leases_and_forwards_what_only_the_primary_keeps() {
     let stores = MemoryStores::new("lease-standby", |store| store).await;
     let start = |holder: &str| {
         stores.runtime_with(holder, |config| {
@@ -233,29 +235,34 @@ async fn a_standby_lists_leases_but_refuses_what_only_the_primary_keeps() {
     let primary = support::serve_runtime(start("http://primary:1"), "lease-standby", |_| {}).await;
     wait_until("primary", || primary.runtime.is_primary_and_sure()).await;
     let standby = support::serve_runtime(start("http://standby:1"), "lease-standby", |_| {}).await;
-    let mut to_primary = primary.client().await;
-    let lease = to_primary.lease_grant(60, None).await.unwrap().id();
+    let mut to_standby = standby.client().await;
+    let lease = to_standby.lease_grant(3, None).await.unwrap().id();
+    assert!(primary.runtime.read_stale(|s| s.leases().len()).0 == 1);
     wait_until("the grant applied on the standby", || {
         standby.runtime.read_stale(|s| s.leases().len()).0 == 1
     })
     .await;
-    let mut to_standby = standby.client().await;
     let listed = to_standby.leases().await.unwrap();
     assert_eq!(
         listed.leases().iter().map(|l| l.id()).collect::<Vec<_>>(),
         vec![lease]
     );
-    let refused = status(keep_alive_once(&mut to_standby, lease).await.unwrap_err());
-    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
-    let refused = status(
-        to_standby
-            .lease_time_to_live(lease, None)
-            .await
-            .unwrap_err(),
-    );
-    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
-    let refused = status(to_standby.lease_grant(60, None).await.unwrap_err());
-    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    let leased = PutOptions::new().with_lease(lease);
+    to_standby.put("k", "v", Some(leased)).await.unwrap();
+    // Keep-alives through the standby hold the lease past its TTL.
+    let (mut keeper, mut answers) = to_standby.lease_keep_alive(lease).await.unwrap();
+    let held_until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < held_until {
+        keeper.keep_alive().await.unwrap();
+        let answer = answers.message().await.unwrap().unwrap();
+        assert_eq!(answer.ttl(), 3, "renewed on the primary");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let left = to_standby.lease_time_to_live(lease, None).await.unwrap();
+    assert!((2..=3).contains(&left.ttl()), "{left:?}");
+    assert!(!gone(&primary.runtime, "k"), "held past its TTL");
+    drop((keeper, answers));
+    wait_until("expired on the primary", || gone(&primary.runtime, "k")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

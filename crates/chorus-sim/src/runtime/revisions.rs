@@ -23,6 +23,11 @@ pub(super) struct Revisions {
 }
 
 impl Revisions {
+    /// The store revision after the record at `index`, once known.
+    pub(super) fn after(&self, index: u64) -> Option<u64> {
+        self.after.get(&index).copied()
+    }
+
     /// R10 for one record `node` applied.
     pub(super) fn on_applied(
         &mut self,
