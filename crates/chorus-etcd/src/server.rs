@@ -150,6 +150,25 @@ impl Shared {
     }
 }
 
+/// Runs `task` every `interval` (the first time at once; a late tick is
+/// delayed, not bunched) until `stop` resolves, never cutting a run short.
+pub(crate) async fn every<F, Fut>(interval: Duration, stop: impl Future<Output = ()>, mut task: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = &mut stop => return,
+        }
+        task().await;
+    }
+}
+
 /// The answer of a write whose response kind did not match its request.
 pub(crate) fn mismatched(response: &EtcdResponse) -> Status {
     Status::internal(format!("chorus: an etcd request answered {response:?}"))
