@@ -1,16 +1,24 @@
-//! etcd's Cluster service: MemberList names the nodes serving the database
-//! as far as this node knows them; membership changes answer
-//! `Unimplemented` (nodes join by starting on the same stores).
+//! etcd's Cluster service: MemberList names the nodes serving the database;
+//! membership changes answer `Unimplemented` (nodes join by starting on the
+//! same stores).
 //!
-//! The list holds this node (its name is its lease holder id, its client
-//! URLs the configured etcd URLs) and, on a standby that knows the lease
-//! holder, the primary too. A member's peer URL is its holder id when that
-//! is a URL (by default, the node's advertised HTTP URL). The primary's etcd
-//! client URLs are not known to a standby, so it lists none for it.
+//! Every node serving etcd announces itself in the database's member
+//! directory ([`chorus::members`]) with its etcd client URLs, every 10 s
+//! ([`announce`]). The list holds this node first (its name is its lease
+//! holder id, its client URLs the configured etcd URLs), then every other
+//! node announced within the last 30 s, and the lease holder if it is not
+//! among them (with no client URL: it announced none lately). A member's
+//! peer URL is its holder id when that is a URL (by default, the node's
+//! advertised HTTP URL). So `etcdctl endpoint status --cluster` reaches
+//! every live node, and Status's `leader` names the one that leads.
 
+use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 
+use chorus::members::{Member, REFRESH_INTERVAL};
 use chorus::runtime::RuntimeStatus;
+use tokio::time::MissedTickBehavior;
 use tonic::{Request, Response, Status};
 
 use crate::identity::stable_id;
@@ -29,28 +37,57 @@ impl ClusterService {
         ClusterService { shared }
     }
 
-    /// This node, and the primary if it is another node known here.
-    fn members(&self, status: &RuntimeStatus) -> Vec<pb::Member> {
+    /// This node, the other nodes announced lately, and the primary.
+    fn members(&self, status: &RuntimeStatus, announced: Vec<Member>) -> Vec<pb::Member> {
         let own = status.holder.as_str();
-        let mut members = vec![pb::Member {
-            id: self.shared.identity.member_id,
-            name: own.to_owned(),
-            peer_ur_ls: peer_urls(own),
-            client_ur_ls: self.shared.config.client_urls.clone(),
-            is_learner: false,
-        }];
+        let mut members = vec![member(own, self.shared.config.client_urls.clone())];
+        for other in announced.into_iter().filter(|m| m.holder != own) {
+            let urls = other.endpoints.get(ETCD).cloned().unwrap_or_default();
+            members.push(member(&other.holder, urls));
+        }
         let primary = status.lease.as_ref().filter(|lease| !lease.released);
-        if let Some(lease) = primary.filter(|lease| lease.holder_id.as_str() != own) {
+        if let Some(lease) = primary {
             let holder = lease.holder_id.as_str();
-            members.push(pb::Member {
-                id: stable_id(holder),
-                name: holder.to_owned(),
-                peer_ur_ls: peer_urls(holder),
-                client_ur_ls: Vec::new(),
-                is_learner: false,
-            });
+            if members.iter().all(|member| member.name != holder) {
+                members.push(member(holder, Vec::new()));
+            }
         }
         members
+    }
+}
+
+/// The name of the etcd protocol's endpoints in an announcement.
+pub(crate) const ETCD: &str = "etcd";
+
+/// The member `holder`, reached on `client_urls`.
+fn member(holder: &str, client_urls: Vec<String>) -> pb::Member {
+    pb::Member {
+        id: stable_id(holder),
+        name: holder.to_owned(),
+        peer_ur_ls: peer_urls(holder),
+        client_ur_ls: client_urls,
+        is_learner: false,
+    }
+}
+
+/// Announces this node's etcd client URLs in the member directory every
+/// [`REFRESH_INTERVAL`] until `stop` resolves; a failed write is logged and
+/// tried again at the next interval.
+pub(crate) async fn announce(shared: Arc<Shared>, stop: impl Future<Output = ()>) {
+    let mut directory = shared.runtime.member_directory();
+    let holder = shared.runtime.config().holder.clone();
+    let endpoints = BTreeMap::from([(ETCD.to_owned(), shared.config.client_urls.clone())]);
+    let mut tick = tokio::time::interval(REFRESH_INTERVAL);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = &mut stop => return,
+        }
+        if let Err(error) = directory.announce(&holder, &endpoints).await {
+            tracing::warn!(%error, "cannot announce this node in the member directory");
+        }
     }
 }
 
@@ -69,10 +106,17 @@ impl pb::cluster_server::Cluster for ClusterService {
         &self,
         _: Request<pb::MemberListRequest>,
     ) -> Result<Response<pb::MemberListResponse>, Status> {
+        let announced = match self.shared.runtime.member_directory().list().await {
+            Ok(announced) => announced,
+            Err(error) => {
+                tracing::warn!(%error, "MemberList without the member directory");
+                Vec::new()
+            }
+        };
         let status = self.shared.runtime.status();
         Ok(Response::new(pb::MemberListResponse {
             header: Some(self.shared.header()),
-            members: self.members(&status),
+            members: self.members(&status, announced),
         }))
     }
 

@@ -28,6 +28,8 @@ pub fn refused(error: &EtcdError) -> Status {
         EtcdErrorCode::InvalidArgument => Code::InvalidArgument,
         EtcdErrorCode::OutOfRange => Code::OutOfRange,
         EtcdErrorCode::NotFound => Code::NotFound,
+        EtcdErrorCode::FailedPrecondition => Code::FailedPrecondition,
+        EtcdErrorCode::ResourceExhausted => Code::ResourceExhausted,
     };
     Status::new(code, error.to_string())
 }
@@ -87,6 +89,9 @@ mod tests {
             (EtcdError::LeaseProvided, Code::InvalidArgument),
             (EtcdError::LeaseNotFound, Code::NotFound),
             (EtcdError::RequestTooLarge, Code::InvalidArgument),
+            (EtcdError::LeaseExists, Code::FailedPrecondition),
+            (EtcdError::LeaseTtlTooLarge, Code::OutOfRange),
+            (EtcdError::NoSpace, Code::ResourceExhausted),
         ];
         for (error, code) in cases {
             let status = refused(&error);

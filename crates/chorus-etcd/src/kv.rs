@@ -13,15 +13,16 @@
 
 use std::sync::Arc;
 
-use chorus::kv::Applied;
 use chorus::kv::etcd::{EtcdCommand, EtcdError, EtcdResponse, RequestOp, TxnRequest};
 use prost::Message;
 use tonic::{Request, Response, Status};
 
 use crate::convert;
 use crate::error;
+use crate::forward::forward_if_standby;
 use crate::proto::etcdserverpb as pb;
-use crate::server::Shared;
+use crate::proto::etcdserverpb::kv_client::KvClient;
+use crate::server::{Shared, mismatched};
 use crate::unserved::{NoStream, not_served};
 
 /// etcd's KV service; see the module docs.
@@ -47,24 +48,7 @@ impl KvService {
     /// Appends `command` once it passes etcd's checks, and answers what
     /// applying it answered.
     async fn write(&self, command: EtcdCommand) -> Result<EtcdResponse, Status> {
-        let max_txn_ops = self.shared.config.max_txn_ops;
-        let written = self
-            .shared
-            .runtime
-            .write(|state| {
-                command.validate(state, max_txn_ops)?;
-                Ok(command.encode())
-            })
-            .await
-            .map_err(error::write_failed)?;
-        match written.output {
-            Applied::Etcd(Ok(response)) => Ok(response),
-            Applied::Etcd(Err(refusal)) => Err(error::refused(&refusal)),
-            other => Err(Status::internal(format!(
-                "chorus: record {} applied as {other:?}, not as an etcd request",
-                written.index
-            ))),
-        }
+        self.shared.write(command).await
     }
 
     /// A read-only transaction, evaluated on the state without a record.
@@ -83,14 +67,22 @@ impl KvService {
         Ok(convert::txn_response(response))
     }
 
+    /// Whether a transaction is a read this node answers itself: read-only,
+    /// every range in it serializable (a standby forwards the rest).
+    fn serializable_read(&self, txn: &pb::TxnRequest) -> bool {
+        let ops = txn.success.iter().chain(&txn.failure);
+        ops.clone().all(|op| {
+            matches!(&op.request, Some(pb::request_op::Request::RequestRange(range)) if range.serializable)
+        })
+    }
+
     /// `response` with its header filled in.
     fn answer<T>(
         &self,
-        mut response: T,
+        response: T,
         header: impl FnOnce(&mut T) -> &mut Option<pb::ResponseHeader>,
     ) -> Response<T> {
-        self.shared.fill_header(header(&mut response), 0);
-        Response::new(response)
+        self.shared.answer(response, header)
     }
 }
 
@@ -113,11 +105,6 @@ fn every_range_serializable(txn: &TxnRequest) -> bool {
         .all(|op| matches!(op, RequestOp::Range(range) if range.serializable))
 }
 
-/// The answer of a write whose response kind did not match its request.
-fn mismatched(response: &EtcdResponse) -> Status {
-    Status::internal(format!("chorus: an etcd request answered {response:?}"))
-}
-
 #[tonic::async_trait]
 impl pb::kv_server::Kv for KvService {
     type RangeStreamStream = NoStream<pb::RangeStreamResponse>;
@@ -126,6 +113,9 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::RangeRequest>,
     ) -> Result<Response<pb::RangeResponse>, Status> {
+        if !request.get_ref().serializable {
+            forward_if_standby!(self.shared, request, KvClient, range);
+        }
         let request = convert::range_request(request.into_inner())?;
         let answer = self
             .shared
@@ -145,6 +135,7 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::PutRequest>,
     ) -> Result<Response<pb::PutResponse>, Status> {
+        forward_if_standby!(self.shared, request, KvClient, put);
         let request = request.into_inner();
         self.check_size(&request)?;
         let command = EtcdCommand::Put(convert::put_request(request));
@@ -160,6 +151,7 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::DeleteRangeRequest>,
     ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
+        forward_if_standby!(self.shared, request, KvClient, delete_range);
         let request = request.into_inner();
         self.check_size(&request)?;
         let command = EtcdCommand::DeleteRange(convert::delete_range_request(request));
@@ -175,6 +167,9 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::TxnRequest>,
     ) -> Result<Response<pb::TxnResponse>, Status> {
+        if !self.serializable_read(request.get_ref()) {
+            forward_if_standby!(self.shared, request, KvClient, txn);
+        }
         let request = request.into_inner();
         let size_check = self.check_size(&request);
         let txn = convert::txn_request(request)?;
@@ -195,6 +190,7 @@ impl pb::kv_server::Kv for KvService {
         &self,
         request: Request<pb::CompactionRequest>,
     ) -> Result<Response<pb::CompactionResponse>, Status> {
+        forward_if_standby!(self.shared, request, KvClient, compact);
         let request = request.into_inner();
         self.check_size(&request)?;
         let command = EtcdCommand::Compact(convert::compaction_request(request));

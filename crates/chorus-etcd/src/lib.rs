@@ -1,15 +1,17 @@
 //! etcd's v3 gRPC API over the Chorus runtime.
 //!
 //! [`EtcdService::new`] takes a [`Runtime<KvState>`](chorus::runtime::Runtime)
-//! and an [`EtcdConfig`]; [`serve`] serves it on a listener until a shutdown
+//! and an [`EtcdConfig`]; [`serve`] (or [`serve_tls`]) serves it on a listener until a shutdown
 //! future resolves (or [`EtcdService::routes`] mounts it on a tonic server of
 //! the caller's, behind [`oversize_layer`]). Served:
 //!
 //! - KV: Range, Put, DeleteRange, Txn, Compact ([`kv`]).
 //! - Watch: streams of any number of watches ([`watch`]).
-//! - Maintenance: Status and Alarm ([`maintenance`]); Cluster: MemberList
+//! - Lease: grant, revoke, keep-alive, time-to-live and the list, with
+//!   expiry decided by the primary ([`lease`]).
+//! - Maintenance: Status, Alarm, HashKV, Defragment ([`maintenance`]); Cluster: MemberList
 //!   ([`cluster`]); `grpc.health.v1` reporting SERVING.
-//! - Everything else, Lease and Auth included, answers
+//! - Everything else, Auth included, answers
 //!   `Unimplemented` naming the RPC ([`unserved`]).
 //!
 //! The protobuf messages and tonic services in [`proto`] are generated from
@@ -23,15 +25,20 @@ pub mod cluster;
 pub mod config;
 pub mod convert;
 pub mod error;
+pub mod forward;
 pub mod identity;
 pub mod kv;
+pub mod lease;
 pub mod maintenance;
 pub mod proto;
 mod server;
 pub mod unserved;
 pub mod watch;
 
-pub use config::{DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, EtcdConfig};
+pub use config::{
+    DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, DEFAULT_QUOTA_BACKEND_BYTES, EtcdConfig,
+    PeerTls,
+};
 pub use identity::Identity;
 pub use maintenance::EMULATED_ETCD_VERSION;
-pub use server::{EtcdService, oversize_layer, serve};
+pub use server::{EtcdService, EtcdTls, oversize_layer, serve, serve_tls};

@@ -3,28 +3,33 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
-use chorus::kv::KvState;
+use chorus::kv::etcd::{AlarmAction, AlarmMember, AlarmRequest, AlarmType};
+use chorus::kv::{Applied, EtcdCommand, EtcdError, EtcdResponse, KvState};
 use chorus::runtime::{Runtime, Unavailable};
 use tokio::net::TcpListener;
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::service::{Routes, RoutesBuilder};
+use tonic::transport::ServerTlsConfig;
 use tonic::transport::server::TcpIncoming;
-use tonic::{Code, Status};
+use tonic::{Code, Response, Status};
 use tower::util::MapResponseLayer;
 
-use crate::cluster::ClusterService;
+use crate::cluster::{ClusterService, announce};
 use crate::config::EtcdConfig;
 use crate::error;
+use crate::forward::Forwarder;
 use crate::identity::{Identity, raft_term};
 use crate::kv::KvService;
-use crate::maintenance::MaintenanceService;
+use crate::lease::{LeaseClock, LeaseService, expire_leases};
+use crate::maintenance::{MaintenanceService, state_size_bytes};
 use crate::proto::etcdserverpb::{
     ResponseHeader, auth_server, cluster_server, kv_server, lease_server, maintenance_server,
     watch_server,
 };
-use crate::unserved::{AuthService, LeaseService};
+use crate::unserved::AuthService;
 use crate::watch::WatchService;
 
 /// What every RPC of the service reads: the runtime, the settings and the ids.
@@ -33,6 +38,10 @@ pub(crate) struct Shared {
     pub(crate) runtime: Arc<Runtime<KvState>>,
     pub(crate) config: EtcdConfig,
     pub(crate) identity: Identity,
+    /// The primary's lease deadlines.
+    pub(crate) leases: LeaseClock,
+    /// On a standby: the channel to the primary.
+    pub(crate) forwarder: Forwarder,
 }
 
 impl Shared {
@@ -56,6 +65,75 @@ impl Shared {
         header.unwrap_or_default()
     }
 
+    /// Appends `command` once it passes etcd's checks against the applied
+    /// state and the space quota, and answers what applying it answered. A
+    /// write over the quota is refused with etcd's NOSPACE error, and this
+    /// node raises the NOSPACE alarm for itself (a record) unless raised.
+    pub(crate) async fn write(&self, command: EtcdCommand) -> Result<EtcdResponse, Status> {
+        let max_txn_ops = self.config.max_txn_ops;
+        let quota = self.config.quota_backend_bytes;
+        let mut over_quota = false;
+        let written = self
+            .runtime
+            .write(|state| {
+                command.validate(state, max_txn_ops)?;
+                let cost = command.quota_cost();
+                if cost > 0 && state_size_bytes(state).saturating_add(cost) >= quota {
+                    over_quota = !state.out_of_space();
+                    return Err(EtcdError::NoSpace);
+                }
+                Ok(command.encode())
+            })
+            .await;
+        if over_quota {
+            self.raise_no_space().await;
+        }
+        let written = written.map_err(error::write_failed)?;
+        match written.output {
+            Applied::Etcd(Ok(response)) => Ok(response),
+            Applied::Etcd(Err(refusal)) => Err(error::refused(&refusal)),
+            other => Err(Status::internal(format!(
+                "chorus: record {} applied as {other:?}, not as an etcd request",
+                written.index
+            ))),
+        }
+    }
+
+    /// Raises NOSPACE for this node, as etcd's quota check does; a failure
+    /// is logged (the next write over the quota tries again).
+    async fn raise_no_space(&self) {
+        let member = AlarmMember {
+            member_id: self.identity.member_id,
+            alarm: AlarmType::NoSpace,
+        };
+        let alarm = EtcdCommand::Alarm(AlarmRequest {
+            action: AlarmAction::Activate,
+            member,
+        });
+        let raised = self
+            .runtime
+            .write(|_| Ok::<_, EtcdError>(alarm.encode()))
+            .await;
+        match raised {
+            Ok(_) => tracing::warn!(
+                quota_backend_bytes = self.config.quota_backend_bytes,
+                "NOSPACE alarm raised: the state reached the space quota; writes that add data \
+                 are refused until `etcdctl alarm disarm`"
+            ),
+            Err(error) => tracing::warn!(%error, "cannot raise the NOSPACE alarm"),
+        }
+    }
+
+    /// `response` with its header filled in.
+    pub(crate) fn answer<T>(
+        &self,
+        mut response: T,
+        header: impl FnOnce(&mut T) -> &mut Option<ResponseHeader>,
+    ) -> Response<T> {
+        self.fill_header(header(&mut response), 0);
+        Response::new(response)
+    }
+
     /// Reads the state: every acknowledged write (`serializable` false, on
     /// the primary only) or whatever was applied here.
     pub(crate) fn read<T>(
@@ -73,8 +151,13 @@ impl Shared {
     }
 }
 
-/// etcd's v3 gRPC API over a runtime: KV, Watch, Maintenance and Cluster
-/// (in part), Lease and Auth answering `Unimplemented`, and
+/// The answer of a write whose response kind did not match its request.
+pub(crate) fn mismatched(response: &EtcdResponse) -> Status {
+    Status::internal(format!("chorus: an etcd request answered {response:?}"))
+}
+
+/// etcd's v3 gRPC API over a runtime: KV, Watch, Lease, Maintenance and
+/// Cluster (in part), Auth answering `Unimplemented`, and
 /// `grpc.health.v1` reporting SERVING.
 ///
 /// ```no_run
@@ -107,6 +190,8 @@ impl EtcdService {
                 runtime,
                 config,
                 identity,
+                leases: LeaseClock::default(),
+                forwarder: Forwarder::default(),
             }),
             watch,
         }
@@ -115,6 +200,18 @@ impl EtcdService {
     /// The Watch service (its streams' pending bytes, for status).
     pub fn watch(&self) -> &WatchService {
         &self.watch
+    }
+
+    /// Expires leases while this node is the primary, until `stop`
+    /// resolves: logs a revoke for each lease past its deadline (see
+    /// [`lease`](crate::lease)). [`serve`] runs it; run it beside
+    /// [`routes`](Self::routes) mounted elsewhere, or with no listener at
+    /// all, so leases granted through another node still expire here.
+    pub fn expire_leases<S: Future<Output = ()>>(
+        &self,
+        stop: S,
+    ) -> impl Future<Output = ()> + use<S> {
+        expire_leases(Arc::clone(&self.shared), stop)
     }
 
     /// This node's cluster and member ids.
@@ -151,7 +248,8 @@ impl EtcdService {
                 watch_server::WatchServer::new(self.watch.clone()).max_decoding_message_size(limit),
             )
             .add_service(
-                lease_server::LeaseServer::new(LeaseService).max_decoding_message_size(limit),
+                lease_server::LeaseServer::new(LeaseService::new(Arc::clone(shared)))
+                    .max_decoding_message_size(limit),
             )
             .add_service(
                 auth_server::AuthServer::new(AuthService).max_decoding_message_size(limit),
@@ -161,17 +259,99 @@ impl EtcdService {
 }
 
 /// Serves `service` on `listener` until `shutdown` resolves, then stops
-/// accepting and waits for the RPCs in flight.
+/// accepting and waits for the RPCs in flight. Beside it, expires leases
+/// while this node leads and announces this node in the member directory.
 pub async fn serve(
     listener: TcpListener,
     service: EtcdService,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
-    tonic::transport::Server::builder()
+    serve_with(
+        tonic::transport::Server::builder(),
+        listener,
+        service,
+        shutdown,
+    )
+    .await
+}
+
+/// TLS on the etcd listener, as etcd's `--cert-file`, `--key-file` and
+/// `--trusted-ca-file` set it: PEM text read (and checked) by the caller.
+/// Its `Debug` leaves the key out.
+#[derive(Clone)]
+pub struct EtcdTls {
+    /// The certificate chain the server presents, its own first.
+    pub certificate_pem: Vec<u8>,
+    /// The private key of that certificate.
+    pub key_pem: Vec<u8>,
+    /// The CA certificates that must have signed every client's
+    /// certificate; `None`: clients present none.
+    pub trusted_ca_pem: Option<Vec<u8>>,
+    /// Bound on a client's TLS handshake; the connection is closed after it.
+    pub handshake_timeout: Duration,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("certificate_pem_bytes", &self.certificate_pem.len())
+            .field("key_pem", &"<redacted>")
+            .field("trusted_ca", &self.trusted_ca_pem.is_some())
+            .field("handshake_timeout", &self.handshake_timeout)
+            .finish()
+    }
+}
+
+/// [`serve`] over TLS: a client that presents no certificate, or one the
+/// trusted CA did not sign, when one is required, fails the handshake and
+/// reaches no RPC.
+pub async fn serve_tls(
+    listener: TcpListener,
+    service: EtcdService,
+    tls: &EtcdTls,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let mut config = ServerTlsConfig::new()
+        .identity(tonic::transport::Identity::from_pem(
+            &tls.certificate_pem,
+            &tls.key_pem,
+        ))
+        .timeout(tls.handshake_timeout);
+    if let Some(ca) = &tls.trusted_ca_pem {
+        config = config
+            .client_ca_root(tonic::transport::Certificate::from_pem(ca))
+            .client_auth_optional(false);
+    }
+    let builder = tonic::transport::Server::builder().tls_config(config)?;
+    serve_with(builder, listener, service, shutdown).await
+}
+
+/// Serves `service` with `builder`'s transport; beside it, until the
+/// server stops, expires leases and announces this node.
+async fn serve_with(
+    builder: tonic::transport::Server,
+    listener: TcpListener,
+    service: EtcdService,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let (stopped, stop) = tokio::sync::watch::channel(false);
+    let until_stopped = move || {
+        let mut stop = stop.clone();
+        async move {
+            let _ = stop.wait_for(|stopped| *stopped).await;
+        }
+    };
+    let expiry = tokio::spawn(service.expire_leases(until_stopped()));
+    let shared = Arc::clone(&service.shared);
+    let announcing = tokio::spawn(announce(shared, until_stopped()));
+    let served = builder
         .layer(oversize_layer())
         .add_routes(service.routes())
         .serve_with_incoming_shutdown(incoming(listener), shutdown)
-        .await
+        .await;
+    let _ = stopped.send(true);
+    let _ = tokio::join!(expiry, announcing);
+    served
 }
 
 /// The connections accepted on `listener`, with Nagle's algorithm off, as

@@ -1,12 +1,12 @@
-//! etcd's Lease and Auth services, registered so that each of their
+//! etcd's Auth service, registered so that each of its
 //! RPCs answers `Unimplemented` naming itself (an unregistered service would
 //! answer the same code, but with no word on what is missing). Clients such
 //! as Kubernetes' fall back on `Unimplemented`; they must never see `Unknown`.
 
 use std::pin::Pin;
 
+use tonic::Status;
 use tonic::codegen::tokio_stream::Stream;
-use tonic::{Request, Response, Status, Streaming};
 
 use crate::proto::etcdserverpb as pb;
 
@@ -51,29 +51,6 @@ macro_rules! not_served_unary {
 }
 pub(crate) use not_served_unary;
 
-/// etcd's Lease service: not served yet.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct LeaseService;
-
-#[tonic::async_trait]
-impl pb::lease_server::Lease for LeaseService {
-    type LeaseKeepAliveStream = NoStream<pb::LeaseKeepAliveResponse>;
-
-    not_served_unary! { "Lease":
-        lease_grant(pb::LeaseGrantRequest) -> pb::LeaseGrantResponse = "LeaseGrant";
-        lease_revoke(pb::LeaseRevokeRequest) -> pb::LeaseRevokeResponse = "LeaseRevoke";
-        lease_time_to_live(pb::LeaseTimeToLiveRequest) -> pb::LeaseTimeToLiveResponse = "LeaseTimeToLive";
-        lease_leases(pb::LeaseLeasesRequest) -> pb::LeaseLeasesResponse = "LeaseLeases";
-    }
-
-    async fn lease_keep_alive(
-        &self,
-        _: Request<Streaming<pb::LeaseKeepAliveRequest>>,
-    ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
-        Err(not_served("etcdserverpb.Lease/LeaseKeepAlive"))
-    }
-}
-
 /// etcd's Auth service: not served (authentication is off, as on an etcd
 /// that never enabled it; these RPCs manage it).
 #[derive(Debug, Clone, Copy, Default)]
@@ -105,22 +82,12 @@ impl pb::auth_server::Auth for AuthService {
 #[cfg(test)]
 mod tests {
     use pb::auth_server::Auth;
-    use pb::lease_server::Lease;
-    use tonic::Code;
+    use tonic::{Code, Request};
 
     use super::*;
 
     #[tokio::test]
     async fn every_unserved_rpc_names_itself_as_unimplemented() {
-        let status = LeaseService
-            .lease_grant(Request::new(pb::LeaseGrantRequest::default()))
-            .await
-            .unwrap_err();
-        assert_eq!(status.code(), Code::Unimplemented);
-        assert_eq!(
-            status.message(),
-            "chorus: etcdserverpb.Lease/LeaseGrant is not served yet"
-        );
         let status = AuthService
             .role_revoke_permission(Request::new(Default::default()))
             .await

@@ -262,6 +262,135 @@ async fn refusals_carry_etcds_codes_and_messages() {
     assert_eq!(revision, 1, "no refusal wrote anything");
 }
 
+/// The NOSPACE alarm: raised by the primary at the quota, listed by Alarm
+/// and Status, refusing puts but not deletes, cleared by a disarm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_space_quota_raises_nospace_until_it_is_disarmed() {
+    let served = support::serve("etcd-quota", |config| {
+        config.quota_backend_bytes = 3000;
+    })
+    .await;
+    let mut client = served.client().await;
+    let member = served.service.identity().member_id;
+    let value = vec![b'v'; 1000];
+    client.put("a", value.clone(), None).await.unwrap();
+    client.put("b", value.clone(), None).await.unwrap();
+    // 2,002 bytes held; a third put costs 1,257 (etcd's 256 per put).
+    let no_space = "etcdserver: mvcc: database space exceeded";
+    assert_refused(
+        client.put("c", value.clone(), None).await,
+        Code::ResourceExhausted,
+        no_space,
+    );
+    let listed = client
+        .alarm(AlarmAction::Get, AlarmType::None, None)
+        .await
+        .unwrap();
+    let raised: Vec<(u64, i32)> = listed
+        .alarms()
+        .iter()
+        .map(|alarm| (alarm.member_id(), alarm.alarm() as i32))
+        .collect();
+    assert_eq!(raised, vec![(member, AlarmType::Nospace as i32)]);
+    let status = client.status().await.unwrap();
+    assert_eq!(
+        status.errors(),
+        [format!("memberID:{member} alarm:NOSPACE ")]
+    );
+    // Capped: even a small put is refused; a delete is served.
+    assert_refused(
+        client.put("d", "v", None).await,
+        Code::ResourceExhausted,
+        no_space,
+    );
+    client.delete("b", None).await.unwrap();
+    let mut disarm = etcd_client::AlarmOptions::new();
+    disarm.with_member(member);
+    let cleared = client
+        .alarm(AlarmAction::Deactivate, AlarmType::Nospace, Some(disarm))
+        .await
+        .unwrap();
+    assert_eq!(cleared.alarms().len(), 1);
+    client.put("d", "v", None).await.unwrap();
+    assert!(client.status().await.unwrap().errors().is_empty());
+}
+
+/// Every node lists every node serving the database, with its client URLs,
+/// and names the same leader: what `etcdctl endpoint status --cluster` reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_list_names_every_node_and_status_the_same_leader() {
+    let stores = MemoryStores::new("etcd-members", |store| store).await;
+    let start = |holder: &str| {
+        stores.runtime_with(holder, |config| {
+            config.standby_poll_interval = std::time::Duration::from_millis(50);
+        })
+    };
+    let primary = support::serve_runtime(start("http://primary:1"), "etcd-members", |_| {}).await;
+    wait_until("primary", || primary.runtime.is_primary_and_sure()).await;
+    let standby = support::serve_runtime(start("http://standby:1"), "etcd-members", |_| {}).await;
+    let expected = vec![
+        ("http://primary:1".to_owned(), vec![primary.endpoint()]),
+        ("http://standby:1".to_owned(), vec![standby.endpoint()]),
+    ];
+    for served in [&primary, &standby] {
+        let mut client = served.client().await;
+        let mut listed = Vec::new();
+        for _ in 0..100 {
+            let members = client.member_list().await.unwrap();
+            listed = members
+                .members()
+                .iter()
+                .map(|m| (m.name().to_owned(), m.client_urls().to_vec()))
+                .collect::<Vec<_>>();
+            listed.sort();
+            if listed == expected {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(listed, expected, "as listed by {}", served.endpoint());
+        let leader = client.status().await.unwrap().leader();
+        assert_eq!(leader, primary.service.identity().member_id);
+    }
+}
+
+/// HashKV answers the same hash on the primary and a standby at one
+/// revision, and a different one once the state changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hash_kv_agrees_between_primary_and_standby() {
+    let stores = MemoryStores::new("etcd-hashkv", |store| store).await;
+    let start = |holder: &str| {
+        stores.runtime_with(holder, |config| {
+            config.standby_poll_interval = std::time::Duration::from_millis(50);
+        })
+    };
+    let primary = support::serve_runtime(start("http://primary:1"), "etcd-hashkv", |_| {}).await;
+    wait_until("primary", || primary.runtime.is_primary_and_sure()).await;
+    let standby = support::serve_runtime(start("http://standby:1"), "etcd-hashkv", |_| {}).await;
+    let mut to_primary = primary.client().await;
+    to_primary.put("a", "1", None).await.unwrap();
+    to_primary.put("b", "2", None).await.unwrap();
+    to_primary.put("a", "3", None).await.unwrap();
+    wait_until("applied on the standby", || {
+        standby.runtime.read_stale(|state| state.revision()).0 == 4
+    })
+    .await;
+    let mut to_standby = standby.client().await;
+    let on_primary = to_primary.hash_kv(3).await.unwrap();
+    let on_standby = to_standby.hash_kv(3).await.unwrap();
+    assert_eq!(on_primary.hash(), on_standby.hash());
+    assert_eq!(on_primary.0.hash_revision, 3);
+    let now = to_standby.hash_kv(0).await.unwrap();
+    assert_eq!(now.0.hash_revision, 4);
+    assert_ne!(now.hash(), on_primary.hash());
+    assert_eq!(to_primary.hash_kv(0).await.unwrap().hash(), now.hash());
+    assert_refused(
+        to_standby.hash_kv(9).await,
+        Code::OutOfRange,
+        "etcdserver: mvcc: required revision is a future revision",
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_alarms_members_and_health_serve_what_tools_need() {
     let served = support::serve("etcd-maintenance", |_| {}).await;
@@ -303,12 +432,8 @@ async fn status_alarms_members_and_health_serve_what_tools_need() {
         .await
         .unwrap();
     assert!(none.alarms().is_empty());
-    assert_unimplemented(
-        client
-            .alarm(AlarmAction::Activate, AlarmType::Nospace, None)
-            .await,
-        "Maintenance/Alarm",
-    );
+    let defragmented = client.defragment().await.unwrap();
+    assert_eq!(defragmented.header().unwrap().revision(), 2);
 
     let members = client.member_list().await.unwrap();
     let [member] = members.members() else {
@@ -339,20 +464,10 @@ async fn status_alarms_members_and_health_serve_what_tools_need() {
 async fn every_rpc_not_served_answers_unimplemented_naming_it() {
     let served = support::serve("etcd-unserved", |_| {}).await;
     let mut client = served.client().await;
-    assert_unimplemented(client.lease_grant(60, None).await, "Lease/LeaseGrant");
-    assert_unimplemented(client.lease_revoke(1).await, "Lease/LeaseRevoke");
-    assert_unimplemented(client.lease_keep_alive(1).await, "Lease/LeaseKeepAlive");
-    assert_unimplemented(
-        client.lease_time_to_live(1, None).await,
-        "Lease/LeaseTimeToLive",
-    );
-    assert_unimplemented(client.leases().await, "Lease/LeaseLeases");
     assert_unimplemented(client.auth_enable().await, "Auth/AuthEnable");
     assert_unimplemented(client.user_list().await, "Auth/UserList");
     assert_unimplemented(client.role_add("r").await, "Auth/RoleAdd");
-    assert_unimplemented(client.defragment().await, "Maintenance/Defragment");
     assert_unimplemented(client.hash().await, "Maintenance/Hash");
-    assert_unimplemented(client.hash_kv(0).await, "Maintenance/HashKV");
     assert_unimplemented(client.snapshot().await, "Maintenance/Snapshot");
     assert_unimplemented(client.move_leader(1).await, "Maintenance/MoveLeader");
     assert_unimplemented(
@@ -382,11 +497,12 @@ async fn every_rpc_not_served_answers_unimplemented_naming_it() {
 const STANDBY_PATIENCE: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// A standby serves what etcd serves from any member (serializable reads,
-/// Status, MemberList naming the primary) and answers everything that needs
-/// the primary (linearizable reads, writes) `Unavailable`, the status etcd
-/// clients take as "try another endpoint", naming the primary.
+/// Status, MemberList) and forwards everything that needs the primary
+/// (linearizable reads, writes) to it, as an etcd follower forwards to its
+/// leader; a request already forwarded once is answered `Unavailable`
+/// naming the primary, and so is one the primary itself refuses.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_standby_serves_serializable_reads_and_sends_the_rest_to_the_primary() {
+async fn a_standby_serves_serializable_reads_and_forwards_the_rest_to_the_primary() {
     let database = support::unique("etcd-standby");
     let stores = MemoryStores::new(&database, |store| store).await;
     let first = stores.runtime("http://first:1");
@@ -415,24 +531,44 @@ async fn a_standby_serves_serializable_reads_and_sends_the_rest_to_the_primary()
     let read_only = Txn::new().and_then([TxnOp::get("k", serializable())]);
     assert!(client.txn(read_only).await.unwrap().succeeded());
 
-    let unavailable = |result: Result<(), etcd_client::Error>, what: &str| {
-        let refused = status(result.expect_err(what));
-        assert_eq!(refused.code(), Code::Unavailable, "{what}: {refused:?}");
-        assert!(
-            refused.message().contains("the primary is http://first:1"),
-            "{what}: {refused:?}"
-        );
-    };
-    unavailable(client.get("k", None).await.map(drop), "a linearizable get");
+    // Forwarded: each answers as the primary does.
+    let written = client.put("k", "w", None).await.unwrap();
+    assert_eq!(written.header().unwrap().revision(), revision + 1);
+    let read = client.get("k", None).await.unwrap();
+    assert_eq!(read.kvs()[0].value(), b"w", "a linearizable read");
     let linearizable_txn = Txn::new().and_then([TxnOp::get("k", None)]);
-    unavailable(client.txn(linearizable_txn).await.map(drop), "a read txn");
-    unavailable(client.put("k", "w", None).await.map(drop), "a put");
-    unavailable(client.delete("k", None).await.map(drop), "a delete");
-    let write_txn = Txn::new().and_then([TxnOp::put("k", "w", None)]);
-    unavailable(client.txn(write_txn).await.map(drop), "a write txn");
-    unavailable(
-        client.compact(revision, None).await.map(drop),
-        "a compaction",
+    let answered = client.txn(linearizable_txn).await.unwrap();
+    assert_eq!(answered.header().unwrap().revision(), revision + 1);
+    let write_txn = Txn::new().and_then([TxnOp::put("j", "x", None)]);
+    assert!(client.txn(write_txn).await.unwrap().succeeded());
+    assert_eq!(client.delete("j", None).await.unwrap().deleted(), 1);
+    client.compact(revision, None).await.unwrap();
+    let on_primary = primary.client().await.get("k", None).await.unwrap();
+    assert_eq!(on_primary.header().unwrap().revision(), revision + 3);
+    wait_until("the forwarded writes applied on the standby", || {
+        standby.runtime.read_stale(|state| state.revision()).0 == revision + 3
+    })
+    .await;
+
+    // Forwarded once already: the standby answers itself.
+    let channel = tonic::transport::Endpoint::from_shared(standby.endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut kv = pb::kv_client::KvClient::new(channel);
+    let mut again = tonic::Request::new(pb::PutRequest {
+        key: bytes::Bytes::from_static(b"k"),
+        ..Default::default()
+    });
+    again
+        .metadata_mut()
+        .insert(chorus_etcd::forward::FORWARDED, "1".parse().unwrap());
+    let refused = kv.put(again).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains("the primary is http://first:1"),
+        "{refused:?}"
     );
 
     let members = client.member_list().await.unwrap();
@@ -442,6 +578,7 @@ async fn a_standby_serves_serializable_reads_and_sends_the_rest_to_the_primary()
         unreachable!("two members");
     };
     assert_eq!(own.client_urls(), [standby.endpoint()]);
+    assert_eq!(leader.client_urls(), [primary.endpoint()]);
     assert_eq!(leader.id(), primary.service.identity().member_id);
     assert_eq!(leader.peer_urls(), ["http://first:1"]);
     let status = client.status().await.unwrap();
@@ -450,9 +587,14 @@ async fn a_standby_serves_serializable_reads_and_sends_the_rest_to_the_primary()
         leader.id(),
         "the standby names the primary"
     );
-    assert_eq!(status.header().unwrap().revision(), revision);
+    assert_eq!(status.header().unwrap().revision(), revision + 3);
 
-    // Nothing the standby refused was written.
-    let after = primary.client().await.get("k", None).await.unwrap();
-    assert_eq!(after.header().unwrap().revision(), revision);
+    // A primary that stopped (its lease not yet expired) refuses, and the
+    // standby relays the refusal: nothing is written.
+    primary.runtime.abort();
+    let refused = self::status(client.put("k", "z", None).await.unwrap_err());
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("not the primary"), "{refused:?}");
+    let read = client.get("k", serializable()).await.unwrap();
+    assert_eq!(read.kvs()[0].value(), b"w");
 }

@@ -122,6 +122,16 @@ fn finish(summary: &BatchSummary, steps: u64) -> ExitCode {
         summary.runtime_keyed_deduplicated,
         summary.runtime_keyed_restored
     );
+    eprintln!(
+        "etcd writes acknowledged: {} (of which refused for compacted history: {}), etcd \
+         answers compared: {}, checked against the model: {}, states compared at one applied \
+         end: {}",
+        summary.runtime_etcd_acked + summary.runtime_etcd_compacted,
+        summary.runtime_etcd_compacted,
+        summary.runtime_etcd_answers_compared,
+        summary.runtime_etcd_model_checked,
+        summary.runtime_states_compared
+    );
     let violations = summary.failures.len() as u64;
     print_summary(summary.seeds, summary.steps, violations, summary.wall_time);
     exit_code(violations)

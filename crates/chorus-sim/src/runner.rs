@@ -179,6 +179,19 @@ pub struct BatchSummary {
     /// Of those retries, the ones answered by a process that had the
     /// original application only through a restored snapshot.
     pub runtime_keyed_restored: u64,
+    /// etcd writes the runtime phase acknowledged with etcd's answer, over
+    /// all seeds.
+    pub runtime_etcd_acked: u64,
+    /// etcd writes acknowledged as refused for compacted history, over all
+    /// seeds.
+    pub runtime_etcd_compacted: u64,
+    /// etcd answers compared across processes and acknowledgements (R11),
+    /// over all seeds.
+    pub runtime_etcd_answers_compared: u64,
+    /// States compared at one applied end (R12), over all seeds.
+    pub runtime_states_compared: u64,
+    /// etcd answers checked against the model (R13), over all seeds.
+    pub runtime_etcd_model_checked: u64,
 }
 
 /// Runs `seeds` on `jobs` threads; `progress` is called with each result.
@@ -234,6 +247,11 @@ pub fn run_batch(
             summary.runtime_keyed_retries += runtime.keyed_retries;
             summary.runtime_keyed_deduplicated += runtime.keyed_replayed + runtime.keyed_duplicates;
             summary.runtime_keyed_restored += runtime.keyed_restored;
+            summary.runtime_etcd_acked += runtime.etcd_acked;
+            summary.runtime_etcd_compacted += runtime.etcd_compacted;
+            summary.runtime_etcd_answers_compared += runtime.etcd_answers_compared;
+            summary.runtime_states_compared += runtime.states_compared;
+            summary.runtime_etcd_model_checked += runtime.etcd_model_checked;
             if result.failure.is_some() {
                 summary.failures.push(result.clone());
             }

@@ -26,6 +26,7 @@ fn two_hundred_seeds_keep_every_guarantee_and_a_hundred_replay_exactly() {
             summary.runtime_acked > 0 && summary.runtime_takeovers > 0,
             "{summary:?}"
         );
+        assert!(summary.runtime_etcd_acked > 0, "{summary:?}");
     }
 }
 

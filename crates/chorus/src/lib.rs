@@ -12,9 +12,11 @@
 //! 5. [`lease`]: the writer lease, whose `(term, generation)` is a fencing token.
 //! 6. [`snapshot`]: snapshot payloads under immutable keys and the `HEAD.json`
 //!    pointer, advanced only by CAS under a lease (fenced publication).
-//! 7. [`runtime`]: runs a state machine on the log as primary or warm
+//! 7. [`members`]: which processes serve a database, as each announces
+//!    itself in the snapshot store (a directory for tools; no protocol role).
+//! 8. [`runtime`]: runs a state machine on the log as primary or warm
 //!    standby: boot, apply, snapshots, lease refresh, failover.
-//! 8. [`kv`]: the key-value state machine the service runs (pure).
+//! 9. [`kv`]: the key-value state machine the service runs (pure).
 #![warn(missing_docs)]
 
 pub mod blob;
@@ -24,6 +26,7 @@ pub mod ids;
 pub mod kv;
 pub mod lease;
 pub mod log;
+pub mod members;
 pub mod register;
 pub mod runtime;
 pub mod snapshot;

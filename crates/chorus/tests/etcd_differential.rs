@@ -21,13 +21,15 @@ use chorus::kv::etcd::{self, EtcdErrorCode};
 use chorus::kv::{Applied, DEFAULT_MAX_TXN_OPS, EtcdCommand, EtcdError, EtcdResponse, KvState};
 use chorus::runtime::{Runtime, WriteError, Written};
 use etcd_client::proto::{
-    PbCompactionResponse, PbDeleteResponse, PbKeyValue, PbPutResponse, PbRangeResponse,
-    PbResponseHeader, PbResponseOp, PbTxnOpResponse, PbTxnResponse,
+    PbCompactionResponse, PbDeleteResponse, PbKeyValue, PbLeaseGrantResponse,
+    PbLeaseLeasesResponse, PbLeaseRevokeResponse, PbLeaseStatus, PbLeaseTimeToLiveResponse,
+    PbPutResponse, PbRangeResponse, PbResponseHeader, PbResponseOp, PbTxnOpResponse, PbTxnResponse,
 };
 use etcd_client::{CompareOp, SortOrder, SortTarget};
 use etcd_workload::{
-    Answer, CompareSpec, CompareSpecTarget, DeleteSpec, PutSpec, RangeSpec, RealEtcd, Request,
-    Side, TxnOpSpec, TxnSpec, check_coverage, first_difference, ops_per_seed, run_seed, seeds,
+    Answer, CompareSpec, CompareSpecTarget, DeleteSpec, KeyRange, LeaseIds, PutSpec, RangeSpec,
+    RealEtcd, Request, Side, Text, TxnOpSpec, TxnSpec, check_coverage, first_difference,
+    ops_per_seed, reconcile_lease_reads, run_seed, seeds,
 };
 use memory_runtime::{MemoryStores, wait_for_takeover, wait_until};
 
@@ -70,7 +72,7 @@ impl Side for PlantedWrite {
 
     async fn before(&mut self, op: usize) {
         if op == self.at_op {
-            let kv = &mut self.etcd.kv;
+            let kv = &mut self.etcd.clients.kv;
             kv.put("a", "planted", None).await.expect("the planted put");
         }
     }
@@ -155,6 +157,138 @@ fn the_first_differing_field_is_named_by_its_path() {
         first_difference(&refused("a"), &refused("b")).as_deref(),
         Some("field refused.message: \"a\" vs \"b\"")
     );
+}
+
+/// Server-chosen lease ids are compared through the mapping: once both
+/// sides granted, the right side is sent its own id where the workload
+/// names the left's (in puts and compares, nested too), and its answers
+/// come back in the left's ids, keys' lease fields included; ids a client
+/// chose are left alone.
+#[test]
+fn server_chosen_lease_ids_are_mapped_both_ways() {
+    let granted = |id| {
+        Answer::LeaseGrant(PbLeaseGrantResponse {
+            id,
+            ttl: 90,
+            ..Default::default()
+        })
+    };
+    let mut ids = LeaseIds::default();
+    ids.record(
+        &Request::LeaseGrant { id: 0, ttl: 90 },
+        &granted(11),
+        &granted(22),
+    );
+    // A grant that chose its id records nothing.
+    ids.record(
+        &Request::LeaseGrant { id: 5, ttl: 90 },
+        &granted(5),
+        &granted(6),
+    );
+    let put = |lease| PutSpec {
+        key: Text(b"a".to_vec()),
+        value: Text(Vec::new()),
+        lease,
+        prev_kv: false,
+        ignore_value: false,
+        ignore_lease: false,
+    };
+    let compare = CompareSpec {
+        range: KeyRange {
+            key: b"a".to_vec(),
+            range_end: Vec::new(),
+        },
+        op: CompareOp::Equal,
+        target: CompareSpecTarget::Lease(11),
+    };
+    let nested = TxnSpec {
+        compare: vec![compare],
+        success: vec![TxnOpSpec::Put(put(11))],
+        failure: vec![TxnOpSpec::Put(put(5))],
+    };
+    let txn = Request::Txn(TxnSpec {
+        failure: vec![TxnOpSpec::Txn(nested)],
+        ..TxnSpec::default()
+    });
+    let sent = format!("{:?}", ids.right_request(&txn));
+    assert!(
+        sent.contains("Lease(22)") && sent.contains("lease: 22"),
+        "{sent}"
+    );
+    assert!(!sent.contains("11") && sent.contains("lease: 5"), "{sent}");
+    let Request::LeaseRevoke { id } = ids.right_request(&Request::LeaseRevoke { id: 11 }) else {
+        panic!("a revoke stays one");
+    };
+    assert_eq!(id, 22);
+
+    let kv = |lease| PbKeyValue {
+        key: b"a".to_vec(),
+        lease,
+        ..Default::default()
+    };
+    let range = PbRangeResponse {
+        kvs: vec![kv(22), kv(5), kv(0)],
+        ..Default::default()
+    };
+    let mut answer = Answer::Txn(PbTxnResponse {
+        responses: vec![PbResponseOp {
+            response: Some(PbTxnOpResponse::ResponseRange(range)),
+        }],
+        ..Default::default()
+    });
+    ids.to_left(&mut answer);
+    let Answer::Txn(txn) = &answer else {
+        panic!("a txn answer stays one");
+    };
+    let Some(PbTxnOpResponse::ResponseRange(range)) = &txn.responses[0].response else {
+        panic!("a range answer stays one");
+    };
+    let leases: Vec<_> = range.kvs.iter().map(|kv| kv.lease).collect();
+    assert_eq!(leases, [11, 5, 0]);
+    let mut granted_right = granted(22);
+    ids.to_left(&mut granted_right);
+    assert_eq!(granted_right, granted(11));
+}
+
+/// A lease's keys and the list of leases compare as sets, and remaining
+/// TTLs within a second of each other as equal; two seconds apart differ.
+#[test]
+fn lease_reads_compare_as_sets_and_remaining_ttls_within_a_second() {
+    let time_to_live = |ttl, keys: &[&str]| {
+        Answer::LeaseTimeToLive(PbLeaseTimeToLiveResponse {
+            id: 11,
+            ttl,
+            granted_ttl: 90,
+            keys: keys.iter().map(|key| key.as_bytes().to_vec()).collect(),
+            ..Default::default()
+        })
+    };
+    let (mut left, mut right) = (time_to_live(89, &["b", "a"]), time_to_live(88, &["a", "b"]));
+    reconcile_lease_reads(&mut left, &mut right);
+    assert_eq!(first_difference(&left, &right), None);
+    let (mut left, mut right) = (time_to_live(89, &["a"]), time_to_live(87, &["a"]));
+    reconcile_lease_reads(&mut left, &mut right);
+    assert_eq!(
+        first_difference(&left, &right).as_deref(),
+        Some("field lease_time_to_live.ttl: 89 vs 87")
+    );
+    // An unknown lease's -1 is not a remaining TTL.
+    let (mut left, mut right) = (time_to_live(-1, &[]), time_to_live(0, &[]));
+    reconcile_lease_reads(&mut left, &mut right);
+    assert!(first_difference(&left, &right).is_some());
+
+    let leases = |ids: &[i64]| {
+        Answer::LeaseLeases(PbLeaseLeasesResponse {
+            header: None,
+            leases: ids.iter().map(|id| PbLeaseStatus { id: *id }).collect(),
+        })
+    };
+    let (mut left, mut right) = (leases(&[3, 1, 2]), leases(&[2, 3, 1]));
+    reconcile_lease_reads(&mut left, &mut right);
+    assert_eq!(first_difference(&left, &right), None);
+    let (mut left, mut right) = (leases(&[3, 1]), leases(&[2, 1]));
+    reconcile_lease_reads(&mut left, &mut right);
+    assert!(first_difference(&left, &right).is_some());
 }
 
 // ------------------------------------------- chorus's machine, in process ---
@@ -243,6 +377,21 @@ impl Side for ChorusMachine {
                     physical: *physical,
                 });
                 self.write(command).await
+            }
+            Request::LeaseGrant { id, ttl } => {
+                let grant = etcd::LeaseGrantRequest { id: *id, ttl: *ttl };
+                self.write(EtcdCommand::LeaseGrant(grant)).await
+            }
+            Request::LeaseRevoke { id } => {
+                let revoke = etcd::LeaseRevokeRequest { id: *id };
+                self.write(EtcdCommand::LeaseRevoke(revoke)).await
+            }
+            // The Lease service's reads need a primary's clock; the workload
+            // draws none for a side that does not serve them.
+            Request::LeaseTimeToLive { .. }
+            | Request::LeaseLeases
+            | Request::LeaseKeepAlive { .. } => {
+                Answer::Failed(format!("not served in process: {request:?}"))
             }
         }
     }
@@ -421,6 +570,17 @@ fn etcd_answer(response: EtcdResponse) -> Answer {
         EtcdResponse::Compact(r) => Answer::Compact(PbCompactionResponse {
             header: pb_header(r.header_revision),
         }),
+        EtcdResponse::LeaseGrant(r) => Answer::LeaseGrant(PbLeaseGrantResponse {
+            header: pb_header(r.header_revision),
+            id: r.id,
+            ttl: r.ttl,
+            error: String::new(),
+        }),
+        // `deleted` is the machine's own: etcd's answer has no such field.
+        EtcdResponse::LeaseRevoke(r) => Answer::LeaseRevoke(PbLeaseRevokeResponse {
+            header: pb_header(r.header_revision),
+        }),
+        EtcdResponse::Alarm(alarm) => panic!("the workload raises no alarm: {alarm:?}"),
     }
 }
 
@@ -430,6 +590,8 @@ fn chorus_refusal(error: &EtcdError) -> Answer {
         EtcdErrorCode::InvalidArgument => "InvalidArgument",
         EtcdErrorCode::OutOfRange => "OutOfRange",
         EtcdErrorCode::NotFound => "NotFound",
+        EtcdErrorCode::FailedPrecondition => "FailedPrecondition",
+        EtcdErrorCode::ResourceExhausted => "ResourceExhausted",
     };
     Answer::Refused {
         code: code.to_owned(),

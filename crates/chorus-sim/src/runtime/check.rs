@@ -1,19 +1,23 @@
 //! The checkers that run after every step: R1 (agreement), R2
 //! (acknowledgements), R3 and R4 (current reads), R6 (snapshots), R8 (only a
 //! shutdown stops a runtime), R9 (exactly-once), with the lease phase's L2 and S1–S3 and the
-//! log phases' register checkers; R5 is in `fencing.rs`. They compare what
-//! the processes applied and answer with what the workload was told.
+//! log phases' register checkers; R5 is in `fencing.rs`, R10 in
+//! `revisions.rs`, R11 and R12 in `mvcc.rs`, R13 in `etcd_model.rs` (fed
+//! from here). They compare
+//! what the processes applied and answer with what the workload was told.
 
 use bytes::Bytes;
 use chorus::ids::RecordIndex;
 use chorus::kv::idempotency::Lookup;
-use chorus::kv::{Applied, Command, IdempotencyKey, KvState, Operation, Outcome};
+use chorus::kv::{Applied, Command, EtcdError, IdempotencyKey, KvState, Operation, Outcome};
 use chorus::lease::HolderId;
 use chorus::runtime::{RuntimeError, WriteError, Written};
 use futures::FutureExt;
 
+use super::etcd::ETCD_PREFIX;
+use super::etcd_model::Known;
 use super::workload::{
-    COUNTER, WriteKind, counter_value, keyed_digest, put_value, record_label, stamp_key,
+    COUNTER, WriteKind, counter_value, is_etcd, keyed_digest, put_value, record_label, stamp_key,
 };
 use super::{PendingWrite, Process, RuntimePhase};
 use crate::model::Violation;
@@ -64,6 +68,8 @@ impl RuntimePhase<'_> {
     pub(super) fn observe(&mut self) -> Result<(), Violation> {
         self.poll_writes()?;
         self.poll_processes()?;
+        self.check_states()?;
+        self.replay_etcd_model()?;
         self.check_landed()?;
         self.lease_checker
             .check(&self.control.raw, self.control.take_dirty())?;
@@ -185,6 +191,17 @@ impl RuntimePhase<'_> {
                 self.stats.keyed_duplicates += 1;
                 self.on_keyed_answer(write, key, original.0)?;
             }
+            (WriteKind::Etcd { .. }, Applied::Etcd(Ok(_))) => {
+                self.stats.etcd_acked += 1;
+                self.answers.on_acked(index, output)?;
+            }
+            // Checked against the state before appending, but a compaction
+            // that applied in between can leave the revision it names (or a
+            // range inside it reads at) compacted: etcd refuses it then too.
+            (WriteKind::Etcd { .. }, Applied::Etcd(Err(EtcdError::Compacted))) => {
+                self.stats.etcd_compacted += 1;
+                self.answers.on_acked(index, output)?;
+            }
             (_, output) => {
                 return Err(format!(
                     "W{id} acknowledged at {index} applied as {output:?}"
@@ -267,8 +284,9 @@ impl RuntimePhase<'_> {
                 self.puts.insert(key.clone(), state);
             }
             WriteKind::Increment => self.ambiguous_increments += u64::from(may),
-            // Whether it applied, R9 learns from the processes' histories.
-            WriteKind::Keyed { .. } => {}
+            // Whether it applied, R9 learns from the processes' histories;
+            // an etcd write's record is checked wherever it applied (R11).
+            WriteKind::Keyed { .. } | WriteKind::Etcd { .. } => {}
         }
         if may {
             self.stats.ambiguous += 1;
@@ -370,6 +388,7 @@ impl RuntimePhase<'_> {
                     for change in &changes {
                         self.on_applied(node, change.index.0, &change.record, &change.output)?;
                         self.revisions.on_applied(node, change)?;
+                        self.answers.on_applied(node, change)?;
                     }
                     if let Some(last) = changes.last() {
                         process.seen = RecordIndex(last.index.0 + 1);
@@ -449,8 +468,9 @@ impl RuntimePhase<'_> {
             return Ok(());
         }
         self.applied.insert(index, record.clone());
-        if stamp_key(record).is_some() {
-            // A keyed put: R9 checks it, for every process.
+        if stamp_key(record).is_some() || is_etcd(record) {
+            // A keyed put: R9 checks it, for every process; an etcd
+            // request: R11 does.
             return Ok(());
         }
         let command = Command::decode(record)
@@ -495,6 +515,7 @@ impl RuntimePhase<'_> {
             .ok_or(format!("HEAD names {key}, which is missing"))?;
         let state = KvState::decode_snapshot(&bytes)
             .map_err(|error| format!("HEAD's payload {key} does not restore: {error}"))?;
+        self.digests.check(&state, &format!("snapshot {key}"))?;
         if state.applied_end() != head.wal_index {
             return Err(format!(
                 "HEAD's payload {key} reflects records below {}, HEAD says {}",
@@ -503,6 +524,50 @@ impl RuntimePhase<'_> {
             ));
         }
         self.check_state(&state, head.wal_index.0, &format!("snapshot {key}"))
+    }
+
+    /// R12 on every process (retired ones too) whose applied end moved
+    /// since its state was last checked.
+    fn check_states(&mut self) -> Result<(), Violation> {
+        let live = self.nodes.iter_mut().enumerate();
+        let live = live.filter_map(|(node, slot)| Some((node, slot.process.as_mut()?)));
+        let retired = self
+            .retired
+            .iter_mut()
+            .map(|(node, process)| (*node, process));
+        for (node, process) in live.chain(retired) {
+            let last = process.digested;
+            let ((end, state), _) = process.runtime.read_stale(|state| {
+                let end = state.applied_end();
+                (end, (Some(end) != last).then(|| state.clone()))
+            });
+            let Some(state) = state else {
+                continue;
+            };
+            process.digested = Some(end);
+            let what = format!("n{node} {}", process.holder);
+            self.digests.check(&state, &what)?;
+        }
+        Ok(())
+    }
+
+    /// R13: the etcd model replays every record known so far, up to the
+    /// first index whose record or revisions no process reported yet.
+    fn replay_etcd_model(&mut self) -> Result<(), Violation> {
+        let (applied, revisions, answers) = (&self.applied, &self.revisions, &self.answers);
+        self.etcd_model.advance(|index| {
+            // The store revision starts at 1.
+            let before = match index.checked_sub(1) {
+                None => 1,
+                Some(previous) => revisions.after(previous)?,
+            };
+            Some(Known {
+                record: applied.get(&index)?,
+                before,
+                after: revisions.after(index)?,
+                answer: answers.get(index),
+            })
+        })
     }
 
     /// R3 and R4.
@@ -604,9 +669,13 @@ impl RuntimePhase<'_> {
                     entry.index
                 ));
             }
-            if let Some(record) = self.applied.get(&entry.index.0)
-                && put_value(record).as_ref() != Some(&entry.value)
-            {
+            let Some(record) = self.applied.get(&entry.index.0) else {
+                continue;
+            };
+            // An etcd key is set by an etcd request (whose effect R11
+            // checks); every other key by a put of this value.
+            let set_by_etcd = key.starts_with(ETCD_PREFIX) && is_etcd(record);
+            if !set_by_etcd && put_value(record).as_ref() != Some(&entry.value) {
                 return Err(format!(
                     "{what} holds {key:?} = {} at version {}, but the record applied there is {}",
                     label(&entry.value),

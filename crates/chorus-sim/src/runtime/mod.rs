@@ -8,10 +8,13 @@
 //! The schedule: key-value writes through `Runtime::write` (puts of unique
 //! keys with `Condition::Absent`, compare-and-set increments of one
 //! counter key prepared with `KvState::check` against the applied state,
-//! and exactly-once puts stamped with an idempotency key, admitted against
+//! exactly-once puts stamped with an idempotency key, admitted against
 //! the applied idempotency table as the service admits them and retried
 //! with the same key: at once, as concurrent twins, and long after, from
-//! any process, so retries meet tables restored from snapshots),
+//! any process, so retries meet tables restored from snapshots, and etcd
+//! v3 writes — puts, range deletes, transactions with compares and nested
+//! branches, compactions — on keys of their own, drawn against the applied
+//! state and validated as the gRPC service validates them, `etcd.rs`),
 //! crashes (`Runtime::abort`) and fresh processes (a new holder id, the
 //! crashed one's: a restart, or the holder id of a process alive on another
 //! node: two processes that share one, told apart only by the random
@@ -24,7 +27,8 @@
 //! whose scheduler settings keep the runtime's blocking-pool work
 //! deterministic (`executor::GatedRuntime`).
 //!
-//! Checkers, after every step (`check.rs`; R5 in `fencing.rs`):
+//! Checkers, after every step (`check.rs`; R5 in `fencing.rs`, R10 in
+//! `revisions.rs`, R11 and R12 in `mvcc.rs`, R13 in `etcd_model.rs`):
 //!
 //! - **R1, agreement**: every record any process applied (its change history,
 //!   polled every step, and for a few steps after it stopped) is the record every
@@ -65,6 +69,25 @@
 //!   table without appending) names that index too; every state checked by
 //!   R4 and R6 (snapshots included) remembers each key applied below its
 //!   end at that index, with its put at that version.
+//! - **R10, revisions**: every process is at the same store revision after
+//!   each record, and a record moves it by exactly 1 when its output
+//!   reports a change, by 0 otherwise.
+//! - **R11, etcd answers agree**: every process answers an etcd record
+//!   alike (the whole response: header revision, `prev_kv`s, `succeeded`,
+//!   nested answers), the acknowledged answer is that one, and its header
+//!   revision is the store revision after the record.
+//! - **R12, replicas hold one history**: every state seen at one applied
+//!   end (a process's, whenever its end moved, and each new HEAD's payload)
+//!   has the same store and compaction revisions, retained history and key
+//!   map (fingerprints over every change and every key's metadata), and its
+//!   history keeps etcd's per-key rules (a put's `mod_revision`, `version`,
+//!   `create_revision`; each change starting where the key's previous one
+//!   ended) and ends in the map the state holds.
+//! - **R13, etcd answers follow a model**: a model of the etcd keys written
+//!   from etcd's rules apart from the machine replays every etcd record in
+//!   index order and expects each answer (header revisions, `prev_kv`s,
+//!   deleted counts, `succeeded`, the taken branch's answers, current-revision
+//!   ranges in full), each `Compacted` refusal and the store revision after.
 //! - The lease phase's L2 and S1–S3 on the same store, and the log phases'
 //!   register checkers (5, 6) on the runtime's register.
 //!
@@ -108,8 +131,11 @@ use fencing::{Audit, Reign};
 use workload::{WriteEnd, WriteKind, prepare};
 
 mod check;
+mod etcd;
+mod etcd_model;
 mod fencing;
 mod liveness;
+mod mvcc;
 mod revisions;
 #[cfg(test)]
 mod tests;
@@ -176,6 +202,21 @@ pub struct RuntimeStats {
     /// own history does not hold their key's first application: it came
     /// through a snapshot the process restored.
     pub keyed_restored: u64,
+    /// etcd writes started.
+    pub etcd_writes: u64,
+    /// etcd writes acknowledged with etcd's answer.
+    pub etcd_acked: u64,
+    /// etcd writes acknowledged as refused at apply time: a compaction, or
+    /// a transaction reading at a revision, that another compaction
+    /// applied first made refer to compacted history.
+    pub etcd_compacted: u64,
+    /// etcd answers compared with another process's or the acknowledged
+    /// one (R11).
+    pub etcd_answers_compared: u64,
+    /// States compared with another seen at their applied end (R12).
+    pub states_compared: u64,
+    /// etcd answers checked against the model (R13).
+    pub etcd_model_checked: u64,
 }
 
 /// The settings of one run of the phase, drawn from its seed.
@@ -280,6 +321,8 @@ struct Process {
     holder: HolderId,
     /// The next index of its change history not yet checked.
     seen: RecordIndex,
+    /// The applied end its state was last checked at by R12.
+    digested: Option<RecordIndex>,
     role: Role,
     /// A graceful shutdown in progress.
     shutdown: Option<JoinHandle<()>>,
@@ -406,6 +449,12 @@ pub struct RuntimePhase<'a> {
     applied: BTreeMap<u64, Bytes>,
     /// The revision after each applied record (R10).
     revisions: revisions::Revisions,
+    /// The answer to each applied etcd record (R11).
+    answers: mvcc::Answers,
+    /// The digest of the state at each applied end (R12).
+    digests: mvcc::Digests,
+    /// The etcd keys as etcd's rules make them (R13).
+    etcd_model: etcd_model::EtcdModel,
     reigns: Vec<Reign>,
     last_head_write: Option<Head>,
     /// The HEAD payload last checked by R6.
@@ -453,6 +502,9 @@ impl<'a> RuntimePhase<'a> {
             acked: BTreeMap::new(),
             applied: BTreeMap::new(),
             revisions: Default::default(),
+            answers: Default::default(),
+            digests: Default::default(),
+            etcd_model: Default::default(),
             reigns: Vec::new(),
             last_head_write: None,
             checked_payload: None,
@@ -525,6 +577,9 @@ impl<'a> RuntimePhase<'a> {
         };
         let step = self.step;
         let outcome = outcome.map_err(|violation| format!("step {step}: {violation}"));
+        self.stats.etcd_answers_compared = self.answers.compared;
+        self.stats.states_compared = self.digests.compared;
+        self.stats.etcd_model_checked = self.etcd_model.checked;
         let stats = format!("runtime stats {:?}", self.stats);
         self.event(stats);
         self.stop_everything();
@@ -723,6 +778,7 @@ impl<'a> RuntimePhase<'a> {
             runtime: Arc::new(runtime),
             holder: holder.clone(),
             seen: RecordIndex(0),
+            digested: None,
             role: Role::Booting,
             shutdown: None,
         });
@@ -814,9 +870,15 @@ impl<'a> RuntimePhase<'a> {
         self.next_write += 1;
         let id = self.next_write;
         let kind = match self.rng.random_range(0..100) {
-            0..=29 => WriteKind::Increment,
-            30..=41 => self.new_keyed_op(id),
-            42..=53 if !self.keyed.is_empty() => self.retry_keyed_op(),
+            0..=21 => WriteKind::Increment,
+            22..=30 => self.new_keyed_op(id),
+            31..=39 if !self.keyed.is_empty() => self.retry_keyed_op(),
+            40..=69 => {
+                self.stats.etcd_writes += 1;
+                WriteKind::Etcd {
+                    seed: self.rng.random(),
+                }
+            }
             _ => WriteKind::Put {
                 key: Bytes::from(format!("k{id:06}")),
                 value: self.random_value(&format!("w{id}.")),

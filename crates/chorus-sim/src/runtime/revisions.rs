@@ -23,6 +23,11 @@ pub(super) struct Revisions {
 }
 
 impl Revisions {
+    /// The store revision after the record at `index`, once known.
+    pub(super) fn after(&self, index: u64) -> Option<u64> {
+        self.after.get(&index).copied()
+    }
+
     /// R10 for one record `node` applied.
     pub(super) fn on_applied(
         &mut self,
@@ -79,7 +84,8 @@ fn etcd_changed(response: &EtcdResponse) -> bool {
         EtcdResponse::Put(_) => true,
         EtcdResponse::DeleteRange(delete) => delete.deleted > 0,
         EtcdResponse::Txn(txn) => txn.responses.iter().any(op_changed),
-        EtcdResponse::Compact(_) => false,
+        EtcdResponse::LeaseRevoke(revoke) => revoke.deleted > 0,
+        EtcdResponse::Compact(_) | EtcdResponse::LeaseGrant(_) | EtcdResponse::Alarm(_) => false,
     }
 }
 

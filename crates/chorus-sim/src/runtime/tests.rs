@@ -4,13 +4,18 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chorus::ids::RecordIndex;
+use chorus::kv::etcd::{CompactionRequest, DeleteRangeRequest, PutRequest};
 use chorus::kv::{Applied, Condition, IdempotencyKey, KvState, Outcome};
+use chorus::kv::{EtcdCommand, EtcdResponse};
 use chorus::lease::{DatabaseKey, Generation, HolderId, Incarnation, LeaseRecord, Term};
-use chorus::runtime::{Phase, RuntimeError};
+use chorus::runtime::{Change, Phase, RuntimeError};
 use chorus::snapshot::{Head, PayloadId, PublicationSequence, PublisherId, Sha256Digest};
 
 use super::RuntimePhase;
 use super::check::{KeyedOp, PutState};
+use super::etcd::draw_request;
+use super::etcd_model::{EtcdModel, Known};
+use super::mvcc::{Answers, Digests};
 use super::workload::{WriteKind, increment, prepare, put};
 use crate::trace::Trace;
 
@@ -295,4 +300,178 @@ async fn a_runtime_that_stops_unasked_or_with_an_error_is_caught() {
             .unwrap_err();
         assert!(error.contains("should have retried"), "{error}");
     }
+}
+
+fn etcd_put(key: &str, value: &str) -> Bytes {
+    EtcdCommand::Put(PutRequest {
+        key: bytes(key),
+        value: bytes(value),
+        prev_kv: true,
+        ..PutRequest::default()
+    })
+    .encode()
+}
+
+/// `records` applied from index 0, with the change each one made.
+fn applied(records: &[Bytes]) -> (KvState, Vec<Change<Applied>>) {
+    let mut state = KvState::default();
+    let mut changes = Vec::new();
+    for (index, record) in records.iter().enumerate() {
+        let output = state.apply(RecordIndex(index as u64), record);
+        changes.push(Change {
+            index: RecordIndex(index as u64),
+            record: record.clone(),
+            output,
+            revision: state.revision() as u64,
+        });
+    }
+    (state, changes)
+}
+
+#[test]
+fn etcd_answers_that_differ_or_name_another_revision_are_caught() {
+    let (_, changes) = applied(&[etcd_put("e/a", "1"), etcd_put("e/a", "2")]);
+    let second = &changes[1];
+    let mut answers = Answers::default();
+    answers.on_applied(0, &changes[0]).unwrap();
+    answers.on_applied(0, second).unwrap();
+    answers.on_applied(1, second).unwrap();
+    answers.on_acked(1, &second.output).unwrap();
+    assert_eq!(answers.compared, 2);
+    // Another process answering otherwise (no prev_kv), or the acknowledgement.
+    let Applied::Etcd(Ok(EtcdResponse::Put(mut put))) = second.output.clone() else {
+        panic!("{:?}", second.output);
+    };
+    put.prev_kv = None;
+    let other = Applied::Etcd(Ok(EtcdResponse::Put(put)));
+    let differs = Change {
+        output: other.clone(),
+        ..second.clone()
+    };
+    let error = answers.on_applied(2, &differs).unwrap_err();
+    assert!(error.contains("another answer at that index"), "{error}");
+    assert!(answers.on_acked(1, &other).is_err());
+    // A header revision that is not the store revision after the record.
+    let behind = Change {
+        revision: second.revision + 1,
+        ..second.clone()
+    };
+    let error = Answers::default().on_applied(0, &behind).unwrap_err();
+    assert!(error.contains("header revision"), "{error}");
+}
+
+#[test]
+fn states_that_differ_at_one_applied_end_are_caught() {
+    let common = [etcd_put("e/a", "1"), etcd_put("e/b", "2")];
+    let compact = EtcdCommand::Compact(CompactionRequest {
+        revision: 2,
+        physical: false,
+    })
+    .encode();
+    let (state, _) = applied(&[common[0].clone(), common[1].clone(), compact.clone()]);
+    let (same, _) = applied(&[common[0].clone(), common[1].clone(), compact]);
+    let mut digests = Digests::default();
+    digests.check(&state, "n0").unwrap();
+    digests.check(&same, "n1").unwrap();
+    assert_eq!(digests.compared, 1);
+    // The same map and store revision at the same end, but the history not
+    // compacted: the third record deleted nothing instead.
+    let nothing = EtcdCommand::DeleteRange(DeleteRangeRequest {
+        key: bytes("e/absent"),
+        ..DeleteRangeRequest::default()
+    })
+    .encode();
+    let (uncompacted, _) = applied(&[common[0].clone(), common[1].clone(), nothing]);
+    assert_eq!(uncompacted.revision(), state.revision());
+    let error = digests.check(&uncompacted, "n2").unwrap_err();
+    assert!(error.contains("differ"), "{error}");
+    // The same (empty) map, revisions and number of changes, but another
+    // key came and went.
+    let came_and_went = |key: &str| {
+        let delete = EtcdCommand::DeleteRange(DeleteRangeRequest {
+            key: bytes(key),
+            ..DeleteRangeRequest::default()
+        });
+        applied(&[etcd_put(key, "1"), delete.encode()]).0
+    };
+    digests.check(&came_and_went("e/x"), "n0").unwrap();
+    let error = digests.check(&came_and_went("e/y"), "n1").unwrap_err();
+    assert!(error.contains("differ"), "{error}");
+}
+
+/// A short run: etcd writes are acknowledged, and R11 and R12 compare
+/// answers and states across processes.
+#[test]
+fn a_short_run_acknowledges_etcd_writes_and_compares_their_answers_and_states() {
+    let report = crate::run_once(crate::SimOptions {
+        seed: 3,
+        steps: 600,
+        verbose: false,
+    });
+    assert!(report.failure.is_none(), "{:?}", report.failure);
+    let stats = &report.stats.runtime;
+    assert!(stats.etcd_acked > 0, "{stats:?}");
+    assert!(stats.etcd_answers_compared > 0, "{stats:?}");
+    assert!(stats.states_compared > 0, "{stats:?}");
+    assert!(stats.etcd_model_checked > 0, "{stats:?}");
+}
+
+/// Drawn etcd requests applied by the machine, one per index, with the
+/// revisions around each.
+fn drawn_history(count: u64) -> (Vec<Bytes>, Vec<Applied>, Vec<u64>) {
+    let mut state = KvState::default();
+    let (mut records, mut outputs, mut revisions) = (Vec::new(), Vec::new(), vec![1]);
+    for index in 0..count {
+        let record = draw_request(index, &state).encode();
+        outputs.push(state.apply(RecordIndex(index), &record));
+        records.push(record);
+        revisions.push(state.revision() as u64);
+    }
+    (records, outputs, revisions)
+}
+
+fn replay(
+    model: &mut EtcdModel,
+    history: &(Vec<Bytes>, Vec<Applied>, Vec<u64>),
+) -> Result<(), String> {
+    let (records, outputs, revisions) = history;
+    model.advance(|index| {
+        let index = index as usize;
+        Some(Known {
+            record: records.get(index)?,
+            before: revisions[index],
+            after: revisions[index + 1],
+            answer: outputs.get(index),
+        })
+    })
+}
+
+#[test]
+fn the_etcd_model_expects_every_answer_the_machine_gives() {
+    let history = drawn_history(3000);
+    let mut model = EtcdModel::default();
+    replay(&mut model, &history).unwrap();
+    assert_eq!(model.checked, 3000);
+}
+
+#[test]
+fn an_etcd_answer_or_revision_the_model_does_not_expect_is_caught() {
+    let (records, outputs, revisions) = drawn_history(300);
+    // A transaction that answers the other branch.
+    let mut flipped = outputs.clone();
+    let at = flipped
+        .iter()
+        .position(|output| matches!(output, Applied::Etcd(Ok(EtcdResponse::Txn(_)))))
+        .unwrap();
+    if let Applied::Etcd(Ok(EtcdResponse::Txn(txn))) = &mut flipped[at] {
+        txn.succeeded = !txn.succeeded;
+    }
+    let history = (records.clone(), flipped, revisions.clone());
+    let error = replay(&mut EtcdModel::default(), &history).unwrap_err();
+    assert!(error.contains(&format!("index {at} answered")), "{error}");
+    // A record that left the store revision one too high from there on.
+    let mut higher = revisions.clone();
+    higher[200..].iter_mut().for_each(|revision| *revision += 1);
+    let error = replay(&mut EtcdModel::default(), &(records, outputs, higher)).unwrap_err();
+    assert!(error.contains("leaves the store revision"), "{error}");
 }

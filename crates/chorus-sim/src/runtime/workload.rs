@@ -1,14 +1,17 @@
 //! The key-value workload: unique puts, compare-and-set increments of one
 //! counter, and exactly-once puts stamped with an idempotency key (retried
-//! with the same key), as `kv` records, and how their records read back.
+//! with the same key), as `kv` records, etcd v3 writes (`etcd.rs`), and how
+//! their records read back.
 
 use bytes::Bytes;
 use chorus::kv::idempotency::{Lookup, MAX_RETAINED_BYTES, MAX_RETENTION_AGE_MS, RequestDigest};
 use chorus::kv::{
-    Applied, Body, Command, Condition, IdempotencyKey, KvState, Operation, Record, Retention, Stamp,
+    Applied, Body, Command, Condition, DEFAULT_MAX_TXN_OPS, EtcdCommand, IdempotencyKey, KvState,
+    Operation, Record, Retention, Stamp,
 };
 use chorus::runtime::{WriteError, Written};
 
+use super::etcd::draw_request;
 use crate::trace::label;
 
 /// The counter the increments compare-and-set.
@@ -29,6 +32,9 @@ pub(super) enum WriteKind {
         target: Bytes,
         value: Bytes,
     },
+    /// An etcd write on the keys under `etcd::ETCD_PREFIX`, drawn from
+    /// `seed` and the applied state at prepare time (`etcd::draw_request`).
+    Etcd { seed: u64 },
 }
 
 /// The retention keyed writes carry: more keys than a run writes, and
@@ -44,14 +50,22 @@ pub(super) const KEYED_RETENTION: Retention = Retention {
 /// The record a write's prepare appends, decided against the applied
 /// `state`: a put or increment whose condition holds, or a keyed put as the
 /// service admits one (a key the table remembers answers the remembered
-/// outcome, `Applied::Duplicate`, and appends nothing). `at_ms` is the
-/// writer's wall clock, stamped into a keyed record.
+/// outcome, `Applied::Duplicate`, and appends nothing), or an etcd request
+/// validated and encoded as the gRPC service does. `at_ms` is the writer's
+/// wall clock, stamped into a keyed record.
 pub(super) fn prepare(kind: &WriteKind, state: &KvState, at_ms: u64) -> Result<Bytes, Applied> {
     let command = match kind {
         WriteKind::Put { key, value } => put(key, value, Condition::Absent),
         WriteKind::Increment => increment(state),
         WriteKind::Keyed { key, target, value } => {
             return keyed_record(state, key, target, value, at_ms);
+        }
+        WriteKind::Etcd { seed } => {
+            let command = draw_request(*seed, state);
+            command
+                .validate(state, DEFAULT_MAX_TXN_OPS)
+                .map_err(|refusal| Applied::Etcd(Err(refusal)))?;
+            return Ok(command.encode());
         }
     };
     state.check(&command)?;
@@ -161,6 +175,9 @@ pub(super) fn record_label(record: &Bytes) -> String {
 }
 
 fn command_label(record: &Bytes) -> String {
+    if let Ok(command) = EtcdCommand::decode(record) {
+        return etcd_label(&command);
+    }
     match Command::decode(record) {
         Ok(Command::Single(Operation::Put {
             key,
@@ -175,4 +192,26 @@ fn command_label(record: &Bytes) -> String {
         }
         _ => label(record),
     }
+}
+
+/// An etcd request in trace form: its kind and first key.
+fn etcd_label(command: &EtcdCommand) -> String {
+    let (kind, key) = match command {
+        EtcdCommand::Put(put) => ("put", &put.key),
+        EtcdCommand::DeleteRange(delete) => ("delete", &delete.key),
+        EtcdCommand::Txn(txn) => {
+            let ops = txn.success.len() + txn.failure.len();
+            return format!("etcd txn compares={} ops={ops}", txn.compare.len());
+        }
+        EtcdCommand::Compact(compaction) => {
+            return format!("etcd compact {}", compaction.revision);
+        }
+        other => return format!("etcd {other:?}"),
+    };
+    format!("etcd {kind} {}", String::from_utf8_lossy(key))
+}
+
+/// Whether `record` holds an etcd request.
+pub(super) fn is_etcd(record: &Bytes) -> bool {
+    EtcdCommand::decode(record).is_ok()
 }

@@ -605,7 +605,7 @@ mod tests {
         );
 
         let snapshot = crate::kv::KvState::default().encode_snapshot();
-        let newest = super::super::snapshot::FORMAT_REVISIONS;
+        let newest = super::super::snapshot::FORMAT_LEASES;
         let newer = in_format(&snapshot, newest + 1);
         let error = crate::kv::KvState::decode_snapshot(&newer).unwrap_err();
         assert_eq!(

@@ -260,6 +260,90 @@ pub struct CompactionResponse {
     pub header_revision: Revision,
 }
 
+/// etcd's `LeaseGrantRequest`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LeaseGrantRequest {
+    /// The lease id to create, 0 to let the server choose.
+    pub id: i64,
+    /// The TTL asked for, in seconds.
+    pub ttl: i64,
+}
+
+/// etcd's `LeaseGrantResponse`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LeaseGrantResponse {
+    /// The store revision when the grant applied.
+    pub header_revision: Revision,
+    /// The lease's id (the server's choice if the request named none).
+    pub id: i64,
+    /// The granted TTL in seconds (raised to the minimum).
+    pub ttl: i64,
+}
+
+/// etcd's `LeaseRevokeRequest`: the lease ends and its keys are deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LeaseRevokeRequest {
+    /// The lease to revoke.
+    pub id: i64,
+}
+
+/// etcd's `LeaseRevokeResponse`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LeaseRevokeResponse {
+    /// The store revision after the revoke (the one its deletes were
+    /// written at, or the unchanged one if no key was attached).
+    pub header_revision: Revision,
+    /// How many keys were attached, and deleted with it (not part of
+    /// etcd's answer; it tells whether the revoke changed the store).
+    pub deleted: i64,
+}
+
+/// etcd's alarm kinds (`etcdserverpb.AlarmType`, but for `NONE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AlarmType {
+    /// The store is out of space: writes that add data are refused until
+    /// it is deactivated.
+    NoSpace,
+    /// A member found its data corrupt (never raised by Chorus itself).
+    Corrupt,
+}
+
+/// An alarm raised for one member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AlarmMember {
+    /// The member the alarm is raised for.
+    pub member_id: u64,
+    /// Which alarm.
+    pub alarm: AlarmType,
+}
+
+/// What an alarm record does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlarmAction {
+    /// Raises the alarm (a no-op if raised).
+    Activate,
+    /// Clears the alarm (a no-op if not raised).
+    Deactivate,
+}
+
+/// etcd's `AlarmRequest` that changes the alarms (a `GET` reads the state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AlarmRequest {
+    /// Raise or clear.
+    pub action: AlarmAction,
+    /// The member and the alarm.
+    pub member: AlarmMember,
+}
+
+/// etcd's `AlarmResponse`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AlarmResponse {
+    /// The store revision when the alarm record applied.
+    pub header_revision: Revision,
+    /// The alarm raised or cleared; empty if nothing changed on a clear.
+    pub alarms: Vec<AlarmMember>,
+}
+
 /// One etcd write request as a log record carries it: each applies as one
 /// transaction, at most one revision.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -272,6 +356,12 @@ pub enum EtcdCommand {
     Txn(TxnRequest),
     /// A compaction of the history.
     Compact(CompactionRequest),
+    /// A lease's creation.
+    LeaseGrant(LeaseGrantRequest),
+    /// A lease's end, by a client or by expiry: its keys are deleted.
+    LeaseRevoke(LeaseRevokeRequest),
+    /// An alarm raised or cleared.
+    Alarm(AlarmRequest),
 }
 
 /// The answer to an applied [`EtcdCommand`], one variant per request kind.
@@ -285,6 +375,12 @@ pub enum EtcdResponse {
     Txn(TxnResponse),
     /// A compaction's answer.
     Compact(CompactionResponse),
+    /// A lease grant's answer.
+    LeaseGrant(LeaseGrantResponse),
+    /// A lease revoke's answer.
+    LeaseRevoke(LeaseRevokeResponse),
+    /// An alarm record's answer.
+    Alarm(AlarmResponse),
 }
 
 /// The gRPC status class of an [`EtcdError`], as etcd answers it.
@@ -296,6 +392,10 @@ pub enum EtcdErrorCode {
     OutOfRange,
     /// `NotFound`.
     NotFound,
+    /// `FailedPrecondition`.
+    FailedPrecondition,
+    /// `ResourceExhausted`.
+    ResourceExhausted,
 }
 
 /// A request etcd refuses, with etcd's own message (clients match on it).
@@ -331,13 +431,24 @@ pub enum EtcdError {
     /// A request larger than the configured limit.
     #[error("etcdserver: request is too large")]
     RequestTooLarge,
+    /// A grant naming a lease id that exists.
+    #[error("etcdserver: lease already exists")]
+    LeaseExists,
+    /// A grant asking for more than the longest TTL.
+    #[error("etcdserver: too large lease TTL")]
+    LeaseTtlTooLarge,
+    /// A write beyond the machine's budget (etcd's space quota error).
+    #[error("etcdserver: mvcc: database space exceeded")]
+    NoSpace,
 }
 
 impl EtcdError {
     /// The gRPC status class etcd answers this refusal with.
     pub fn code(&self) -> EtcdErrorCode {
         match self {
-            EtcdError::Compacted | EtcdError::FutureRevision => EtcdErrorCode::OutOfRange,
+            EtcdError::Compacted | EtcdError::FutureRevision | EtcdError::LeaseTtlTooLarge => {
+                EtcdErrorCode::OutOfRange
+            }
             EtcdError::EmptyKey
             | EtcdError::DuplicateKey
             | EtcdError::TooManyOps
@@ -346,6 +457,8 @@ impl EtcdError {
             | EtcdError::LeaseProvided
             | EtcdError::RequestTooLarge => EtcdErrorCode::InvalidArgument,
             EtcdError::LeaseNotFound => EtcdErrorCode::NotFound,
+            EtcdError::LeaseExists => EtcdErrorCode::FailedPrecondition,
+            EtcdError::NoSpace => EtcdErrorCode::ResourceExhausted,
         }
     }
 }
@@ -367,6 +480,9 @@ mod tests {
             (EtcdError::LeaseProvided, EtcdErrorCode::InvalidArgument),
             (EtcdError::LeaseNotFound, EtcdErrorCode::NotFound),
             (EtcdError::RequestTooLarge, EtcdErrorCode::InvalidArgument),
+            (EtcdError::LeaseExists, EtcdErrorCode::FailedPrecondition),
+            (EtcdError::LeaseTtlTooLarge, EtcdErrorCode::OutOfRange),
+            (EtcdError::NoSpace, EtcdErrorCode::ResourceExhausted),
         ];
         for (error, code) in cases {
             assert_eq!(error.code(), code, "{error}");

@@ -8,6 +8,9 @@
 //! 2 delete:   key | range_end | flags u8 (1 prev_kv)
 //! 3 txn:      compares u32 | compare… | success u32 | op… | failure u32 | op…
 //! 4 compact:  revision i64 | physical u8 (0/1)
+//! 5 grant:    id i64 | ttl i64
+//! 6 revoke:   id i64
+//! 7 alarm:    action u8 (1 activate, 2 deactivate) | member_id u64 | alarm u8 (1 NOSPACE, 2 CORRUPT)
 //! compare:    key | range_end | result u8 (1 =, 2 >, 3 <, 4 !=)
 //!             | target u8 (1 version, 2 create, 3 mod, 4 value, 5 lease) | i64 or value
 //! op:         1 range | 2 put (as above) | 3 delete (as above) | 4 txn (as above)
@@ -24,7 +27,8 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use super::command::CommandError;
 use super::etcd::{
-    CompactionRequest, Compare, CompareResult, CompareTarget, DeleteRangeRequest, EtcdCommand,
+    AlarmAction, AlarmMember, AlarmRequest, AlarmType, CompactionRequest, Compare, CompareResult,
+    CompareTarget, DeleteRangeRequest, EtcdCommand, LeaseGrantRequest, LeaseRevokeRequest,
     PutRequest, RangeRequest, RequestOp, SortOrder, SortTarget, TxnRequest,
 };
 
@@ -36,6 +40,9 @@ const PUT: u8 = 1;
 const DELETE: u8 = 2;
 const TXN: u8 = 3;
 const COMPACT: u8 = 4;
+const LEASE_GRANT: u8 = 5;
+const LEASE_REVOKE: u8 = 6;
+const ALARM: u8 = 7;
 const RANGE_OP: u8 = 1;
 const PUT_OP: u8 = 2;
 const DELETE_OP: u8 = 3;
@@ -61,6 +68,27 @@ pub(super) fn put_command(out: &mut BytesMut, command: &EtcdCommand) {
             out.put_i64_le(compaction.revision);
             out.put_u8(compaction.physical as u8);
         }
+        EtcdCommand::LeaseGrant(grant) => {
+            out.put_u8(LEASE_GRANT);
+            out.put_i64_le(grant.id);
+            out.put_i64_le(grant.ttl);
+        }
+        EtcdCommand::LeaseRevoke(revoke) => {
+            out.put_u8(LEASE_REVOKE);
+            out.put_i64_le(revoke.id);
+        }
+        EtcdCommand::Alarm(alarm) => {
+            out.put_u8(ALARM);
+            out.put_u8(match alarm.action {
+                AlarmAction::Activate => 1,
+                AlarmAction::Deactivate => 2,
+            });
+            out.put_u64_le(alarm.member.member_id);
+            out.put_u8(match alarm.member.alarm {
+                AlarmType::NoSpace => 1,
+                AlarmType::Corrupt => 2,
+            });
+        }
     }
 }
 
@@ -74,7 +102,33 @@ pub(super) fn take_command(input: &mut &[u8]) -> Result<EtcdCommand, CommandErro
             revision: take_i64(input)?,
             physical: take_flag(input)?,
         }),
+        LEASE_GRANT => EtcdCommand::LeaseGrant(LeaseGrantRequest {
+            id: take_i64(input)?,
+            ttl: take_i64(input)?,
+        }),
+        LEASE_REVOKE => EtcdCommand::LeaseRevoke(LeaseRevokeRequest {
+            id: take_i64(input)?,
+        }),
+        ALARM => EtcdCommand::Alarm(take_alarm(input)?),
         _ => return Err(malformed("unknown etcd request")),
+    })
+}
+
+fn take_alarm(input: &mut &[u8]) -> Result<AlarmRequest, CommandError> {
+    let action = match take_u8(input)? {
+        1 => AlarmAction::Activate,
+        2 => AlarmAction::Deactivate,
+        _ => return Err(malformed("unknown alarm action")),
+    };
+    let member_id = take_i64(input)? as u64;
+    let alarm = match take_u8(input)? {
+        1 => AlarmType::NoSpace,
+        2 => AlarmType::Corrupt,
+        _ => return Err(malformed("unknown alarm")),
+    };
+    Ok(AlarmRequest {
+        action,
+        member: AlarmMember { member_id, alarm },
     })
 }
 
@@ -520,6 +574,28 @@ mod tests {
             (any::<i64>(), any::<bool>()).prop_map(|(revision, physical)| {
                 EtcdCommand::Compact(CompactionRequest { revision, physical })
             }),
+            (any::<i64>(), any::<i64>())
+                .prop_map(|(id, ttl)| EtcdCommand::LeaseGrant(LeaseGrantRequest { id, ttl })),
+            any::<i64>().prop_map(|id| EtcdCommand::LeaseRevoke(LeaseRevokeRequest { id })),
+            (any::<bool>(), any::<u64>(), any::<bool>()).prop_map(
+                |(activate, member_id, space)| {
+                    EtcdCommand::Alarm(AlarmRequest {
+                        action: if activate {
+                            AlarmAction::Activate
+                        } else {
+                            AlarmAction::Deactivate
+                        },
+                        member: AlarmMember {
+                            member_id,
+                            alarm: if space {
+                                AlarmType::NoSpace
+                            } else {
+                                AlarmType::Corrupt
+                            },
+                        },
+                    })
+                }
+            ),
         ]
     }
 

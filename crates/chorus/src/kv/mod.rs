@@ -7,7 +7,9 @@
 //! revision that rises by exactly 1 per record that changes something, and
 //! per key `create_revision`, `mod_revision`, `version` and `lease`. Both
 //! the HTTP commands ([`Command`]) and etcd's requests ([`EtcdCommand`],
-//! see [`txn`]) apply as transactions in that one revision space.
+//! see [`txn`]) apply as transactions in that one revision space. etcd's
+//! leases ([`lease`]) are part of the state: granted and revoked by
+//! records, a revoke deleting the lease's keys.
 //!
 //! HTTP conditions are checked at apply time against the state at that
 //! index; a record whose condition fails changes nothing (and the service
@@ -25,14 +27,20 @@ mod command;
 pub mod etcd;
 mod etcd_codec;
 pub mod idempotency;
+pub mod lease;
+pub mod lessor;
 pub mod mvcc;
 mod snapshot;
 mod txn;
 
 #[cfg(test)]
+mod alarm_tests;
+#[cfg(test)]
+mod lease_tests;
+#[cfg(test)]
 mod mvcc_tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 
 use bytes::Bytes;
@@ -43,6 +51,7 @@ pub use command::{
 pub use etcd::{EtcdCommand, EtcdError, EtcdResponse, Revision};
 pub use etcd_codec::MAX_TXN_DEPTH;
 pub use idempotency::{IdempotencyKey, IdempotencyTable, Outcome, Retention, Stamp};
+pub use lease::{Lease, LeaseId, LeaseTable};
 pub use txn::DEFAULT_MAX_TXN_OPS;
 
 use crate::ids::RecordIndex;
@@ -125,6 +134,12 @@ pub struct KvState {
     idempotency: IdempotencyTable,
     /// The store revision, the compaction point and the retained changes.
     history: mvcc::History,
+    /// etcd's leases and the keys attached to each.
+    leases: LeaseTable,
+    /// etcd's raised alarms.
+    alarms: BTreeSet<etcd::AlarmMember>,
+    /// The bytes of the current keys and values.
+    size_bytes: usize,
 }
 
 impl Applied {
@@ -147,6 +162,22 @@ impl KvState {
     /// The remembered idempotency keys.
     pub fn idempotency(&self) -> &IdempotencyTable {
         &self.idempotency
+    }
+
+    /// etcd's leases.
+    pub fn leases(&self) -> &LeaseTable {
+        &self.leases
+    }
+
+    /// etcd's raised alarms, by member then kind.
+    pub fn alarms(&self) -> &BTreeSet<etcd::AlarmMember> {
+        &self.alarms
+    }
+
+    /// The bytes of the current keys and values (what etcd's space quota
+    /// weighs, with [`history_bytes`](Self::history_bytes)).
+    pub fn size_bytes(&self) -> usize {
+        self.size_bytes
     }
 
     /// The number of keys.
@@ -737,7 +768,7 @@ mod tests {
         assert!(state.idempotency().is_empty());
         // It is written back in the current format, which keeps the same state.
         let encoded = state.encode_snapshot();
-        assert_eq!(encoded[4], snapshot::FORMAT_REVISIONS);
+        assert_eq!(encoded[4], snapshot::FORMAT_LEASES);
         assert_eq!(KvState::decode_snapshot(&encoded).unwrap(), state);
         // A format-1 snapshot followed by an idempotency part is refused.
         let mut longer = bytes[..bytes.len() - 4].to_vec();
@@ -798,22 +829,25 @@ mod tests {
             }
         );
         let encoded = state.encode_snapshot();
-        assert_eq!(encoded[4], snapshot::FORMAT_REVISIONS);
+        assert_eq!(encoded[4], snapshot::FORMAT_LEASES);
         assert_eq!(KvState::decode_snapshot(&encoded).unwrap(), state);
     }
 
     #[test]
-    fn a_format_three_snapshot_still_decodes() {
-        // Format 3 differs from 4 only in its table; with no remembered key
-        // the bytes are the same but for the format.
+    fn format_three_and_four_snapshots_still_decode() {
+        // Format 4 is format 5 without the lease and alarm counts (none),
+        // format 3 differs from 4 only in its table; with no remembered key,
+        // lease or alarm the bytes are the same but for the format and those.
         let mut state = KvState::default();
         state.apply(RecordIndex(0), &put("a", "1", Condition::None));
-        let mut bytes = state.encode_snapshot()[..].to_vec();
-        bytes.truncate(bytes.len() - 4);
-        bytes[4] = 3;
-        let crc = crc32c::crc32c(&bytes);
-        bytes.extend_from_slice(&crc.to_le_bytes());
-        assert_eq!(KvState::decode_snapshot(&bytes).unwrap(), state);
+        for format in [3, 4] {
+            let mut bytes = state.encode_snapshot()[..].to_vec();
+            bytes.truncate(bytes.len() - 4 - 8 - 8);
+            bytes[4] = format;
+            let crc = crc32c::crc32c(&bytes);
+            bytes.extend_from_slice(&crc.to_le_bytes());
+            assert_eq!(KvState::decode_snapshot(&bytes).unwrap(), state);
+        }
     }
 
     #[test]

@@ -2,11 +2,13 @@
 //! everything before it).
 //!
 //! ```text
-//! format 4:
-//! "CHKS" | 4 | applied_end u64 | revision i64 | compacted i64
+//! format 5:
+//! "CHKS" | 5 | applied_end u64 | revision i64 | compacted i64
 //!        | count u64 | count × (key | entry)
 //!        | idempotency table
 //!        | revisions u64 | revisions × (revision i64 | changes u32 | changes × (key | before))
+//!        | leases u64 | leases × (id i64 | ttl_secs i64), ids ascending
+//!        | alarms u64 | alarms × (member_id u64 | alarm u8 (1 NOSPACE, 2 CORRUPT)), ascending
 //!        | crc32c u32
 //! entry:  index u64 | create_revision i64 | mod_revision i64 | version i64 | lease i64 | value
 //! before: 0 (absent) | 1 entry
@@ -17,7 +19,9 @@
 //!        | 1 condition failed | key | 0 (absent) or 1 and mod_revision i64
 //! ```
 //!
-//! Format 3 is format 4 with the idempotency table of format 2, whose
+//! Each lease's keys are the entries naming it; an entry naming a lease
+//! the snapshot does not hold is refused. Format 4 is format 5 without
+//! leases and alarms (none existed). Format 3 is format 4 with the idempotency table of format 2, whose
 //! outcomes hold index versions: a done write none, a failed condition the
 //! index that last set the key. Those map as the entries of formats 1 and 2
 //! do (below): index `i` is revision `i + 1`, and a write at record `i`
@@ -36,13 +40,14 @@
 //! history starts empty at the store revision (it is the compaction
 //! revision: a read below it answers "compacted", never a guess).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use super::command;
-use super::etcd::Revision;
+use super::etcd::{AlarmMember, AlarmType, Revision};
 use super::idempotency::TableVersions;
+use super::lease::{LeaseTable, MAX_LEASE_TTL_SECS, granted_ttl};
 use super::mvcc::{Change, History};
 use super::{Entry, IdempotencyTable, KvState, SnapshotError};
 use crate::ids::RecordIndex;
@@ -56,7 +61,9 @@ const FORMAT_IDEMPOTENCY: u8 = 2;
 /// versions) and the history.
 const FORMAT_REVISIONS_INDEX_TABLE: u8 = 3;
 /// Format 3 with the table's outcomes in revisions.
-pub(super) const FORMAT_REVISIONS: u8 = 4;
+const FORMAT_REVISIONS: u8 = 4;
+/// Format 4 with etcd's leases and alarms.
+pub(super) const FORMAT_LEASES: u8 = 5;
 
 fn fail(reason: &str) -> SnapshotError {
     SnapshotError {
@@ -64,11 +71,11 @@ fn fail(reason: &str) -> SnapshotError {
     }
 }
 
-/// The snapshot bytes of `state` (format 4).
+/// The snapshot bytes of `state` (format 5).
 pub(super) fn encode(state: &KvState) -> Bytes {
     let mut out = BytesMut::new();
     out.put_slice(&SNAPSHOT_MAGIC);
-    out.put_u8(FORMAT_REVISIONS);
+    out.put_u8(FORMAT_LEASES);
     out.put_u64_le(state.applied_end.0);
     out.put_i64_le(state.history.revision);
     out.put_i64_le(state.history.compacted);
@@ -93,18 +100,32 @@ pub(super) fn encode(state: &KvState) -> Bytes {
             }
         }
     }
+    out.put_u64_le(state.leases.len() as u64);
+    for (id, lease) in state.leases.iter() {
+        out.put_i64_le(id);
+        out.put_i64_le(lease.ttl_secs);
+    }
+    out.put_u64_le(state.alarms.len() as u64);
+    for alarm in &state.alarms {
+        out.put_u64_le(alarm.member_id);
+        out.put_u8(match alarm.alarm {
+            AlarmType::NoSpace => 1,
+            AlarmType::Corrupt => 2,
+        });
+    }
     let crc = crc32c::crc32c(&out);
     out.put_u32_le(crc);
     out.freeze()
 }
 
-/// Restores a state from [`encode`]'s bytes, or a format 1, 2 or 3 snapshot.
+/// Restores a state from [`encode`]'s bytes, or a format 1 to 4 snapshot.
 pub(super) fn decode(bytes: &[u8]) -> Result<KvState, SnapshotError> {
     let formats = [
         FORMAT_ENTRIES,
         FORMAT_IDEMPOTENCY,
         FORMAT_REVISIONS_INDEX_TABLE,
         FORMAT_REVISIONS,
+        FORMAT_LEASES,
     ];
     let (format, mut input) =
         command::open_envelope(bytes, &SNAPSHOT_MAGIC, &formats, 16, "key-value snapshot")
@@ -112,7 +133,7 @@ pub(super) fn decode(bytes: &[u8]) -> Result<KvState, SnapshotError> {
     let input = &mut input;
     let applied_end = RecordIndex(input.get_u64_le());
     let state = match format {
-        FORMAT_REVISIONS | FORMAT_REVISIONS_INDEX_TABLE => {
+        FORMAT_LEASES | FORMAT_REVISIONS | FORMAT_REVISIONS_INDEX_TABLE => {
             decode_revisions(input, applied_end, format)?
         }
         _ => decode_index_versions(input, applied_end, format)?,
@@ -141,17 +162,87 @@ fn decode_revisions(
         entries.insert(key, entry);
     }
     let versions = match format {
-        FORMAT_REVISIONS => TableVersions::Revisions { revision },
-        _ => TableVersions::Indices,
+        FORMAT_REVISIONS_INDEX_TABLE => TableVersions::Indices,
+        _ => TableVersions::Revisions { revision },
     };
     let idempotency = IdempotencyTable::decode(input, applied_end, versions).map_err(fail)?;
     let history = take_history(input, applied_end, &entries, revision, compacted)?;
+    let (leases, alarms) = match format {
+        FORMAT_LEASES => (take_leases(input)?, take_alarms(input)?),
+        _ => (LeaseTable::default(), BTreeSet::new()),
+    };
+    let leases = attach_keys(leases, &entries)?;
     Ok(KvState {
+        size_bytes: size_bytes(&entries),
         entries,
         applied_end,
         idempotency,
         history,
+        leases,
+        alarms,
     })
+}
+
+/// The bytes of the entries' keys and values.
+fn size_bytes(entries: &BTreeMap<Bytes, Entry>) -> usize {
+    let sizes = entries
+        .iter()
+        .map(|(key, entry)| key.len() + entry.value.len());
+    sizes.sum()
+}
+
+/// The raised alarms, ascending and unique.
+fn take_alarms(input: &mut &[u8]) -> Result<BTreeSet<AlarmMember>, SnapshotError> {
+    let count = take_u64(input).ok_or_else(|| fail("truncated alarm count"))?;
+    let mut alarms = BTreeSet::new();
+    for _ in 0..count {
+        let member_id = take_u64(input).ok_or_else(|| fail("truncated alarm member"))?;
+        let alarm = match take_u8(input) {
+            Some(1) => AlarmType::NoSpace,
+            Some(2) => AlarmType::Corrupt,
+            _ => return Err(fail("an unknown alarm")),
+        };
+        let alarm = AlarmMember { member_id, alarm };
+        if alarms.last().is_some_and(|last| *last >= alarm) {
+            return Err(fail("alarms out of order"));
+        }
+        alarms.insert(alarm);
+    }
+    Ok(alarms)
+}
+
+/// The leases, ids ascending and unique, TTLs within what a grant gives.
+fn take_leases(input: &mut &[u8]) -> Result<LeaseTable, SnapshotError> {
+    let count = take_u64(input).ok_or_else(|| fail("truncated lease count"))?;
+    let mut leases = LeaseTable::default();
+    let mut previous = None;
+    for _ in 0..count {
+        let id = take_i64(input).ok_or_else(|| fail("truncated lease id"))?;
+        let ttl_secs = take_i64(input).ok_or_else(|| fail("truncated lease TTL"))?;
+        if id == 0 || previous.is_some_and(|previous| previous >= id) {
+            return Err(fail("lease ids zero or out of order"));
+        }
+        if ttl_secs != granted_ttl(ttl_secs) || ttl_secs > MAX_LEASE_TTL_SECS {
+            return Err(fail("a lease TTL out of bounds"));
+        }
+        leases.grant(id, ttl_secs);
+        previous = Some(id);
+    }
+    Ok(leases)
+}
+
+/// Attaches every entry's key to the lease it names, which must exist.
+fn attach_keys(
+    mut leases: LeaseTable,
+    entries: &BTreeMap<Bytes, Entry>,
+) -> Result<LeaseTable, SnapshotError> {
+    for (key, entry) in entries.iter().filter(|(_, entry)| entry.lease != 0) {
+        if leases.get(entry.lease).is_none() {
+            return Err(fail("a key attached to a lease the snapshot does not hold"));
+        }
+        leases.attach(key, entry.lease);
+    }
+    Ok(leases)
 }
 
 /// Formats 1 and 2: index versions, mapped onto revisions (module docs).
@@ -192,10 +283,13 @@ fn decode_index_versions(
         history.compacted = revision;
     }
     Ok(KvState {
+        size_bytes: size_bytes(&entries),
         entries,
         applied_end,
         idempotency,
         history,
+        leases: LeaseTable::default(),
+        alarms: BTreeSet::new(),
     })
 }
 

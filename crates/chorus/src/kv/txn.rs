@@ -15,11 +15,13 @@ use std::ops::Bound;
 use bytes::Bytes;
 
 use super::etcd::{
-    CompactionResponse, Compare, CompareResult, CompareTarget, DeleteRangeRequest,
-    DeleteRangeResponse, EtcdCommand, EtcdError, EtcdResponse, KeyValue, PutRequest, PutResponse,
-    RangeRequest, RangeResponse, RequestOp, ResponseOp, Revision, SortOrder, SortTarget,
-    TxnRequest, TxnResponse,
+    AlarmAction, AlarmRequest, AlarmResponse, AlarmType, CompactionResponse, Compare,
+    CompareResult, CompareTarget, DeleteRangeRequest, DeleteRangeResponse, EtcdCommand, EtcdError,
+    EtcdResponse, KeyValue, LeaseGrantRequest, LeaseGrantResponse, LeaseRevokeResponse, PutRequest,
+    PutResponse, RangeRequest, RangeResponse, RequestOp, ResponseOp, Revision, SortOrder,
+    SortTarget, TxnRequest, TxnResponse,
 };
+use super::lease::{MAX_LEASE_TTL_SECS, MAX_LEASES};
 use super::mvcc::{Change, key_range};
 use super::{Entry, KvState};
 use crate::ids::RecordIndex;
@@ -200,16 +202,104 @@ impl KvState {
                     header_revision: self.history.revision(),
                 })
             }
+            EtcdCommand::LeaseGrant(grant) => EtcdResponse::LeaseGrant(self.grant(index, grant)),
+            EtcdCommand::Alarm(alarm) => EtcdResponse::Alarm(self.alarm(alarm)),
+            EtcdCommand::LeaseRevoke(revoke) => {
+                let lease = self.leases.remove(revoke.id).expect("checked to exist");
+                // etcd deletes a revoked lease's keys in key order, in one write.
+                for key in &lease.keys {
+                    self.delete_key(&mut write, key);
+                }
+                EtcdResponse::LeaseRevoke(LeaseRevokeResponse {
+                    header_revision: write.read_revision(),
+                    deleted: lease.keys.len() as i64,
+                })
+            }
         };
         self.finish_write(write);
         Ok(response)
     }
 
+    /// Raises or clears an alarm: the answer names it, unless a clear
+    /// found it not raised (etcd's answers).
+    fn alarm(&mut self, request: &AlarmRequest) -> AlarmResponse {
+        let changed = match request.action {
+            AlarmAction::Activate => {
+                self.alarms.insert(request.member);
+                true
+            }
+            AlarmAction::Deactivate => self.alarms.remove(&request.member),
+        };
+        AlarmResponse {
+            header_revision: self.history.revision(),
+            alarms: changed.then_some(request.member).into_iter().collect(),
+        }
+    }
+
+    /// Whether the NOSPACE alarm is raised (for any member): writes that
+    /// add data are refused, as etcd's capped applier refuses them.
+    pub fn out_of_space(&self) -> bool {
+        self.alarms.iter().any(|a| a.alarm == AlarmType::NoSpace)
+    }
+
+    /// Creates the lease a grant at record `index` asks for; it changes no
+    /// key, so no revision.
+    fn grant(&mut self, index: RecordIndex, grant: &LeaseGrantRequest) -> LeaseGrantResponse {
+        let id = match grant.id {
+            0 => self.leases.choose_id(index),
+            id => id,
+        };
+        let ttl = self.leases.grant(id, grant.ttl).ttl_secs;
+        LeaseGrantResponse {
+            header_revision: self.history.revision(),
+            id,
+            ttl,
+        }
+    }
+
+    /// etcd's HashKV at `revision` (0 or less: the current one): a CRC32C
+    /// over every key's entry as of that revision and every retained
+    /// change at or below it, so two replicas that applied the same log
+    /// agree whatever they applied since. Returns the hash, the compaction
+    /// revision and the revision hashed.
+    pub fn hash_kv(&self, revision: Revision) -> Result<(u32, Revision, Revision), EtcdError> {
+        let current = self.history.revision();
+        let all = RangeRequest {
+            key: Bytes::from_static(b"\0"),
+            range_end: Bytes::from_static(b"\0"),
+            revision,
+            ..RangeRequest::default()
+        };
+        let at = self.range_as_of(&all, current)?;
+        let revision = if revision <= 0 { current } else { revision };
+        let mut hash = 0;
+        let mut add = |bytes: &[u8]| hash = crc32c::crc32c_append(hash, bytes);
+        for kv in &at.kvs {
+            add(&kv.key);
+            add(&kv.value);
+            for number in [kv.create_revision, kv.mod_revision, kv.version, kv.lease] {
+                add(&number.to_le_bytes());
+            }
+        }
+        for (at, changes) in self.history.changes(0, revision) {
+            add(&at.to_le_bytes());
+            for change in changes {
+                add(&change.key);
+                let entry = change.after.as_ref();
+                add(&entry.map_or(0, |entry| entry.mod_revision).to_le_bytes());
+            }
+        }
+        Ok((hash, self.compact_revision(), revision))
+    }
+
     /// The checks etcd makes against the state before applying.
     fn check_state(&self, command: &EtcdCommand) -> Result<(), EtcdError> {
+        if self.out_of_space() && command.quota_cost() > 0 {
+            return Err(EtcdError::NoSpace);
+        }
         match command {
             EtcdCommand::Put(put) => {
-                check_lease(put.lease)?;
+                self.check_lease(put.lease)?;
                 self.check_ignored_fields(put)
             }
             EtcdCommand::DeleteRange(_) => Ok(()),
@@ -219,7 +309,7 @@ impl KvState {
                     self.check_path(txn, &path, &mut |op| match op {
                         RequestOp::Put(put) => {
                             self.check_ignored_fields(put)?;
-                            check_lease(put.lease)
+                            self.check_lease(put.lease)
                         }
                         _ => Ok(()),
                     })?;
@@ -238,7 +328,32 @@ impl KvState {
                     Ok(())
                 }
             }
+            // etcd's order: the TTL, then the id.
+            EtcdCommand::LeaseGrant(grant) => {
+                if grant.ttl > MAX_LEASE_TTL_SECS {
+                    Err(EtcdError::LeaseTtlTooLarge)
+                } else if grant.id != 0 && self.leases.get(grant.id).is_some() {
+                    Err(EtcdError::LeaseExists)
+                } else if self.leases.len() >= MAX_LEASES {
+                    Err(EtcdError::NoSpace)
+                } else {
+                    Ok(())
+                }
+            }
+            EtcdCommand::LeaseRevoke(revoke) => match self.leases.get(revoke.id) {
+                Some(_) => Ok(()),
+                None => Err(EtcdError::LeaseNotFound),
+            },
+            EtcdCommand::Alarm(_) => Ok(()),
         }
+    }
+
+    /// A lease a request names must exist (0 names none).
+    fn check_lease(&self, lease: i64) -> Result<(), EtcdError> {
+        if lease != 0 && self.leases.get(lease).is_none() {
+            return Err(EtcdError::LeaseNotFound);
+        }
+        Ok(())
     }
 
     /// `ignore_value` and `ignore_lease` need the key to exist.
@@ -451,6 +566,12 @@ impl KvState {
             version: before.as_ref().map_or(1, |entry| entry.version + 1),
             lease,
         };
+        if let Some(before) = before.as_ref().filter(|before| before.lease != lease) {
+            self.leases.detach(key, before.lease);
+        }
+        self.size_bytes -= before.as_ref().map_or(0, |b| key.len() + b.value.len());
+        self.size_bytes += key.len() + entry.value.len();
+        self.leases.attach(key, lease);
         self.entries.insert(key.clone(), entry.clone());
         self.record(write, key, before.clone(), Some(entry));
         before
@@ -460,6 +581,8 @@ impl KvState {
     /// absent, nothing changed).
     pub(super) fn delete_key(&mut self, write: &mut Write, key: &Bytes) -> Option<Entry> {
         let before = self.entries.remove(key)?;
+        self.leases.detach(key, before.lease);
+        self.size_bytes -= key.len() + before.value.len();
         self.record(write, key, Some(before.clone()), None);
         Some(before)
     }
@@ -485,8 +608,8 @@ impl EtcdCommand {
     /// Checks a request the way etcd does before proposing it (an empty
     /// key, too many operations for `max_txn_ops`, a duplicate key, the
     /// ignore flags) and against the state where etcd checks before
-    /// applying (a missing key for the ignore flags, a lease while leases
-    /// are not served, the revisions a compaction or a range inside a
+    /// applying (a missing key for the ignore flags, an unknown lease, a
+    /// grant's TTL and id, the revisions a compaction or a range inside a
     /// transaction names). `Err`: nothing is to be appended.
     pub fn validate(&self, state: &KvState, max_txn_ops: usize) -> Result<(), EtcdError> {
         self.check_request(i64::try_from(max_txn_ops).unwrap_or(i64::MAX))?;
@@ -507,7 +630,43 @@ impl EtcdCommand {
                 check_intervals(&txn.failure)?;
                 Ok(())
             }
-            EtcdCommand::Compact(_) => Ok(()),
+            EtcdCommand::Compact(_)
+            | EtcdCommand::LeaseGrant(_)
+            | EtcdCommand::LeaseRevoke(_)
+            | EtcdCommand::Alarm(_) => Ok(()),
+        }
+    }
+}
+
+/// What etcd's quota charges a put beyond its key and value (`kvOverhead`).
+pub const PUT_OVERHEAD_BYTES: usize = 256;
+
+/// What etcd's quota charges a lease grant (`leaseOverhead`).
+pub const LEASE_OVERHEAD_BYTES: usize = 64;
+
+impl EtcdCommand {
+    /// The bytes etcd's space quota charges this request: a put's key and
+    /// value plus [`PUT_OVERHEAD_BYTES`]; a transaction's larger branch by
+    /// its direct puts (nested transactions are not charged, as in etcd);
+    /// a grant [`LEASE_OVERHEAD_BYTES`]; anything else nothing. A request
+    /// that costs something is refused while NOSPACE is raised.
+    pub fn quota_cost(&self) -> usize {
+        let put = |put: &PutRequest| PUT_OVERHEAD_BYTES + put.key.len() + put.value.len();
+        let branch = |ops: &[RequestOp]| -> usize {
+            let puts = ops.iter().filter_map(|op| match op {
+                RequestOp::Put(request) => Some(put(request)),
+                _ => None,
+            });
+            puts.sum()
+        };
+        match self {
+            EtcdCommand::Put(request) => put(request),
+            EtcdCommand::Txn(txn) => branch(&txn.success).max(branch(&txn.failure)),
+            EtcdCommand::LeaseGrant(_) => LEASE_OVERHEAD_BYTES,
+            EtcdCommand::DeleteRange(_)
+            | EtcdCommand::Compact(_)
+            | EtcdCommand::LeaseRevoke(_)
+            | EtcdCommand::Alarm(_) => 0,
         }
     }
 }
@@ -526,14 +685,6 @@ fn check_put(put: &PutRequest) -> Result<(), EtcdError> {
     }
     if put.ignore_lease && put.lease != 0 {
         return Err(EtcdError::LeaseProvided);
-    }
-    Ok(())
-}
-
-/// No lease exists until leases are served: etcd refuses an unknown one.
-fn check_lease(lease: i64) -> Result<(), EtcdError> {
-    if lease != 0 {
-        return Err(EtcdError::LeaseNotFound);
     }
     Ok(())
 }

@@ -364,6 +364,17 @@ impl<M: StateMachine> Runtime<M> {
         self.shared.stores.leases.clock().wall_ms()
     }
 
+    /// The directory of the processes serving this database, in its
+    /// snapshot store (see [`members`](crate::members)).
+    pub fn member_directory(&self) -> crate::members::Directory {
+        let snapshots = &self.shared.stores.snapshots;
+        crate::members::Directory::new(
+            snapshots.store().clone(),
+            snapshots.database(),
+            snapshots.clock().clone(),
+        )
+    }
+
     /// The configuration it runs with.
     pub fn config(&self) -> &RuntimeConfig {
         &self.shared.config

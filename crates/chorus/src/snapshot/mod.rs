@@ -124,6 +124,17 @@ impl SnapshotStore {
         &self.database
     }
 
+    /// The store the snapshots are in (with the HEAD timeout), for small
+    /// documents kept beside them.
+    pub fn store(&self) -> &DynBlobStore {
+        &self.heads
+    }
+
+    /// The clock the store's documents are stamped with.
+    pub fn clock(&self) -> &DynClock {
+        &self.clock
+    }
+
     /// The HEAD document's key, `<db>/HEAD.json`.
     pub fn head_key(&self) -> &str {
         &self.head_key

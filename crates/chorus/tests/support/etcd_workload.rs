@@ -9,22 +9,51 @@
 //! `etcd_server` at its root (the real etcd) next to this module.
 //!
 //! The workload ([`Workload`]) draws Put (prev_kv, ignore_value,
-//! ignore_lease, an unknown lease), Range with every option (single key,
-//! prefix, from-key, explicit ranges; limit; the current, past, compacted,
-//! future and negative revisions; every sort order and target; keys_only,
-//! count_only, min/max mod and create revisions; serializable), DeleteRange
-//! (prev_kv, ranges), Txn (every compare target and result, with ranges;
-//! every operation in both branches; nested txns), Compact, and requests etcd
+//! ignore_lease; a live lease, a revoked one, one never granted), Range with
+//! every option (single key, prefix, from-key, explicit ranges; limit; the
+//! current, past, compacted, future and negative revisions; every sort order
+//! and target; keys_only, count_only, min/max mod and create revisions;
+//! serializable), DeleteRange (prev_kv, ranges), Txn (every compare target
+//! and result, with ranges, LEASE compares with live and dead leases; every
+//! operation in both branches, puts with leases; nested txns), Compact,
+//! LeaseGrant (the server's choice of id or the client's, an id that exists;
+//! TTLs below etcd's minimum, long ones, its maximum and beyond),
+//! LeaseRevoke (live, revoked, never granted, id 0), and requests etcd
 //! refuses (an empty key, two writes to one key in a txn, too many
-//! operations). Keys come from a four-letter alphabet, so operations
-//! collide. Revisions are drawn from what the first side answered, so a
-//! seed replays the same requests as long as both agree.
+//! operations, an unknown lease, a lease that exists, a TTL too large).
+//! Where both sides serve them (over gRPC, not the machine in process) it
+//! draws the Lease service's reads too: LeaseTimeToLive (with and without
+//! keys; live and dead leases), LeaseLeases and one LeaseKeepAlive. Keys
+//! come from a four-letter alphabet, so operations collide. Revisions and
+//! lease ids are drawn from what the first side answered, so a seed replays
+//! the same requests as long as both agree.
+//!
+//! Leases never expire during a seed: a grant of a TTL under 60 s is
+//! revoked by the very next request (never across the takeover), the others
+//! are long; expiry timing is not compared. Right after the takeover every
+//! live lease is kept alive once on both sides, as etcd's new leader extends
+//! every lease by its TTL and Chorus's new primary does too, so remaining
+//! TTLs compare after it.
 //!
 //! Answers are compared whole (every protobuf field), after zeroing the
 //! header's cluster id, member id and raft term, which name a deployment
 //! rather than the store; refusals by gRPC code and message. The first
 //! difference fails the run with its seed, the operation's number and
-//! request, the first differing field, and both answers.
+//! request, the first differing field, and both answers. Lease reads are
+//! compared up to what is not part of the answer: a lease's keys and the
+//! list of leases as sets (etcd lists both from Go maps), and remaining TTLs
+//! within a second (the sides are asked milliseconds apart and both round
+//! down).
+//!
+//! Lease ids ([`LeaseIds`]): a grant with id 0 lets each server choose, and
+//! they choose differently. When both sides granted one, the pair of ids is
+//! recorded; from then on the workload names the lease by the first side's
+//! id, the second side is sent its own id in its place (in a revoke, a
+//! put's lease, a LEASE compare, a grant naming an id, a lease read) and its
+//! answers are translated back (a granted id, a key's `lease` in ranges,
+//! prev_kv and txn answers, the listed and the read ids) before the
+//! comparison, which therefore reads in the first side's ids. Ids a client
+//! chose are the same on both sides and are not translated.
 //!
 //! Seeds: `CHORUS_ETCD_DIFF_SEED=<n>` runs that seed alone;
 //! `CHORUS_ETCD_DIFF_SEEDS=<count>` runs that many (from
@@ -34,16 +63,19 @@
 
 #![allow(dead_code)] // each suite uses a different subset
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::{self, Write as _};
 
 use etcd_client::proto::{
-    PbCompactionResponse, PbDeleteResponse, PbKeyValue, PbPutResponse, PbRangeResponse,
-    PbResponseHeader, PbTxnOpResponse, PbTxnResponse,
+    PbCompactionResponse, PbDeleteResponse, PbKeyValue, PbLeaseGrantResponse,
+    PbLeaseKeepAliveResponse, PbLeaseLeasesResponse, PbLeaseRevokeResponse,
+    PbLeaseTimeToLiveResponse, PbPutResponse, PbRangeResponse, PbResponseHeader, PbTxnOpResponse,
+    PbTxnResponse,
 };
 use etcd_client::{
-    Client, CompactionOptions, Compare, CompareOp, DeleteOptions, GetOptions, KvClient, PutOptions,
-    SortOrder, SortTarget, Txn, TxnOp,
+    Client, CompactionOptions, Compare, CompareOp, DeleteOptions, GetOptions, KvClient,
+    LeaseClient, LeaseGrantOptions, LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp,
 };
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
@@ -63,6 +95,22 @@ pub const MAX_TXN_OPS: usize = 128;
 const MAX_TXN_DEPTH: usize = 2;
 /// Requests shown before the differing one, for context.
 const CONTEXT_OPS: usize = 5;
+/// The TTLs grants ask for, in seconds: below etcd's minimum (raised to
+/// it), long ones, etcd's maximum and one beyond it (refused).
+const GRANT_TTLS_SECS: &[i64] = &[-1, 0, 1, 2, 90, 300, 3_600, 9_000_000_000, 9_000_000_001];
+/// A grant asking for less than this is revoked by the next request: its
+/// lease would expire during the seed, and expiry timing is not compared.
+const LONG_LEASE_TTL_SECS: i64 = 60;
+/// The ids grants choose themselves (besides ids that exist); etcd takes
+/// a negative one as any other.
+const CLIENT_LEASE_IDS: &[i64] = &[-1, 1, 2, 3];
+/// A lease id no grant ever asks for: a lease that does not exist.
+const UNKNOWN_LEASE_ID: i64 = 7;
+/// Live leases at most; a lease request beyond revokes one.
+const MAX_LIVE_LEASES: usize = 6;
+/// How far two remaining TTLs may differ, in seconds (the two sides are
+/// asked a few milliseconds apart, and both round down).
+const REMAINING_TTL_TOLERANCE_SECS: i64 = 1;
 
 // ------------------------------------------------------------- requests ---
 
@@ -188,6 +236,20 @@ impl TxnSpec {
         }
     }
 
+    /// Whether a compare or a put, at any depth, names a lease.
+    fn names_a_lease(&self) -> bool {
+        let compares = self
+            .compare
+            .iter()
+            .any(|compare| matches!(compare.target, CompareSpecTarget::Lease(lease) if lease != 0));
+        compares
+            || self.success.iter().chain(&self.failure).any(|op| match op {
+                TxnOpSpec::Put(put) => put.lease != 0,
+                TxnOpSpec::Txn(nested) => nested.names_a_lease(),
+                TxnOpSpec::Range(_) | TxnOpSpec::Delete(_) => false,
+            })
+    }
+
     /// Whether a branch holds a txn.
     fn nests(&self) -> bool {
         let nested = |op: &TxnOpSpec| matches!(op, TxnOpSpec::Txn(_));
@@ -202,7 +264,27 @@ pub enum Request {
     Put(PutSpec),
     Delete(DeleteSpec),
     Txn(TxnSpec),
-    Compact { revision: i64, physical: bool },
+    Compact {
+        revision: i64,
+        physical: bool,
+    },
+    /// `id` 0: the server chooses the id.
+    LeaseGrant {
+        id: i64,
+        ttl: i64,
+    },
+    LeaseRevoke {
+        id: i64,
+    },
+    LeaseTimeToLive {
+        id: i64,
+        keys: bool,
+    },
+    LeaseLeases,
+    /// One keep-alive on a stream of its own.
+    LeaseKeepAlive {
+        id: i64,
+    },
 }
 
 impl Request {
@@ -210,11 +292,19 @@ impl Request {
     fn kind(&self) -> &'static str {
         match self {
             Request::Range(_) => "range",
+            Request::Put(put) if put.lease != 0 => "put with a lease",
             Request::Put(_) => "put",
             Request::Delete(_) => "delete",
             Request::Txn(txn) if txn.nests() => "txn with a nested txn",
+            Request::Txn(txn) if txn.names_a_lease() => "txn naming a lease",
             Request::Txn(_) => "txn",
             Request::Compact { .. } => "compact",
+            Request::LeaseGrant { id: 0, .. } => "lease grant",
+            Request::LeaseGrant { .. } => "lease grant with an id",
+            Request::LeaseRevoke { .. } => "lease revoke",
+            Request::LeaseTimeToLive { .. } => "lease time to live",
+            Request::LeaseLeases => "lease leases",
+            Request::LeaseKeepAlive { .. } => "lease keep-alive",
         }
     }
 }
@@ -316,6 +406,11 @@ pub enum Answer {
     Delete(PbDeleteResponse),
     Txn(PbTxnResponse),
     Compact(PbCompactionResponse),
+    LeaseGrant(PbLeaseGrantResponse),
+    LeaseRevoke(PbLeaseRevokeResponse),
+    LeaseTimeToLive(PbLeaseTimeToLiveResponse),
+    LeaseLeases(PbLeaseLeasesResponse),
+    LeaseKeepAlive(PbLeaseKeepAliveResponse),
     Refused {
         code: String,
         message: String,
@@ -333,23 +428,42 @@ impl Answer {
             Answer::Delete(r) => r.header.as_ref(),
             Answer::Txn(r) => r.header.as_ref(),
             Answer::Compact(r) => r.header.as_ref(),
+            Answer::LeaseGrant(r) => r.header.as_ref(),
+            Answer::LeaseRevoke(r) => r.header.as_ref(),
+            Answer::LeaseTimeToLive(r) => r.header.as_ref(),
+            Answer::LeaseLeases(r) => r.header.as_ref(),
+            Answer::LeaseKeepAlive(r) => r.header.as_ref(),
             Answer::Refused { .. } | Answer::Failed(_) => None,
         };
         header.map(|h| h.revision)
     }
 
-    /// A label for the per-seed tally of outcomes.
-    fn outcome(&self) -> String {
+    /// A label for the per-seed tally of outcomes; `revision` is the store
+    /// revision before the request.
+    fn outcome(&self, revision: i64) -> String {
+        let leased = |kvs: &[PbKeyValue]| kvs.iter().any(|kv| kv.lease != 0);
         match self {
             Answer::Txn(r) if r.succeeded => "txn succeeded".into(),
             Answer::Txn(_) => "txn failed".into(),
             Answer::Range(r) if r.more => "range with more".into(),
+            Answer::Range(r) if leased(&r.kvs) => "range showing a lease".into(),
             Answer::Range(_) => "range".into(),
             Answer::Put(r) if r.prev_kv.is_some() => "put with prev_kv".into(),
             Answer::Put(_) => "put".into(),
             Answer::Delete(r) if r.deleted > 0 => "delete of keys".into(),
             Answer::Delete(_) => "delete of nothing".into(),
             Answer::Compact(_) => "compact".into(),
+            Answer::LeaseGrant(_) => "lease granted".into(),
+            Answer::LeaseRevoke(_) if self.revision() > Some(revision) => {
+                "lease revoked with its keys".into()
+            }
+            Answer::LeaseRevoke(_) => "lease revoked".into(),
+            Answer::LeaseTimeToLive(r) if r.ttl == -1 => "time to live of an unknown lease".into(),
+            Answer::LeaseTimeToLive(r) if !r.keys.is_empty() => "time to live with keys".into(),
+            Answer::LeaseTimeToLive(_) => "time to live".into(),
+            Answer::LeaseLeases(_) => "leases".into(),
+            Answer::LeaseKeepAlive(r) if r.ttl == 0 => "keep-alive of an unknown lease".into(),
+            Answer::LeaseKeepAlive(_) => "keep-alive".into(),
             Answer::Refused { message, .. } => format!("refused: {message}"),
             Answer::Failed(_) => "transport failure".into(),
         }
@@ -372,8 +486,15 @@ fn refusal(error: etcd_client::Error) -> Answer {
     }
 }
 
+/// The clients of one endpoint the workload uses.
+pub struct Clients {
+    pub kv: KvClient,
+    pub lease: LeaseClient,
+}
+
 /// Sends `request` and returns the answer with the deployment's ids zeroed.
-pub async fn send(kv: &mut KvClient, request: &Request) -> Answer {
+pub async fn send(clients: &mut Clients, request: &Request) -> Answer {
+    let Clients { kv, lease } = clients;
     let answer = match request {
         Request::Range(spec) => kv
             .get(spec.range.key.clone(), Some(get_options(spec)))
@@ -398,10 +519,54 @@ pub async fn send(kv: &mut KvClient, request: &Request) -> Answer {
                 .await
                 .map(|r| Answer::Compact(r.0))
         }
+        Request::LeaseGrant { id, ttl } => {
+            let options = LeaseGrantOptions::new().with_id(*id);
+            lease
+                .grant(*ttl, Some(options))
+                .await
+                .map(|r| Answer::LeaseGrant(r.0))
+        }
+        Request::LeaseRevoke { id } => lease.revoke(*id).await.map(|r| Answer::LeaseRevoke(r.0)),
+        Request::LeaseTimeToLive { id, keys } => {
+            let options = keys.then(|| LeaseTimeToLiveOptions::new().with_keys());
+            lease
+                .time_to_live(*id, options)
+                .await
+                .map(|r| Answer::LeaseTimeToLive(r.0))
+        }
+        Request::LeaseLeases => lease.leases().await.map(|r| Answer::LeaseLeases(r.0)),
+        Request::LeaseKeepAlive { id } => keep_alive_once(lease, *id).await,
     };
     let mut answer = answer.unwrap_or_else(refusal);
     anonymize(&mut answer);
     answer
+}
+
+/// One keep-alive of lease `id`, answered whole. `etcd-client` reads the
+/// stream's first answer itself and keeps only whether its TTL was above 0,
+/// so a lease it renewed is renewed once more and that second answer is
+/// the one compared; a TTL of 0 (etcd's answer for a lease that does not
+/// exist) comes back as the client's error, and is answered as that TTL
+/// with no header.
+async fn keep_alive_once(lease: &mut LeaseClient, id: i64) -> Result<Answer, etcd_client::Error> {
+    let (mut keeper, mut stream) = match lease.keep_alive(id).await {
+        Ok(opened) => opened,
+        Err(etcd_client::Error::LeaseKeepAliveError(_)) => {
+            return Ok(Answer::LeaseKeepAlive(PbLeaseKeepAliveResponse {
+                header: None,
+                id,
+                ttl: 0,
+            }));
+        }
+        Err(error) => return Err(error),
+    };
+    keeper.keep_alive().await?;
+    match stream.message().await? {
+        Some(answer) => Ok(Answer::LeaseKeepAlive(answer.0)),
+        None => Ok(Answer::Failed(
+            "the keep-alive stream ended unanswered".into(),
+        )),
+    }
 }
 
 /// Zeroes what names the deployment rather than the store: the cluster and
@@ -413,6 +578,11 @@ fn anonymize(answer: &mut Answer) {
         Answer::Delete(r) => anonymize_header(&mut r.header),
         Answer::Txn(r) => anonymize_txn(r),
         Answer::Compact(r) => anonymize_header(&mut r.header),
+        Answer::LeaseGrant(r) => anonymize_header(&mut r.header),
+        Answer::LeaseRevoke(r) => anonymize_header(&mut r.header),
+        Answer::LeaseTimeToLive(r) => anonymize_header(&mut r.header),
+        Answer::LeaseLeases(r) => anonymize_header(&mut r.header),
+        Answer::LeaseKeepAlive(r) => anonymize_header(&mut r.header),
         Answer::Refused { .. } | Answer::Failed(_) => {}
     }
 }
@@ -504,6 +674,132 @@ fn normalize_range(spec: &RangeSpec, response: &mut PbRangeResponse) {
     }
 }
 
+// ------------------------------------------------------------ lease ids ---
+
+/// The lease ids the two sides chose for the same grants (see the module
+/// docs): left id to right id, and back.
+#[derive(Debug, Default)]
+pub struct LeaseIds {
+    to_right: BTreeMap<i64, i64>,
+    to_left: BTreeMap<i64, i64>,
+}
+
+impl LeaseIds {
+    /// Records the ids both sides chose for a grant that named none.
+    pub fn record(&mut self, request: &Request, left: &Answer, right: &Answer) {
+        if let (Request::LeaseGrant { id: 0, .. }, Answer::LeaseGrant(l), Answer::LeaseGrant(r)) =
+            (request, left, right)
+        {
+            self.to_right.insert(l.id, r.id);
+            self.to_left.insert(r.id, l.id);
+        }
+    }
+
+    /// `request` (in the left side's ids) as the right side is sent it.
+    pub fn right_request(&self, request: &Request) -> Request {
+        let mut request = request.clone();
+        map_request_leases(&mut request, &|id| lookup(&self.to_right, id));
+        request
+    }
+
+    /// The right side's `answer` in the left side's ids.
+    pub fn to_left(&self, answer: &mut Answer) {
+        map_answer_leases(answer, &|id| lookup(&self.to_left, id));
+    }
+}
+
+fn lookup(map: &BTreeMap<i64, i64>, id: i64) -> i64 {
+    map.get(&id).copied().unwrap_or(id)
+}
+
+fn map_request_leases(request: &mut Request, map: &impl Fn(i64) -> i64) {
+    match request {
+        Request::Put(put) => put.lease = map(put.lease),
+        Request::Txn(txn) => map_txn_leases(txn, map),
+        Request::LeaseGrant { id, .. }
+        | Request::LeaseRevoke { id }
+        | Request::LeaseTimeToLive { id, .. }
+        | Request::LeaseKeepAlive { id } => *id = map(*id),
+        Request::Range(_) | Request::Delete(_) | Request::Compact { .. } | Request::LeaseLeases => {
+        }
+    }
+}
+
+fn map_txn_leases(txn: &mut TxnSpec, map: &impl Fn(i64) -> i64) {
+    for compare in &mut txn.compare {
+        if let CompareSpecTarget::Lease(lease) = &mut compare.target {
+            *lease = map(*lease);
+        }
+    }
+    for op in txn.success.iter_mut().chain(&mut txn.failure) {
+        match op {
+            TxnOpSpec::Put(put) => put.lease = map(put.lease),
+            TxnOpSpec::Txn(nested) => map_txn_leases(nested, map),
+            TxnOpSpec::Range(_) | TxnOpSpec::Delete(_) => {}
+        }
+    }
+}
+
+fn map_answer_leases(answer: &mut Answer, map: &impl Fn(i64) -> i64) {
+    let map_kvs =
+        |kvs: &mut Vec<PbKeyValue>| kvs.iter_mut().for_each(|kv| kv.lease = map(kv.lease));
+    match answer {
+        Answer::Range(r) => map_kvs(&mut r.kvs),
+        Answer::Put(r) => r.prev_kv.iter_mut().for_each(|kv| kv.lease = map(kv.lease)),
+        Answer::Delete(r) => map_kvs(&mut r.prev_kvs),
+        Answer::Txn(r) => map_txn_answer_leases(r, map),
+        Answer::LeaseGrant(r) => r.id = map(r.id),
+        Answer::LeaseTimeToLive(r) => r.id = map(r.id),
+        Answer::LeaseLeases(r) => r.leases.iter_mut().for_each(|l| l.id = map(l.id)),
+        Answer::LeaseKeepAlive(r) => r.id = map(r.id),
+        Answer::Compact(_)
+        | Answer::LeaseRevoke(_)
+        | Answer::Refused { .. }
+        | Answer::Failed(_) => {}
+    }
+}
+
+fn map_txn_answer_leases(response: &mut PbTxnResponse, map: &impl Fn(i64) -> i64) {
+    for op in &mut response.responses {
+        let mut answer = match op.response.take() {
+            Some(PbTxnOpResponse::ResponseRange(r)) => Answer::Range(r),
+            Some(PbTxnOpResponse::ResponsePut(r)) => Answer::Put(r),
+            Some(PbTxnOpResponse::ResponseDeleteRange(r)) => Answer::Delete(r),
+            Some(PbTxnOpResponse::ResponseTxn(r)) => Answer::Txn(r),
+            None => continue,
+        };
+        map_answer_leases(&mut answer, map);
+        op.response = match answer {
+            Answer::Range(r) => Some(PbTxnOpResponse::ResponseRange(r)),
+            Answer::Put(r) => Some(PbTxnOpResponse::ResponsePut(r)),
+            Answer::Delete(r) => Some(PbTxnOpResponse::ResponseDeleteRange(r)),
+            Answer::Txn(r) => Some(PbTxnOpResponse::ResponseTxn(r)),
+            _ => unreachable!("a txn operation's answer stays one"),
+        };
+    }
+}
+
+/// Makes two answers to one lease read comparable: the keys of a lease
+/// and the ids of the leases as sets (etcd lists both from Go maps, in no
+/// set order), and two remaining TTLs within
+/// [`REMAINING_TTL_TOLERANCE_SECS`] of each other as the left one.
+pub fn reconcile_lease_reads(left: &mut Answer, right: &mut Answer) {
+    for answer in [&mut *left, &mut *right] {
+        match answer {
+            Answer::LeaseTimeToLive(r) => r.keys.sort(),
+            Answer::LeaseLeases(r) => r.leases.sort_by_key(|lease| lease.id),
+            _ => {}
+        }
+    }
+    if let (Answer::LeaseTimeToLive(l), Answer::LeaseTimeToLive(r)) = (left, right)
+        && l.ttl > 0
+        && r.ttl > 0
+        && (l.ttl - r.ttl).abs() <= REMAINING_TTL_TOLERANCE_SECS
+    {
+        r.ttl = l.ttl;
+    }
+}
+
 // ------------------------------------------------- field-by-field diffs ---
 
 /// Every field of an answer as `(path, value)`, in message order, so the
@@ -516,6 +812,32 @@ pub fn fields(answer: &Answer) -> Vec<(String, String)> {
         Answer::Delete(r) => delete_fields("delete_range", r, &mut out),
         Answer::Txn(r) => txn_fields("txn", r, &mut out),
         Answer::Compact(r) => header_fields("compact", &r.header, &mut out),
+        Answer::LeaseGrant(r) => {
+            header_fields("lease_grant", &r.header, &mut out);
+            out.push(("lease_grant.id".into(), r.id.to_string()));
+            out.push(("lease_grant.ttl".into(), r.ttl.to_string()));
+            out.push(("lease_grant.error".into(), format!("{:?}", r.error)));
+        }
+        Answer::LeaseRevoke(r) => header_fields("lease_revoke", &r.header, &mut out),
+        Answer::LeaseTimeToLive(r) => {
+            header_fields("lease_time_to_live", &r.header, &mut out);
+            out.push(("lease_time_to_live.id".into(), r.id.to_string()));
+            out.push(("lease_time_to_live.ttl".into(), r.ttl.to_string()));
+            let granted = r.granted_ttl.to_string();
+            out.push(("lease_time_to_live.granted_ttl".into(), granted));
+            let keys: Vec<_> = r.keys.iter().map(|key| shown(key)).collect();
+            out.push(("lease_time_to_live.keys".into(), format!("{keys:?}")));
+        }
+        Answer::LeaseLeases(r) => {
+            header_fields("lease_leases", &r.header, &mut out);
+            let ids: Vec<_> = r.leases.iter().map(|lease| lease.id).collect();
+            out.push(("lease_leases.leases".into(), format!("{ids:?}")));
+        }
+        Answer::LeaseKeepAlive(r) => {
+            header_fields("lease_keep_alive", &r.header, &mut out);
+            out.push(("lease_keep_alive.id".into(), r.id.to_string()));
+            out.push(("lease_keep_alive.ttl".into(), r.ttl.to_string()));
+        }
         Answer::Refused { code, message } => {
             out.push(("refused.code".into(), code.clone()));
             out.push(("refused.message".into(), format!("{message:?}")));
@@ -628,14 +950,34 @@ pub struct Workload {
     revision: i64,
     /// The compaction revision as last accepted (0 before any).
     compacted: i64,
+    /// The leases granted and not revoked, in the first endpoint's ids.
+    live_leases: Vec<i64>,
+    /// The leases revoked and not granted again.
+    revoked_leases: Vec<i64>,
+    /// Requests drawn ahead (the revoke of a short lease, the keep-alives
+    /// after the takeover), sent before any new one.
+    queued: VecDeque<Request>,
+    /// The number of the next request.
+    op: usize,
+    /// The request before which the sides take over.
+    midpoint: usize,
+    /// Whether both sides serve the Lease service's reads (TimeToLive,
+    /// Leases, KeepAlive); the machine in process does not.
+    lease_reads: bool,
 }
 
 impl Workload {
-    fn new(seed: u64) -> Workload {
+    fn new(seed: u64, midpoint: usize, lease_reads: bool) -> Workload {
         Workload {
             rng: StdRng::seed_from_u64(seed),
             revision: 1,
             compacted: 0,
+            live_leases: Vec::new(),
+            revoked_leases: Vec::new(),
+            queued: VecDeque::new(),
+            op: 0,
+            midpoint,
+            lease_reads,
         }
     }
 
@@ -644,8 +986,21 @@ impl Workload {
         if let Some(revision) = answer.revision() {
             self.revision = revision;
         }
-        if let (Request::Compact { revision, .. }, Answer::Compact(_)) = (request, answer) {
-            self.compacted = *revision;
+        match (request, answer) {
+            (Request::Compact { revision, .. }, Answer::Compact(_)) => self.compacted = *revision,
+            (Request::LeaseGrant { ttl, .. }, Answer::LeaseGrant(granted)) => {
+                self.live_leases.push(granted.id);
+                self.revoked_leases.retain(|id| *id != granted.id);
+                if *ttl < LONG_LEASE_TTL_SECS {
+                    let revoke = Request::LeaseRevoke { id: granted.id };
+                    self.queued.push_front(revoke);
+                }
+            }
+            (Request::LeaseRevoke { id }, Answer::LeaseRevoke(_)) => {
+                self.live_leases.retain(|live| live != id);
+                self.revoked_leases.push(*id);
+            }
+            _ => {}
         }
     }
 
@@ -775,11 +1130,101 @@ impl Workload {
         PutSpec {
             key: Text(self.key_or_empty()),
             value: Text(value),
-            // A lease that does not exist: etcd refuses the put.
-            lease: if self.chance(0.02) { 7 } else { 0 },
+            lease: self.put_lease(),
             prev_kv: self.chance(0.4),
             ignore_value,
             ignore_lease: self.chance(0.06),
+        }
+    }
+
+    /// A live lease, if there is one.
+    fn live_lease(&mut self) -> Option<i64> {
+        self.live_leases.choose(&mut self.rng).copied()
+    }
+
+    /// A lease that does not exist: revoked, or never granted.
+    fn dead_lease(&mut self) -> i64 {
+        match self.revoked_leases.choose(&mut self.rng) {
+            Some(revoked) if self.rng.random_bool(0.6) => *revoked,
+            _ => UNKNOWN_LEASE_ID,
+        }
+    }
+
+    /// The lease of a put: mostly none, else a live one, a revoked one or
+    /// one never granted (the last two refused).
+    fn put_lease(&mut self) -> i64 {
+        match self.rng.random_range(0..100) {
+            0..72 => 0,
+            72..94 => self.live_lease().unwrap_or(0),
+            _ => self.dead_lease(),
+        }
+    }
+
+    /// The lease a compare compares with: none, a live one, a dead one.
+    fn compared_lease(&mut self) -> i64 {
+        match self.rng.random_range(0..100) {
+            0..40 => 0,
+            40..85 => self.live_lease().unwrap_or(0),
+            _ => self.dead_lease(),
+        }
+    }
+
+    /// A grant: the server's choice of id, a client's (one that may exist,
+    /// or a live one), with a TTL below the minimum, long, or too long. No
+    /// short lease is granted just before the takeover: its revoke would
+    /// come after, and the takeover may outlast it.
+    fn lease_grant(&mut self) -> Request {
+        let mut ttl = *GRANT_TTLS_SECS.choose(&mut self.rng).unwrap();
+        if ttl < LONG_LEASE_TTL_SECS && self.op + 1 == self.midpoint {
+            ttl = LONG_LEASE_TTL_SECS;
+        }
+        let id = match self.rng.random_range(0..100) {
+            0..55 => 0,
+            55..85 => *CLIENT_LEASE_IDS.choose(&mut self.rng).unwrap(),
+            _ => self.live_lease().unwrap_or(0),
+        };
+        Request::LeaseGrant { id, ttl }
+    }
+
+    /// A revoke of a live lease, a revoked one, one never granted, or id 0.
+    fn lease_revoke(&mut self) -> Request {
+        let id = match self.rng.random_range(0..100) {
+            0..65 => self.live_lease().unwrap_or(UNKNOWN_LEASE_ID),
+            65..90 => self.dead_lease(),
+            _ => 0,
+        };
+        Request::LeaseRevoke { id }
+    }
+
+    /// A read of the Lease service: one lease's TTL (live or dead, with or
+    /// without its keys), the list of leases, or one keep-alive.
+    fn lease_read(&mut self) -> Request {
+        let lease = |workload: &mut Workload| match workload.rng.random_range(0..100) {
+            0..75 => workload.live_lease().unwrap_or(UNKNOWN_LEASE_ID),
+            _ => workload.dead_lease(),
+        };
+        match self.rng.random_range(0..10) {
+            0..5 => Request::LeaseTimeToLive {
+                id: lease(self),
+                keys: self.chance(0.6),
+            },
+            5..7 => Request::LeaseLeases,
+            _ => Request::LeaseKeepAlive { id: lease(self) },
+        }
+    }
+
+    /// A request of the Lease service.
+    fn lease_request(&mut self) -> Request {
+        if self.live_leases.len() >= MAX_LIVE_LEASES {
+            return Request::LeaseRevoke {
+                id: self.live_lease().expect("leases are live"),
+            };
+        }
+        match self.rng.random_range(0..10) {
+            0..4 => self.lease_grant(),
+            4..7 => self.lease_revoke(),
+            _ if self.lease_reads => self.lease_read(),
+            _ => self.lease_grant(),
         }
     }
 
@@ -811,7 +1256,7 @@ impl Workload {
             1 => CompareSpecTarget::Create(self.rng.random_range(0..=around)),
             2 => CompareSpecTarget::Mod(self.rng.random_range(0..=around)),
             3 => CompareSpecTarget::Value(Text(self.value())),
-            _ => CompareSpecTarget::Lease(self.rng.random_range(0..=1)),
+            _ => CompareSpecTarget::Lease(self.compared_lease()),
         };
         CompareSpec {
             range,
@@ -877,17 +1322,31 @@ impl Workload {
         }
     }
 
-    /// The next request.
+    /// The next request. Right after the takeover every live lease is kept
+    /// alive once on both sides, as etcd's new leader extends every lease
+    /// by its TTL (Chorus's new primary does it on its own), so that later
+    /// remaining TTLs compare.
     fn next(&mut self) -> Request {
+        let op = self.op;
+        self.op += 1;
+        if op == self.midpoint && self.lease_reads {
+            let live = self.live_leases.iter();
+            let keep_alives = live.map(|id| Request::LeaseKeepAlive { id: *id });
+            self.queued.extend(keep_alives.collect::<Vec<_>>());
+        }
+        if let Some(queued) = self.queued.pop_front() {
+            return queued;
+        }
         match self.rng.random_range(0..100) {
-            0..28 => Request::Put(self.put_spec()),
-            28..58 => Request::Range(self.range_spec()),
-            58..68 => Request::Delete(self.delete_spec()),
-            68..97 => Request::Txn(self.txn_spec(0)),
-            _ => Request::Compact {
+            0..26 => Request::Put(self.put_spec()),
+            26..54 => Request::Range(self.range_spec()),
+            54..63 => Request::Delete(self.delete_spec()),
+            63..90 => Request::Txn(self.txn_spec(0)),
+            90..93 => Request::Compact {
                 revision: self.compact_revision(),
                 physical: self.chance(0.5),
             },
+            _ => self.lease_request(),
         }
     }
 }
@@ -912,6 +1371,11 @@ pub trait Side {
     fn name(&self) -> String;
     /// Its answer to `request`, with the deployment's ids zeroed.
     async fn answer(&mut self, request: &Request) -> Answer;
+    /// Whether it serves the Lease service's reads (TimeToLive, Leases,
+    /// KeepAlive), which need a primary's clock.
+    fn serves_lease_reads(&self) -> bool {
+        false
+    }
     /// Called once halfway through a seed (a side that fails over does so
     /// here).
     async fn midpoint(&mut self) {}
@@ -923,18 +1387,18 @@ pub trait Side {
     }
 }
 
-/// A real etcd started for the seed, and a client of it.
+/// A real etcd started for the seed, and clients of it.
 pub struct RealEtcd {
     pub server: EtcdServer,
-    pub kv: KvClient,
+    pub clients: Clients,
 }
 
 impl RealEtcd {
     /// A fresh etcd (revision 1); `None` outside CI without the services.
     pub async fn start(label: &str) -> Option<RealEtcd> {
         let server = EtcdServer::start(label)?;
-        let kv = connect(server.endpoint()).await;
-        Some(RealEtcd { server, kv })
+        let clients = connect(server.endpoint()).await;
+        Some(RealEtcd { server, clients })
     }
 }
 
@@ -944,7 +1408,11 @@ impl Side for RealEtcd {
     }
 
     async fn answer(&mut self, request: &Request) -> Answer {
-        send(&mut self.kv, request).await
+        send(&mut self.clients, request).await
+    }
+
+    fn serves_lease_reads(&self) -> bool {
+        true
     }
 
     fn log_tail(&self) -> String {
@@ -969,13 +1437,18 @@ impl fmt::Display for Difference {
 pub struct Tally {
     pub requests: BTreeMap<&'static str, usize>,
     pub outcomes: BTreeMap<String, usize>,
+    /// Whether the Lease service's reads were drawn.
+    pub lease_reads: bool,
 }
 
-pub async fn connect(endpoint: &str) -> KvClient {
-    Client::connect([endpoint], None)
+pub async fn connect(endpoint: &str) -> Clients {
+    let client = Client::connect([endpoint], None)
         .await
-        .unwrap_or_else(|e| panic!("cannot connect to {endpoint}: {e}"))
-        .kv_client()
+        .unwrap_or_else(|e| panic!("cannot connect to {endpoint}: {e}"));
+    Clients {
+        kv: client.kv_client(),
+        lease: client.lease_client(),
+    }
 }
 
 /// Runs `ops` requests of seed `seed` against `left` and `right` in
@@ -986,8 +1459,13 @@ pub async fn run_seed(
     left: &mut impl Side,
     right: &mut impl Side,
 ) -> Result<Tally, Difference> {
-    let mut workload = Workload::new(seed);
-    let mut tally = Tally::default();
+    let lease_reads = left.serves_lease_reads() && right.serves_lease_reads();
+    let mut workload = Workload::new(seed, ops / 2, lease_reads);
+    let mut lease_ids = LeaseIds::default();
+    let mut tally = Tally {
+        lease_reads,
+        ..Tally::default()
+    };
     let mut recent: Vec<Request> = Vec::new();
     for op in 0..ops {
         if op == ops / 2 {
@@ -998,9 +1476,12 @@ pub async fn run_seed(
         left.before(op).await;
         right.before(op).await;
         let mut left_answer = left.answer(&request).await;
-        let mut right_answer = right.answer(&request).await;
+        let mut right_answer = right.answer(&lease_ids.right_request(&request)).await;
+        lease_ids.record(&request, &left_answer, &right_answer);
+        lease_ids.to_left(&mut right_answer);
         normalize_ties(&request, &mut left_answer);
         normalize_ties(&request, &mut right_answer);
+        reconcile_lease_reads(&mut left_answer, &mut right_answer);
         if let Some(field) = first_difference(&left_answer, &right_answer) {
             let mut report = format!(
                 "seed {seed}, operation {op} of {ops}: {} and {} differ\n  {field}\n",
@@ -1033,7 +1514,8 @@ pub async fn run_seed(
             );
         }
         *tally.requests.entry(request.kind()).or_default() += 1;
-        *tally.outcomes.entry(left_answer.outcome()).or_default() += 1;
+        let outcome = left_answer.outcome(workload.revision);
+        *tally.outcomes.entry(outcome).or_default() += 1;
         workload.observe(&request, &left_answer);
         recent.push(request);
         if recent.len() > CONTEXT_OPS {
@@ -1089,6 +1571,33 @@ pub const EXPECTED_OUTCOMES: &[&str] = &[
     "refused: etcdserver: key not found",
     "refused: etcdserver: value is provided",
     "refused: etcdserver: requested lease not found",
+    "range showing a lease",
+    "lease granted",
+    "lease revoked",
+    "lease revoked with its keys",
+    "refused: etcdserver: lease already exists",
+    "refused: etcdserver: too large lease TTL",
+];
+
+/// The outcomes of the Lease service's reads every full seed must reach
+/// when both sides serve them.
+pub const EXPECTED_LEASE_READ_OUTCOMES: &[&str] = &[
+    "time to live",
+    "time to live with keys",
+    "time to live of an unknown lease",
+    "leases",
+    "keep-alive",
+    "keep-alive of an unknown lease",
+];
+
+/// The kinds of request every full seed must send.
+pub const EXPECTED_REQUESTS: &[&str] = &[
+    "txn with a nested txn",
+    "txn naming a lease",
+    "put with a lease",
+    "lease grant",
+    "lease grant with an id",
+    "lease revoke",
 ];
 
 pub fn check_coverage(seed: u64, ops: usize, tally: &Tally) {
@@ -1096,11 +1605,16 @@ pub fn check_coverage(seed: u64, ops: usize, tally: &Tally) {
     if ops < DEFAULT_OPS_PER_SEED {
         return;
     }
+    let lease_reads = match tally.lease_reads {
+        true => EXPECTED_LEASE_READ_OUTCOMES,
+        false => &[],
+    };
     let missing: Vec<_> = EXPECTED_OUTCOMES
         .iter()
+        .chain(lease_reads)
         .filter(|outcome| !tally.outcomes.contains_key(**outcome))
         .chain(
-            ["txn with a nested txn"]
+            EXPECTED_REQUESTS
                 .iter()
                 .filter(|kind| !tally.requests.contains_key(**kind)),
         )
