@@ -22,6 +22,7 @@ use chorus::runtime::{
     DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_RECORDS, Role, Runtime, RuntimeConfig, RuntimeStores,
 };
 use chorus::snapshot::{SnapshotConfig, SnapshotStore};
+use chorus_etcd::watch::{self as etcd_watch, WatchConfig};
 use chorus_etcd::{
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, DEFAULT_QUOTA_BACKEND_BYTES, EtcdConfig,
     EtcdService, EtcdTls, PeerTls,
@@ -80,6 +81,29 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = DEFAULT_MAX_TXN_OPS as u64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     etcd_max_txn_ops: u64,
 
+    /// Bytes of etcd watch responses one Watch stream may hold made but
+    /// not yet sent: the stream makes no more while they wait (exceeding it
+    /// by at most one revision's responses), so this bounds a slow client's
+    /// memory; its watches fall behind instead.
+    #[arg(long, default_value_t = etcd_watch::DEFAULT_SEND_BUFFER_BYTES as u64, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    etcd_watch_send_buffer_bytes: u64,
+
+    /// A Watch stream whose send buffer stays full this long, its client
+    /// taking nothing, is closed with ResourceExhausted.
+    #[arg(long, default_value_t = etcd_watch::DEFAULT_STALL_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    etcd_watch_stall_timeout_secs: u64,
+
+    /// Between progress notifications to a watch that asked for them
+    /// (plus up to a tenth at random per stream), etcd's
+    /// --experimental-watch-progress-notify-interval; at least etcd's
+    /// minimum, 100 ms.
+    #[arg(
+        long,
+        default_value_t = etcd_watch::DEFAULT_PROGRESS_NOTIFY_INTERVAL.as_millis() as u64,
+        value_parser = clap::value_parser!(u64)
+            .range(etcd_watch::MIN_PROGRESS_NOTIFY_INTERVAL.as_millis() as u64..=MAX_PROGRESS_NOTIFY_INTERVAL_MS)
+    )]
+    etcd_watch_progress_notify_interval_ms: u64,
     /// etcd's space quota in bytes, etcd's --quota-backend-bytes: an etcd
     /// write that would take the state (keys, values and retained history)
     /// to this size is refused with "etcdserver: mvcc: database space
@@ -310,6 +334,9 @@ enum EtcdListen {
     At(SocketAddr),
 }
 
+/// The longest `--etcd-watch-progress-notify-interval-ms`: a day.
+const MAX_PROGRESS_NOTIFY_INTERVAL_MS: u64 = 86_400_000;
+
 /// The default etcd address: etcdctl's default endpoint.
 const DEFAULT_ETCD_LISTEN: &str = "127.0.0.1:2379";
 
@@ -324,12 +351,13 @@ fn parse_etcd_listen(text: &str) -> Result<EtcdListen, String> {
 }
 
 /// The etcd API's settings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct EtcdSettings {
     /// `None`: the default address, served only if it is free.
     listen: Option<EtcdListen>,
     max_request_bytes: usize,
     max_txn_ops: usize,
+    watch: WatchConfig,
     quota_backend_bytes: usize,
 }
 
@@ -368,6 +396,7 @@ impl Resolved {
         let mut config = EtcdConfig::new(identity);
         config.max_request_bytes = self.etcd.max_request_bytes;
         config.max_txn_ops = self.etcd.max_txn_ops;
+        config.watch = self.etcd.watch.clone();
         config.quota_backend_bytes = self.etcd.quota_backend_bytes;
         config.peer_tls = self.peer_tls();
         config.client_urls = bound
@@ -503,6 +532,13 @@ impl ServeArgs {
                 listen: self.etcd_listen,
                 max_request_bytes: to_usize(self.etcd_max_request_bytes),
                 max_txn_ops: to_usize(self.etcd_max_txn_ops),
+                watch: WatchConfig {
+                    progress_notify_interval: Duration::from_millis(
+                        self.etcd_watch_progress_notify_interval_ms,
+                    ),
+                    send_buffer_bytes: to_usize(self.etcd_watch_send_buffer_bytes),
+                    stall_timeout: Duration::from_secs(self.etcd_watch_stall_timeout_secs),
+                },
                 quota_backend_bytes: to_usize(self.quota_backend_bytes),
             },
             data_dir: self.store.data_dir.clone(),
@@ -617,7 +653,7 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         .holder
         .as_ref()
         .map_or(advertise_url.as_str(), HolderId::as_str);
-    let config = json!({
+    let mut config = json!({
         "listen": resolved.listen.to_string(),
         "etcd_listen": match resolved.etcd.listen {
             None => DEFAULT_ETCD_LISTEN.to_owned(),
@@ -663,6 +699,13 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         "history_records": schedule.history_records,
         "history_bytes": schedule.history_bytes,
     });
+    // Beside the rest: one json! of every field exceeds its macro's
+    // recursion limit.
+    let watch = &resolved.etcd.watch;
+    config["etcd_watch_send_buffer_bytes"] = json!(watch.send_buffer_bytes);
+    config["etcd_watch_stall_timeout_secs"] = json!(watch.stall_timeout.as_secs());
+    config["etcd_watch_progress_notify_interval_ms"] =
+        json!(watch.progress_notify_interval.as_millis());
     outln!("{}", serde_json::to_string_pretty(&config)?)?;
     Ok(())
 }

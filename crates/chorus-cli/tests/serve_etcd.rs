@@ -202,3 +202,76 @@ fn a_sigtermed_node_ends_its_etcd_streams_instead_of_waiting_out_the_grace() {
         }
     });
 }
+
+#[test]
+fn etcd_watch_flags_out_of_range_are_refused_naming_the_flag_and_its_range() {
+    let dir = TempDir::new().unwrap();
+    for (flag, bad, range) in [
+        ("--etcd-watch-progress-notify-interval-ms", "99", "100..="),
+        ("--etcd-watch-send-buffer-bytes", "0", "1..="),
+        ("--etcd-watch-stall-timeout-secs", "0", "1..="),
+        ("--etcd-watch-stall-timeout-secs", "ten", "invalid digit"),
+    ] {
+        let output = chorus_command(dir.path())
+            .args(["serve", "--print-config", flag, bad])
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{flag} {bad} was accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(flag) && stderr.contains(range),
+            "{flag} {bad}: {stderr}"
+        );
+    }
+    let output = chorus_command(dir.path())
+        .args(["serve", "--print-config"])
+        .args(["--etcd-watch-progress-notify-interval-ms", "250"])
+        .args(["--etcd-watch-send-buffer-bytes", "65536"])
+        .args(["--etcd-watch-stall-timeout-secs", "5"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let config: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(config["etcd_watch_progress_notify_interval_ms"], 250);
+    assert_eq!(config["etcd_watch_send_buffer_bytes"], 65536);
+    assert_eq!(config["etcd_watch_stall_timeout_secs"], 5);
+    let defaults = chorus_command(dir.path())
+        .args(["serve", "--print-config"])
+        .output()
+        .unwrap();
+    let config: serde_json::Value = serde_json::from_slice(&defaults.stdout).unwrap();
+    assert_eq!(config["etcd_watch_progress_notify_interval_ms"], 600_000);
+    assert_eq!(config["etcd_watch_send_buffer_bytes"], 4 << 20);
+    assert_eq!(config["etcd_watch_stall_timeout_secs"], 60);
+}
+
+#[test]
+fn the_progress_notify_interval_flag_reaches_the_watch_service() {
+    let dir = TempDir::new().unwrap();
+    let mut server = Launch::new(dir.path())
+        .args(["--etcd-listen", "127.0.0.1:0"])
+        .args(["--etcd-watch-progress-notify-interval-ms", "200"])
+        .start("etcd-progress");
+    server.wait_for_role("primary");
+    let address = etcd_address(&server);
+    runtime().block_on(async {
+        let mut client = etcd_client::Client::connect([format!("http://{address}")], None)
+            .await
+            .unwrap();
+        let options = etcd_client::WatchOptions::new().with_progress_notify();
+        let mut stream = client.watch("quiet", Some(options)).await.unwrap();
+        let created = stream.message().await.unwrap().unwrap();
+        assert!(created.created());
+        // The default interval is ten minutes: a notification within a
+        // (generous) few seconds comes from the flag.
+        let notified = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .expect("a progress notification within 10 s")
+            .unwrap()
+            .unwrap();
+        assert!(notified.events().is_empty() && !notified.canceled());
+        assert_eq!(notified.watch_id(), created.watch_id());
+    });
+    let exit = server.terminate(ROLE_TIMEOUT);
+    assert!(exit.success(), "{exit:?}\n{}", server.stderr_tail());
+}

@@ -37,7 +37,7 @@ use chorus::kv::{EtcdCommand, EtcdError, EtcdResponse, KvState};
 use chorus::runtime::{Runtime, Unavailable};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -45,7 +45,7 @@ use crate::error;
 use crate::forward::forward_if_standby;
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::lease_client::LeaseClient;
-use crate::server::{Shared, mismatched};
+use crate::server::{Shared, every, mismatched};
 
 /// How often the primary looks for expired leases (etcd's lessor checks
 /// twice a second too).
@@ -121,14 +121,7 @@ fn not_primary(runtime: &Runtime<KvState>) -> Status {
 /// [`routes`](crate::EtcdService::routes) itself runs
 /// [`EtcdService::expire_leases`](crate::EtcdService::expire_leases).
 pub(crate) async fn expire_leases(shared: Arc<Shared>, stop: impl Future<Output = ()>) {
-    let mut tick = tokio::time::interval(EXPIRY_TICK);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    tokio::pin!(stop);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = &mut stop => return,
-        }
+    every(EXPIRY_TICK, stop, || async {
         let mut revokes = JoinSet::new();
         for id in shared.leases.expired(&shared.runtime) {
             if revokes.len() >= MAX_REVOKES_IN_FLIGHT {
@@ -137,7 +130,8 @@ pub(crate) async fn expire_leases(shared: Arc<Shared>, stop: impl Future<Output 
             revokes.spawn(revoke_expired(Arc::clone(&shared), id));
         }
         revokes.join_all().await;
-    }
+    })
+    .await;
 }
 
 /// Appends the revoke of expired lease `id`; hands it out again if the

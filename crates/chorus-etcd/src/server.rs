@@ -13,6 +13,7 @@ use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::service::{Routes, RoutesBuilder};
 use tonic::transport::ServerTlsConfig;
+use tonic::transport::server::TcpIncoming;
 use tonic::{Code, Response, Status};
 use tower::util::MapResponseLayer;
 
@@ -149,6 +150,25 @@ impl Shared {
             .read(read)
             .map(|(value, _)| value)
             .map_err(|unavailable: Unavailable| error::unavailable(&unavailable))
+    }
+}
+
+/// Runs `task` every `interval` (the first time at once; a late tick is
+/// delayed, not bunched) until `stop` resolves, never cutting a run short.
+pub(crate) async fn every<F, Fut>(interval: Duration, stop: impl Future<Output = ()>, mut task: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = &mut stop => return,
+        }
+        task().await;
     }
 }
 
@@ -353,7 +373,6 @@ async fn serve_with(
         shutdown.await;
         closer.close_streams();
     };
-    let incoming = tonic::codegen::tokio_stream::wrappers::TcpListenerStream::new(listener);
     let (stopped, stop) = tokio::sync::watch::channel(false);
     let until_stopped = move || {
         let mut stop = stop.clone();
@@ -367,11 +386,19 @@ async fn serve_with(
     let served = builder
         .layer(oversize_layer())
         .add_routes(service.routes())
-        .serve_with_incoming_shutdown(incoming, shutdown)
+        .serve_with_incoming_shutdown(incoming(listener), shutdown)
         .await;
     let _ = stopped.send(true);
     let _ = tokio::join!(expiry, announcing);
     served
+}
+
+/// The connections accepted on `listener`, with Nagle's algorithm off, as
+/// etcd's (Go's) are: otherwise a small response (a put's answer, a watch
+/// event) written while an earlier one is unacknowledged waits for the
+/// client's delayed ACK, up to 40 ms on Linux.
+fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// The layer that answers a message over the decoding limit as etcd's gRPC
@@ -414,6 +441,17 @@ fn answer_oversize_as_etcd(mut response: http::Response<Body>) -> http::Response
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn accepted_connections_have_nagles_algorithm_off() {
+        use tonic::codegen::tokio_stream::StreamExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let mut accepted = incoming(listener);
+        let _client = tokio::net::TcpStream::connect(address).await.unwrap();
+        let connection = accepted.next().await.unwrap().unwrap();
+        assert!(connection.nodelay().unwrap());
+    }
 
     #[test]
     fn an_oversize_message_is_answered_as_etcds_grpc_server_does() {
