@@ -19,7 +19,9 @@
 //!   of [`PeerTls`](crate::PeerTls) and presents its certificate; without
 //!   one it answers `Unavailable` saying so.
 //! - The primary's own answers (refusals included) are relayed as they are.
-//!   A failure to reach it, or a broken connection mid-call, is
+//!   A connection that could not be made (refused, unreachable) sent
+//!   nothing: `Unavailable`, "the primary cannot be reached (nothing was
+//!   sent)". A connection lost mid-call, or no answer in time, is
 //!   `Unavailable` with etcd's "request timed out, possibly due to previous
 //!   leader failure": the request may have reached it, so a write's outcome
 //!   is unknown.
@@ -177,6 +179,14 @@ impl Shared {
         match answer {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(status)) if is_relayed(&status) => Err(status),
+            Ok(Err(status)) if never_connected(&status) => {
+                self.forwarder.forget();
+                Err(Status::unavailable(format!(
+                    "chorus: not the primary, and the primary cannot be reached (nothing was \
+                     sent): {}",
+                    status.message()
+                )))
+            }
             Ok(Err(status)) => {
                 self.forwarder.forget();
                 Err(unknown_outcome(&status.to_string()))
@@ -204,6 +214,25 @@ fn is_relayed(status: &Status) -> bool {
         )
 }
 
+/// Whether `status` says the connection to the primary was never made, so
+/// the request was never sent: a definite refusal, not an unknown outcome.
+fn never_connected(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused
+                    | std::io::ErrorKind::HostUnreachable
+                    | std::io::ErrorKind::NetworkUnreachable
+                    | std::io::ErrorKind::AddrNotAvailable
+            );
+        }
+        source = error.source();
+    }
+    false
+}
+
 /// The answer when the primary may or may not have received the request.
 fn unknown_outcome(why: &str) -> Status {
     Status::unavailable(format!(
@@ -215,6 +244,24 @@ fn unknown_outcome(why: &str) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::etcdserverpb as pb;
+
+    #[tokio::test]
+    async fn a_refused_connection_is_told_apart_from_a_lost_answer() {
+        // Nothing listens on a port just bound and closed.
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let channel = Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+            .unwrap()
+            .connect_lazy();
+        let mut client = pb::kv_client::KvClient::new(channel);
+        let refused = client.put(pb::PutRequest::default()).await.unwrap_err();
+        assert!(!is_relayed(&refused), "{refused:?}");
+        assert!(never_connected(&refused), "{refused:?}");
+        assert!(!never_connected(&Status::unavailable("h2 stream reset")));
+    }
 
     #[test]
     fn the_primarys_answers_are_relayed_and_transport_failures_are_unknown() {
