@@ -6,6 +6,7 @@
 //! `chorus bench recovery` ([`recovery`]): log open time against log length,
 //! and replay throughput. `chorus bench takeover` ([`takeover`]): takeover
 //! time against the size of the state, warm standby and cold process.
+//! `chorus bench watch` ([`watch`]): watch delivery over etcd's gRPC API.
 //!
 //! `bench log` has six scenarios: light load (one append at a time) and peak load (appends
 //! pipelined up to the in-flight budget), each with all replicas at the
@@ -30,6 +31,7 @@ mod failover;
 mod kv;
 mod recovery;
 mod takeover;
+mod watch;
 
 /// The `bench` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -50,6 +52,10 @@ pub enum BenchCommand {
     /// of the primary → first write acknowledged by a warm standby or a cold
     /// process, with the new primary's boot phases and peak RSS.
     Takeover(takeover::TakeoverBenchArgs),
+    /// Measure watch delivery over etcd's gRPC API: the time from a put's
+    /// acknowledgement to its event at each of many watchers, at a paced
+    /// rate of puts.
+    Watch(watch::WatchBenchArgs),
 }
 
 /// Arguments of `bench log`.
@@ -103,6 +109,7 @@ impl BenchCommand {
             BenchCommand::Failover(args) => return failover::run(args).await,
             BenchCommand::Recovery(args) => return recovery::run(args).await,
             BenchCommand::Takeover(args) => return takeover::run(args).await,
+            BenchCommand::Watch(args) => return watch::run(args).await,
         };
         if ![1, 3, 5].contains(&args.replicas) {
             return Err("--replicas must be 1, 3 or 5".into());

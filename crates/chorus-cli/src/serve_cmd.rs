@@ -11,7 +11,7 @@
 //! snapshot and releases the lease. A second signal exits at once.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,12 +22,14 @@ use chorus::runtime::{
     DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_RECORDS, Role, Runtime, RuntimeConfig, RuntimeStores,
 };
 use chorus::snapshot::{SnapshotConfig, SnapshotStore};
+use chorus_etcd::watch::{self as etcd_watch, WatchConfig};
 use chorus_etcd::{
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, DEFAULT_QUOTA_BACKEND_BYTES, EtcdConfig,
-    EtcdService,
+    EtcdService, EtcdTls, PeerTls,
 };
 use chorus_server::limits::{self, MemoryLimits};
 use chorus_server::listener::{self, ConnectionLimits};
+use chorus_server::tls::{TlsFiles, TlsMaterial};
 use chorus_server::{AppState, ServiceConfig};
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -79,6 +81,29 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = DEFAULT_MAX_TXN_OPS as u64, value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     etcd_max_txn_ops: u64,
 
+    /// Bytes of etcd watch responses one Watch stream may hold made but
+    /// not yet sent: the stream makes no more while they wait (exceeding it
+    /// by at most one revision's responses), so this bounds a slow client's
+    /// memory; its watches fall behind instead.
+    #[arg(long, default_value_t = etcd_watch::DEFAULT_SEND_BUFFER_BYTES as u64, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    etcd_watch_send_buffer_bytes: u64,
+
+    /// A Watch stream whose send buffer stays full this long, its client
+    /// taking nothing, is closed with ResourceExhausted.
+    #[arg(long, default_value_t = etcd_watch::DEFAULT_STALL_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    etcd_watch_stall_timeout_secs: u64,
+
+    /// Between progress notifications to a watch that asked for them
+    /// (plus up to a tenth at random per stream), etcd's
+    /// --experimental-watch-progress-notify-interval; at least etcd's
+    /// minimum, 100 ms.
+    #[arg(
+        long,
+        default_value_t = etcd_watch::DEFAULT_PROGRESS_NOTIFY_INTERVAL.as_millis() as u64,
+        value_parser = clap::value_parser!(u64)
+            .range(etcd_watch::MIN_PROGRESS_NOTIFY_INTERVAL.as_millis() as u64..=MAX_PROGRESS_NOTIFY_INTERVAL_MS)
+    )]
+    etcd_watch_progress_notify_interval_ms: u64,
     /// etcd's space quota in bytes, etcd's --quota-backend-bytes: an etcd
     /// write that would take the state (keys, values and retained history)
     /// to this size is refused with "etcdserver: mvcc: database space
@@ -89,7 +114,8 @@ pub struct ServeArgs {
 
     /// This instance's URL as clients and other instances reach it
     /// [default: http://<listen address>, or http://<hostname>:<port> when
-    /// listening on an unspecified address such as 0.0.0.0].
+    /// listening on an unspecified address such as 0.0.0.0; https:// with
+    /// --cert-file].
     #[arg(long, env = "CHORUS_ADVERTISE_URL")]
     advertise_url: Option<String>,
 
@@ -254,6 +280,28 @@ pub struct ServeArgs {
     )]
     idempotency_max_bytes: u64,
 
+    /// PEM certificate (chain, this instance's first) presented to clients,
+    /// etcd's --cert-file: with it both listeners, HTTP and etcd, speak TLS
+    /// only. Needs --key-file.
+    #[arg(long, env = "CHORUS_CERT_FILE", value_name = "PATH")]
+    cert_file: Option<PathBuf>,
+
+    /// PEM private key of --cert-file's certificate, etcd's --key-file.
+    #[arg(long, env = "CHORUS_KEY_FILE", value_name = "PATH")]
+    key_file: Option<PathBuf>,
+
+    /// PEM certificate(s) of the CA that signs client certificates, etcd's
+    /// --trusted-ca-file. As with etcd, once it is given every client of
+    /// both listeners must present a certificate it signed. Needs
+    /// --cert-file.
+    #[arg(long, env = "CHORUS_TRUSTED_CA_FILE", value_name = "PATH")]
+    trusted_ca_file: Option<PathBuf>,
+
+    /// Require a client certificate signed by --trusted-ca-file (which it
+    /// needs) on every connection, etcd's --client-cert-auth.
+    #[arg(long)]
+    client_cert_auth: bool,
+
     /// Print the merged configuration (secrets redacted) and exit.
     #[arg(long)]
     print_config: bool,
@@ -273,6 +321,8 @@ struct Resolved {
     listen: SocketAddr,
     etcd: EtcdSettings,
     data_dir: Option<PathBuf>,
+    /// `None`: plain TCP.
+    tls: Option<TlsMaterial>,
 }
 
 /// Where the etcd API is served, as `--etcd-listen` says.
@@ -283,6 +333,9 @@ enum EtcdListen {
     /// On this address, exiting with an error when it cannot be bound.
     At(SocketAddr),
 }
+
+/// The longest `--etcd-watch-progress-notify-interval-ms`: a day.
+const MAX_PROGRESS_NOTIFY_INTERVAL_MS: u64 = 86_400_000;
 
 /// The default etcd address: etcdctl's default endpoint.
 const DEFAULT_ETCD_LISTEN: &str = "127.0.0.1:2379";
@@ -298,12 +351,13 @@ fn parse_etcd_listen(text: &str) -> Result<EtcdListen, String> {
 }
 
 /// The etcd API's settings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct EtcdSettings {
     /// `None`: the default address, served only if it is free.
     listen: Option<EtcdListen>,
     max_request_bytes: usize,
     max_txn_ops: usize,
+    watch: WatchConfig,
     quota_backend_bytes: usize,
 }
 
@@ -342,22 +396,52 @@ impl Resolved {
         let mut config = EtcdConfig::new(identity);
         config.max_request_bytes = self.etcd.max_request_bytes;
         config.max_txn_ops = self.etcd.max_txn_ops;
+        config.watch = self.etcd.watch.clone();
         config.quota_backend_bytes = self.etcd.quota_backend_bytes;
+        config.peer_tls = self.peer_tls();
         config.client_urls = bound
-            .map(|bound| default_advertise_url(bound, &hostname()))
+            .map(|bound| default_advertise_url(self.scheme(), bound, &hostname()))
             .into_iter()
             .collect();
         config
     }
 
-    /// The advertised URL: the flag, or `http://` and the bound address, or
-    /// for an unspecified address (0.0.0.0, ::), which names no host, this
-    /// host's name and the bound port.
+    /// The advertised URL: the flag, or the scheme and the bound address,
+    /// or for an unspecified address (0.0.0.0, ::), which names no host,
+    /// this host's name and the bound port.
     fn advertise_url(&self, bound: SocketAddr) -> String {
         self.service
             .advertise_url
             .clone()
-            .unwrap_or_else(|| default_advertise_url(bound, &hostname()))
+            .unwrap_or_else(|| default_advertise_url(self.scheme(), bound, &hostname()))
+    }
+
+    /// The scheme clients reach both listeners with.
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
+    }
+
+    /// What this node trusts and presents when, as a standby, it forwards
+    /// to the primary's etcd listener: the trusted CA (which must then have
+    /// signed every node's certificate) and its own certificate. `None`
+    /// without TLS or without a trusted CA.
+    fn peer_tls(&self) -> Option<PeerTls> {
+        let tls = self.tls.as_ref()?;
+        Some(PeerTls {
+            ca_pem: tls.trusted_ca_pem()?.to_vec(),
+            certificate_pem: tls.certificate_pem().to_vec(),
+            key_pem: tls.key_pem().to_vec(),
+        })
+    }
+
+    /// The etcd listener's TLS, if any.
+    fn etcd_tls(&self) -> Option<EtcdTls> {
+        self.tls.as_ref().map(|tls| EtcdTls {
+            certificate_pem: tls.certificate_pem().to_vec(),
+            key_pem: tls.key_pem().to_vec(),
+            trusted_ca_pem: tls.trusted_ca_pem().map(<[u8]>::to_vec),
+            handshake_timeout: self.service.connections.header_read_timeout,
+        })
     }
 }
 
@@ -448,9 +532,17 @@ impl ServeArgs {
                 listen: self.etcd_listen,
                 max_request_bytes: to_usize(self.etcd_max_request_bytes),
                 max_txn_ops: to_usize(self.etcd_max_txn_ops),
+                watch: WatchConfig {
+                    progress_notify_interval: Duration::from_millis(
+                        self.etcd_watch_progress_notify_interval_ms,
+                    ),
+                    send_buffer_bytes: to_usize(self.etcd_watch_send_buffer_bytes),
+                    stall_timeout: Duration::from_secs(self.etcd_watch_stall_timeout_secs),
+                },
                 quota_backend_bytes: to_usize(self.quota_backend_bytes),
             },
             data_dir: self.store.data_dir.clone(),
+            tls: self.tls()?,
         };
         // Relations between flags (--history-bytes against the largest
         // record) are refused here, before anything is opened.
@@ -460,6 +552,21 @@ impl ServeArgs {
             .validate()
             .map_err(|e| format!("invalid configuration: {e}"))?;
         Ok(resolved)
+    }
+
+    /// The TLS files, read and checked, when --cert-file is given; the
+    /// flags' relations are checked first.
+    fn tls(&self) -> Result<Option<TlsMaterial>, CommandError> {
+        let files = tls_files(
+            self.cert_file.as_deref(),
+            self.key_file.as_deref(),
+            self.trusted_ca_file.as_deref(),
+            self.client_cert_auth,
+        )?;
+        let Some(files) = files else {
+            return Ok(None);
+        };
+        Ok(Some(TlsMaterial::load(&files)?))
     }
 
     /// Runs the service until a signal.
@@ -472,14 +579,54 @@ impl ServeArgs {
     }
 }
 
-/// `http://<bound>`, or `http://<host>:<port>` when `bound` is unspecified:
-/// every process listening on 0.0.0.0:7070 would otherwise advertise (and,
-/// by default, hold the lease as) the same `http://0.0.0.0:7070`.
-fn default_advertise_url(bound: SocketAddr, host: &str) -> String {
+/// The TLS files the flags name, once their relations hold: a
+/// certificate and its key or neither, a trusted CA only with them,
+/// `--client-cert-auth` only with a trusted CA. `None`: no TLS.
+fn tls_files(
+    cert_file: Option<&Path>,
+    key_file: Option<&Path>,
+    trusted_ca_file: Option<&Path>,
+    client_cert_auth: bool,
+) -> Result<Option<TlsFiles>, String> {
+    if client_cert_auth && trusted_ca_file.is_none() {
+        return Err(
+            "--client-cert-auth needs --trusted-ca-file (the CA that signs client certificates)"
+                .to_owned(),
+        );
+    }
+    match (cert_file, key_file) {
+        (Some(cert_file), Some(key_file)) => Ok(Some(TlsFiles {
+            cert_file: cert_file.to_owned(),
+            key_file: key_file.to_owned(),
+            trusted_ca_file: trusted_ca_file.map(Path::to_owned),
+        })),
+        (Some(cert), None) => Err(format!(
+            "--cert-file {} needs --key-file (its private key)",
+            cert.display()
+        )),
+        (None, Some(key)) => Err(format!(
+            "--key-file {} needs --cert-file (its certificate)",
+            key.display()
+        )),
+        (None, None) => match trusted_ca_file {
+            Some(ca) => Err(format!(
+                "--trusted-ca-file {} needs --cert-file and --key-file: client certificates are checked only over TLS",
+                ca.display()
+            )),
+            None => Ok(None),
+        },
+    }
+}
+
+/// `<scheme>://<bound>`, or `<scheme>://<host>:<port>` when `bound` is
+/// unspecified: every process listening on 0.0.0.0:7070 would otherwise
+/// advertise (and, by default, hold the lease as) the same
+/// `http://0.0.0.0:7070`.
+fn default_advertise_url(scheme: &str, bound: SocketAddr, host: &str) -> String {
     if bound.ip().is_unspecified() {
-        format!("http://{host}:{}", bound.port())
+        format!("{scheme}://{host}:{}", bound.port())
     } else {
-        format!("http://{bound}")
+        format!("{scheme}://{bound}")
     }
 }
 
@@ -506,7 +653,7 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         .holder
         .as_ref()
         .map_or(advertise_url.as_str(), HolderId::as_str);
-    let config = json!({
+    let mut config = json!({
         "listen": resolved.listen.to_string(),
         "etcd_listen": match resolved.etcd.listen {
             None => DEFAULT_ETCD_LISTEN.to_owned(),
@@ -517,6 +664,11 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         "etcd_max_txn_ops": resolved.etcd.max_txn_ops,
         "quota_backend_bytes": resolved.etcd.quota_backend_bytes,
         "advertise_url": advertise_url,
+        "tls": resolved.tls.is_some(),
+        "cert_file": resolved.tls.as_ref().map(|tls| tls.files().cert_file.display().to_string()),
+        "key_file": resolved.tls.as_ref().map(|tls| tls.files().key_file.display().to_string()),
+        "trusted_ca_file": resolved.tls.as_ref().and_then(|tls| tls.files().trusted_ca_file.as_ref()).map(|path| path.display().to_string()),
+        "client_cert_auth": resolved.tls.as_ref().is_some_and(TlsMaterial::requires_client_certificates),
         "holder": holder,
         "replicas": resolved.location.replicas.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "register": resolved.location.register.to_string(),
@@ -547,6 +699,13 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         "history_records": schedule.history_records,
         "history_bytes": schedule.history_bytes,
     });
+    // Beside the rest: one json! of every field exceeds its macro's
+    // recursion limit.
+    let watch = &resolved.etcd.watch;
+    config["etcd_watch_send_buffer_bytes"] = json!(watch.send_buffer_bytes);
+    config["etcd_watch_stall_timeout_secs"] = json!(watch.stall_timeout.as_secs());
+    config["etcd_watch_progress_notify_interval_ms"] =
+        json!(watch.progress_notify_interval.as_millis());
     outln!("{}", serde_json::to_string_pretty(&config)?)?;
     Ok(())
 }
@@ -586,6 +745,26 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
     if let Some(etcd_bound) = etcd_bound {
         outln!("chorus serve: etcd API on {etcd_bound}")?;
     }
+    if let Some(tls) = &resolved.tls {
+        let clients = if tls.requires_client_certificates() {
+            "client certificates required"
+        } else {
+            "no client certificates"
+        };
+        outln!("chorus serve: TLS on every listener ({clients})")?;
+        if !tls.requires_client_certificates() {
+            tracing::warn!(
+                "without --trusted-ca-file this node cannot verify a primary's certificate: \
+                 as a standby it answers etcd writes Unavailable instead of forwarding them"
+            );
+        }
+    }
+    let etcd_tls = resolved.etcd_tls();
+    let http_tls = resolved
+        .tls
+        .as_ref()
+        .map(|tls| tls.server_config(&[chorus_server::tls::ALPN_HTTP1]))
+        .transpose()?;
     let etcd = EtcdService::new(Arc::clone(&runtime), resolved.etcd_config(etcd_bound));
     if let Some(dir) = &resolved.data_dir {
         tracing::debug!(data_dir = %dir.display(), "data directory");
@@ -615,7 +794,12 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
     let (stop_streams, shutdown) = watch::channel(false);
     let mut stopped = stop_streams.subscribe();
     let etcd = match etcd_listener {
-        Some(etcd_listener) => Some(tokio::spawn(serve_etcd(etcd_listener, etcd, stopped))),
+        Some(etcd_listener) => Some(tokio::spawn(serve_etcd(
+            etcd_listener,
+            etcd,
+            etcd_tls,
+            stopped,
+        ))),
         // Leases granted through another node still expire while this one leads.
         None => {
             tokio::spawn(etcd.expire_leases(async move {
@@ -643,9 +827,11 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
         }
         let _ = stop_streams.send(true);
     };
-    chorus_server::serve(listener, app, until)
-        .await
-        .map_err(|e| format!("http server failed: {e}"))?;
+    let served = match http_tls {
+        Some(tls) => chorus_server::serve_tls(listener, app, tls, until).await,
+        None => chorus_server::serve(listener, app, until).await,
+    };
+    served.map_err(|e| format!("http server failed: {e}"))?;
     if let Some(etcd) = etcd {
         drain_etcd(etcd, grace).await?;
     }
@@ -680,18 +866,22 @@ async fn bind_etcd(listen: Option<EtcdListen>) -> Result<Option<TcpListener>, Co
     }
 }
 
-/// Serves the etcd API until `stopped` turns true (with the HTTP server).
+/// Serves the etcd API (over `tls`, if any) until `stopped` turns true
+/// (with the HTTP server).
 async fn serve_etcd(
     listener: TcpListener,
     service: EtcdService,
+    tls: Option<EtcdTls>,
     mut stopped: watch::Receiver<bool>,
 ) -> Result<(), String> {
     let shutdown = async move {
         let _ = stopped.wait_for(|stopped| *stopped).await;
     };
-    chorus_etcd::serve(listener, service, shutdown)
-        .await
-        .map_err(|e| format!("etcd server failed: {e}"))
+    let served = match &tls {
+        Some(tls) => chorus_etcd::serve_tls(listener, service, tls, shutdown).await,
+        None => chorus_etcd::serve(listener, service, shutdown).await,
+    };
+    served.map_err(|e| format!("etcd server failed: {e}"))
 }
 
 /// Waits for the etcd server to finish the RPCs in flight, for at most
@@ -810,11 +1000,45 @@ mod tests {
 
     #[test]
     fn the_default_advertised_url_never_names_an_unspecified_address() {
-        let url = |addr: &str| default_advertise_url(addr.parse().unwrap(), "node-7");
+        let url = |addr: &str| default_advertise_url("http", addr.parse().unwrap(), "node-7");
         assert_eq!(url("127.0.0.1:7070"), "http://127.0.0.1:7070");
         assert_eq!(url("[::1]:7071"), "http://[::1]:7071");
         assert_eq!(url("10.0.0.5:80"), "http://10.0.0.5:80");
         assert_eq!(url("0.0.0.0:7070"), "http://node-7:7070");
         assert_eq!(url("[::]:7072"), "http://node-7:7072");
+        let tls = |addr: &str| default_advertise_url("https", addr.parse().unwrap(), "node-7");
+        assert_eq!(tls("127.0.0.1:7070"), "https://127.0.0.1:7070");
+        assert_eq!(tls("0.0.0.0:7070"), "https://node-7:7070");
+    }
+
+    #[test]
+    fn tls_flags_come_in_the_pairs_etcd_takes_them() {
+        fn path(text: &str) -> Option<&Path> {
+            Some(Path::new(text))
+        }
+        let files = tls_files(path("c.pem"), path("k.pem"), path("ca.pem"), true)
+            .unwrap()
+            .unwrap();
+        assert_eq!(files.trusted_ca_file.as_deref(), Path::new("ca.pem").into());
+        assert_eq!(tls_files(None, None, None, false), Ok(None));
+        let error = |result: Result<Option<TlsFiles>, String>| result.unwrap_err();
+        assert_eq!(
+            error(tls_files(path("c.pem"), None, None, false)),
+            "--cert-file c.pem needs --key-file (its private key)"
+        );
+        assert_eq!(
+            error(tls_files(None, path("k.pem"), None, false)),
+            "--key-file k.pem needs --cert-file (its certificate)"
+        );
+        assert!(
+            error(tls_files(None, None, path("ca.pem"), false))
+                .starts_with("--trusted-ca-file ca.pem needs --cert-file and --key-file")
+        );
+        for cert in [None, path("c.pem")] {
+            assert_eq!(
+                error(tls_files(cert, path("k.pem"), None, true)),
+                "--client-cert-auth needs --trusted-ca-file (the CA that signs client certificates)"
+            );
+        }
     }
 }

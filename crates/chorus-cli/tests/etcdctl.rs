@@ -15,130 +15,8 @@
 
 mod support;
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-use support::etcd::{EtcdServer, etcdctl_binary, free_port};
-use support::server::Launch;
-
-/// How long `chorus serve` may take to answer etcd clients.
-const SERVE_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// What one etcdctl run printed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Outcome {
-    /// The exit code.
-    code: Option<i32>,
-    /// Stdout, masked.
-    stdout: String,
-    /// What etcdctl itself wrote to stderr (`Error: …`, `… is healthy …`),
-    /// masked; the Go client's JSON log lines (retries, with timestamps) are
-    /// left out.
-    messages: Vec<String>,
-}
-
-/// etcdctl aimed at one endpoint.
-struct Etcdctl {
-    binary: PathBuf,
-    endpoint: String,
-}
-
-impl Etcdctl {
-    /// Runs `etcdctl --endpoints <endpoint> <args>` with `stdin` as input.
-    fn run(&self, args: &[&str], stdin: &str) -> Outcome {
-        let mut child = Command::new(&self.binary)
-            .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &self.endpoint, "--command-timeout", "20s"])
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("etcdctl runs");
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(stdin.as_bytes())
-            .expect("etcdctl reads its input");
-        let output = child.wait_with_output().expect("etcdctl finishes");
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        Outcome {
-            code: output.status.code(),
-            stdout: self.masked(&stdout),
-            messages: stderr
-                .lines()
-                .filter(|line| !line.starts_with('{'))
-                .map(|line| self.masked(line))
-                .collect(),
-        }
-    }
-
-    /// `stdout` with what names the deployment replaced: the endpoint, the
-    /// `fields` output's cluster id, member id and raft term, and the time
-    /// a health check took.
-    fn masked(&self, stdout: &str) -> String {
-        stdout
-            .replace(&self.endpoint, "<endpoint>")
-            .lines()
-            .map(|line| {
-                for field in ["\"ClusterID\" : ", "\"MemberID\" : ", "\"RaftTerm\" : "] {
-                    if line.starts_with(field) {
-                        return format!("{field}<masked>");
-                    }
-                }
-                match line.split_once("took = ") {
-                    Some((before, _)) => format!("{before}took = <masked>"),
-                    None => line.to_owned(),
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-
-    /// Waits until the endpoint answers `endpoint health`.
-    fn wait_healthy(&self) {
-        let deadline = Instant::now() + SERVE_TIMEOUT;
-        loop {
-            let outcome = self.run(&["endpoint", "health"], "");
-            if outcome.code == Some(0) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} not healthy within {SERVE_TIMEOUT:?}: {outcome:?}",
-                self.endpoint
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    /// The same etcdctl aimed at the endpoint without its scheme
-    /// (`127.0.0.1:2379`, etcdctl's own default form). etcdctl 3.4 dials
-    /// `endpoint status` on a connection of its own whose HTTP/2 `:authority`
-    /// is the endpoint as given; `http://…` is no authority, and the HTTP/2
-    /// server under `chorus serve` (the h2 crate) resets such a stream where
-    /// etcd's Go server lets it through (docs/etcd.md, known differences).
-    fn without_scheme(&self) -> Etcdctl {
-        Etcdctl {
-            binary: self.binary.clone(),
-            endpoint: self.endpoint.trim_start_matches("http://").to_owned(),
-        }
-    }
-
-    /// Whether this etcdctl has `get --count-only` (etcd 3.5 and later).
-    fn knows_count_only(&self) -> bool {
-        let help = Command::new(&self.binary)
-            .env("ETCDCTL_API", "3")
-            .args(["get", "--help"])
-            .output()
-            .expect("etcdctl runs");
-        String::from_utf8_lossy(&help.stdout).contains("--count-only")
-    }
-}
+use support::etcd::EtcdServer;
+use support::etcdctl::{Etcdctl, serve_with_etcdctl};
 
 /// One step of the script: etcdctl's arguments and its input.
 struct Step {
@@ -269,24 +147,17 @@ fn script(count_only: bool) -> Vec<Step> {
 /// through a real etcd.
 #[test]
 fn etcdctl_prints_what_it_prints_against_etcd() {
-    let (Some(binary), Some(etcd)) = (etcdctl_binary(), EtcdServer::start("etcdctl-oracle")) else {
+    let Some(etcd) = EtcdServer::start("etcdctl-oracle") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let chorus = Launch::new(dir.path())
-        .args(["--etcd-listen", &listen])
-        .start("chorus");
-    let through_chorus = Etcdctl {
-        binary: binary.clone(),
-        endpoint: format!("http://{listen}"),
+    let Some((chorus, through_chorus)) = serve_with_etcdctl(dir.path()) else {
+        return;
     };
     let through_etcd = Etcdctl {
-        binary,
+        binary: through_chorus.binary.clone(),
         endpoint: etcd.endpoint().to_owned(),
     };
-    through_chorus.wait_healthy();
     for (number, step) in script(through_etcd.knows_count_only()).iter().enumerate() {
         let expected = through_etcd.run(&step.args, step.stdin);
         let actual = through_chorus.run(&step.args, step.stdin);

@@ -12,6 +12,8 @@ use tempfile::TempDir;
 
 /// The line `chorus serve` prints once it serves the etcd API.
 const ETCD_LINE: &str = "chorus serve: etcd API on ";
+/// gRPC's code `Unavailable`, on which etcd clients try another endpoint.
+const GRPC_UNAVAILABLE: i32 = 14;
 /// What the log says when the default etcd address is taken.
 const DEFAULT_TAKEN: &str = "not serving the etcd API: cannot listen on 127.0.0.1:2379";
 
@@ -140,4 +142,136 @@ fn etcd_listen_off_serves_http_only() {
         "{}",
         server.stderr_tail()
     );
+}
+
+/// Watch and LeaseKeepAlive streams never end on their own. A SIGTERMed
+/// node used to wait for them for its whole shutdown grace before it
+/// released the writer lease, so no node took writes meanwhile (10 s by
+/// default, against a takeover of about the lease TTL after a SIGKILL).
+/// Now they end `Unavailable` at once (clients resume on another node) and
+/// the process stops well within the grace.
+#[test]
+fn a_sigtermed_node_ends_its_etcd_streams_instead_of_waiting_out_the_grace() {
+    const GRACE_SECS: u64 = 60;
+    let dir = TempDir::new().unwrap();
+    let mut server = Launch::new(dir.path())
+        .args(["--etcd-listen", "127.0.0.1:0"])
+        .args(["--shutdown-grace-secs", &GRACE_SECS.to_string()])
+        .start("streams");
+    server.wait_for_role("primary");
+    let address = etcd_address(&server);
+    let runtime = runtime();
+    let (mut watch, _keeper, mut keep_alives) = runtime.block_on(async {
+        let mut client = etcd_client::Client::connect([format!("http://{address}")], None)
+            .await
+            .unwrap();
+        let watch = client.watch("k", None).await.unwrap();
+        let lease = client.lease_grant(60, None).await.unwrap();
+        let (mut keeper, mut keep_alives) = client.lease_keep_alive(lease.id()).await.unwrap();
+        keeper.keep_alive().await.unwrap();
+        assert_eq!(keep_alives.message().await.unwrap().unwrap().ttl(), 60);
+        // The keeper is kept, so the request side stays open.
+        (watch, keeper, keep_alives)
+    });
+    let signalled = std::time::Instant::now();
+    let exit = server.terminate(Duration::from_secs(GRACE_SECS / 3));
+    assert!(exit.success(), "{exit:?}\n{}", server.stderr_tail());
+    eprintln!("stopped {:?} after SIGTERM", signalled.elapsed());
+    runtime.block_on(async {
+        let watch_end = loop {
+            match watch.message().await {
+                Ok(Some(_created)) => continue,
+                other => break other,
+            }
+        };
+        let keep_alive_end = keep_alives.message().await;
+        for (what, end) in [
+            ("watch", watch_end.map(|_| ())),
+            ("keep-alive", keep_alive_end.map(|_| ())),
+        ] {
+            match end {
+                Err(etcd_client::Error::GRpcStatus(status)) => {
+                    assert_eq!(status.code() as i32, GRPC_UNAVAILABLE, "{what}: {status:?}");
+                    assert!(
+                        status.message().contains("shutting down"),
+                        "{what}: {status:?}"
+                    );
+                }
+                other => panic!("{what}: ended with {other:?}"),
+            }
+        }
+    });
+}
+
+#[test]
+fn etcd_watch_flags_out_of_range_are_refused_naming_the_flag_and_its_range() {
+    let dir = TempDir::new().unwrap();
+    for (flag, bad, range) in [
+        ("--etcd-watch-progress-notify-interval-ms", "99", "100..="),
+        ("--etcd-watch-send-buffer-bytes", "0", "1..="),
+        ("--etcd-watch-stall-timeout-secs", "0", "1..="),
+        ("--etcd-watch-stall-timeout-secs", "ten", "invalid digit"),
+    ] {
+        let output = chorus_command(dir.path())
+            .args(["serve", "--print-config", flag, bad])
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{flag} {bad} was accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(flag) && stderr.contains(range),
+            "{flag} {bad}: {stderr}"
+        );
+    }
+    let output = chorus_command(dir.path())
+        .args(["serve", "--print-config"])
+        .args(["--etcd-watch-progress-notify-interval-ms", "250"])
+        .args(["--etcd-watch-send-buffer-bytes", "65536"])
+        .args(["--etcd-watch-stall-timeout-secs", "5"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let config: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(config["etcd_watch_progress_notify_interval_ms"], 250);
+    assert_eq!(config["etcd_watch_send_buffer_bytes"], 65536);
+    assert_eq!(config["etcd_watch_stall_timeout_secs"], 5);
+    let defaults = chorus_command(dir.path())
+        .args(["serve", "--print-config"])
+        .output()
+        .unwrap();
+    let config: serde_json::Value = serde_json::from_slice(&defaults.stdout).unwrap();
+    assert_eq!(config["etcd_watch_progress_notify_interval_ms"], 600_000);
+    assert_eq!(config["etcd_watch_send_buffer_bytes"], 4 << 20);
+    assert_eq!(config["etcd_watch_stall_timeout_secs"], 60);
+}
+
+#[test]
+fn the_progress_notify_interval_flag_reaches_the_watch_service() {
+    let dir = TempDir::new().unwrap();
+    let mut server = Launch::new(dir.path())
+        .args(["--etcd-listen", "127.0.0.1:0"])
+        .args(["--etcd-watch-progress-notify-interval-ms", "200"])
+        .start("etcd-progress");
+    server.wait_for_role("primary");
+    let address = etcd_address(&server);
+    runtime().block_on(async {
+        let mut client = etcd_client::Client::connect([format!("http://{address}")], None)
+            .await
+            .unwrap();
+        let options = etcd_client::WatchOptions::new().with_progress_notify();
+        let mut stream = client.watch("quiet", Some(options)).await.unwrap();
+        let created = stream.message().await.unwrap().unwrap();
+        assert!(created.created());
+        // The default interval is ten minutes: a notification within a
+        // (generous) few seconds comes from the flag.
+        let notified = tokio::time::timeout(Duration::from_secs(10), stream.message())
+            .await
+            .expect("a progress notification within 10 s")
+            .unwrap()
+            .unwrap();
+        assert!(notified.events().is_empty() && !notified.canceled());
+        assert_eq!(notified.watch_id(), created.watch_id());
+    });
+    let exit = server.terminate(ROLE_TIMEOUT);
+    assert!(exit.success(), "{exit:?}\n{}", server.stderr_tail());
 }

@@ -18,12 +18,11 @@ use std::sync::Arc;
 
 use chorus::members::{Member, REFRESH_INTERVAL};
 use chorus::runtime::RuntimeStatus;
-use tokio::time::MissedTickBehavior;
 use tonic::{Request, Response, Status};
 
 use crate::identity::stable_id;
 use crate::proto::etcdserverpb as pb;
-use crate::server::Shared;
+use crate::server::{Shared, every};
 use crate::unserved::not_served_unary;
 
 /// etcd's Cluster service; see the module docs.
@@ -74,21 +73,16 @@ fn member(holder: &str, client_urls: Vec<String>) -> pb::Member {
 /// [`REFRESH_INTERVAL`] until `stop` resolves; a failed write is logged and
 /// tried again at the next interval.
 pub(crate) async fn announce(shared: Arc<Shared>, stop: impl Future<Output = ()>) {
-    let mut directory = shared.runtime.member_directory();
+    let directory = tokio::sync::Mutex::new(shared.runtime.member_directory());
     let holder = shared.runtime.config().holder.clone();
     let endpoints = BTreeMap::from([(ETCD.to_owned(), shared.config.client_urls.clone())]);
-    let mut tick = tokio::time::interval(REFRESH_INTERVAL);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    tokio::pin!(stop);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = &mut stop => return,
-        }
-        if let Err(error) = directory.announce(&holder, &endpoints).await {
+    every(REFRESH_INTERVAL, stop, || async {
+        let announced = directory.lock().await.announce(&holder, &endpoints).await;
+        if let Err(error) = announced {
             tracing::warn!(%error, "cannot announce this node in the member directory");
         }
-    }
+    })
+    .await;
 }
 
 /// A holder id that is a URL, as the peer URL of its member.

@@ -36,6 +36,32 @@ pub struct EtcdConfig {
     /// values and retained history) to this many bytes is refused, and the
     /// primary raises the NOSPACE alarm, as etcd does at its quota.
     pub quota_backend_bytes: usize,
+    /// How a standby reaches an `https://` primary when it forwards to it;
+    /// `None`: it cannot, and answers `Unavailable` saying so.
+    pub peer_tls: Option<PeerTls>,
+}
+
+/// What a standby trusts and presents when it forwards to the primary's
+/// etcd endpoint over TLS. Its `Debug` leaves the key out.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PeerTls {
+    /// PEM certificates of the CA that signed the primary's certificate.
+    pub ca_pem: Vec<u8>,
+    /// PEM certificate this node presents (for a primary that requires
+    /// client certificates).
+    pub certificate_pem: Vec<u8>,
+    /// PEM private key of that certificate.
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for PeerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerTls")
+            .field("ca_pem_bytes", &self.ca_pem.len())
+            .field("certificate_pem_bytes", &self.certificate_pem.len())
+            .field("key_pem", &"<redacted>")
+            .finish()
+    }
 }
 
 impl EtcdConfig {
@@ -49,6 +75,7 @@ impl EtcdConfig {
             client_urls: Vec::new(),
             watch: WatchConfig::default(),
             quota_backend_bytes: DEFAULT_QUOTA_BACKEND_BYTES,
+            peer_tls: None,
         }
     }
 

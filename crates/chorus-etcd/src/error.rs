@@ -22,6 +22,20 @@ use tonic::{Code, Status};
 /// etcd's answer when the server cannot take more proposals now.
 pub const TOO_MANY_REQUESTS: &str = "etcdserver: too many requests";
 
+/// What a Watch or LeaseKeepAlive stream ends with when its node shuts
+/// down: `Unavailable`, on which etcd clients resume on another endpoint.
+pub const SHUTTING_DOWN: &str = "chorus: this node is shutting down; resume on another node";
+
+/// The status a stream ends with when its node shuts down.
+pub fn shutting_down() -> Status {
+    Status::unavailable(SHUTTING_DOWN)
+}
+
+/// Resolves once `closing` turns true (or its sender is gone).
+pub(crate) async fn closed(closing: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = closing.wait_for(|closing| *closing).await;
+}
+
 /// etcd's code and message for a refusal.
 pub fn refused(error: &EtcdError) -> Status {
     let code = match error.code() {

@@ -15,8 +15,13 @@
 //!   takeover) answer `Unavailable` rather than pass it back and forth.
 //! - No primary known, or no endpoint announced for it: `Unavailable`
 //!   naming why, nothing sent, as before.
+//! - An `https://` primary is reached over TLS: the standby trusts the CA
+//!   of [`PeerTls`](crate::PeerTls) and presents its certificate; without
+//!   one it answers `Unavailable` saying so.
 //! - The primary's own answers (refusals included) are relayed as they are.
-//!   A failure to reach it, or a broken connection mid-call, is
+//!   A connection that could not be made (refused, unreachable) sent
+//!   nothing: `Unavailable`, "the primary cannot be reached (nothing was
+//!   sent)". A connection lost mid-call, or no answer in time, is
 //!   `Unavailable` with etcd's "request timed out, possibly due to previous
 //!   leader failure": the request may have reached it, so a write's outcome
 //!   is unknown.
@@ -26,7 +31,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use chorus::runtime::Role;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Request, Status};
 
 use crate::cluster::ETCD;
@@ -130,9 +135,32 @@ impl Shared {
                 "chorus: not the primary; the primary's endpoint {url} is not a URL: {error}"
             ))
         })?;
+        let endpoint = self.secured(endpoint, &url)?;
         let channel = endpoint.connect_timeout(CONNECT_TIMEOUT).connect_lazy();
         self.forwarder.remember(&holder, channel.clone());
         Ok(channel)
+    }
+
+    /// `endpoint` (at `url`) over TLS when `url` is `https://`: trusting the
+    /// configured CA and presenting this node's certificate.
+    fn secured(&self, endpoint: Endpoint, url: &str) -> Result<Endpoint, Status> {
+        if !url.starts_with("https://") {
+            return Ok(endpoint);
+        }
+        let tls = self.config.peer_tls.as_ref().ok_or_else(|| {
+            Status::unavailable(format!(
+                "chorus: not the primary; the primary's endpoint {url} is TLS and this node has \
+                 no CA to verify it (--trusted-ca-file)"
+            ))
+        })?;
+        let config = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&tls.ca_pem))
+            .identity(Identity::from_pem(&tls.certificate_pem, &tls.key_pem));
+        endpoint.tls_config(config).map_err(|error| {
+            Status::unavailable(format!(
+                "chorus: not the primary; cannot set up TLS to the primary's endpoint {url}: {error}"
+            ))
+        })
     }
 
     /// Sends `message` to the primary with `call`, marked as forwarded, and
@@ -151,6 +179,14 @@ impl Shared {
         match answer {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(status)) if is_relayed(&status) => Err(status),
+            Ok(Err(status)) if never_connected(&status) => {
+                self.forwarder.forget();
+                Err(Status::unavailable(format!(
+                    "chorus: not the primary, and the primary cannot be reached (nothing was \
+                     sent): {}",
+                    status.message()
+                )))
+            }
             Ok(Err(status)) => {
                 self.forwarder.forget();
                 Err(unknown_outcome(&status.to_string()))
@@ -178,6 +214,25 @@ fn is_relayed(status: &Status) -> bool {
         )
 }
 
+/// Whether `status` says the connection to the primary was never made, so
+/// the request was never sent: a definite refusal, not an unknown outcome.
+fn never_connected(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused
+                    | std::io::ErrorKind::HostUnreachable
+                    | std::io::ErrorKind::NetworkUnreachable
+                    | std::io::ErrorKind::AddrNotAvailable
+            );
+        }
+        source = error.source();
+    }
+    false
+}
+
 /// The answer when the primary may or may not have received the request.
 fn unknown_outcome(why: &str) -> Status {
     Status::unavailable(format!(
@@ -189,6 +244,24 @@ fn unknown_outcome(why: &str) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::etcdserverpb as pb;
+
+    #[tokio::test]
+    async fn a_refused_connection_is_told_apart_from_a_lost_answer() {
+        // Nothing listens on a port just bound and closed.
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let channel = Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+            .unwrap()
+            .connect_lazy();
+        let mut client = pb::kv_client::KvClient::new(channel);
+        let refused = client.put(pb::PutRequest::default()).await.unwrap_err();
+        assert!(!is_relayed(&refused), "{refused:?}");
+        assert!(never_connected(&refused), "{refused:?}");
+        assert!(!never_connected(&Status::unavailable("h2 stream reset")));
+    }
 
     #[test]
     fn the_primarys_answers_are_relayed_and_transport_failures_are_unknown() {

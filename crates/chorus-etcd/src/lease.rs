@@ -9,7 +9,8 @@
 //!   or already expired. A keep-alive is acknowledged only if this node is
 //!   still a primary sure of its writer lease after renewing, so no
 //!   successor can have started before the renewal (see
-//!   [`chorus::kv::lessor`]).
+//!   [`chorus::kv::lessor`]). When the node shuts down the stream ends
+//!   `Unavailable`, which etcd's clients take as "try another endpoint".
 //! - LeaseTimeToLive: the primary's remaining TTL (whole seconds, rounded
 //!   down as etcd does) and granted TTL, with the keys if asked; TTL -1 for
 //!   a lease that does not exist.
@@ -36,7 +37,7 @@ use chorus::kv::{EtcdCommand, EtcdError, EtcdResponse, KvState};
 use chorus::runtime::{Runtime, Unavailable};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 use tonic::codegen::tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -44,7 +45,7 @@ use crate::error;
 use crate::forward::forward_if_standby;
 use crate::proto::etcdserverpb as pb;
 use crate::proto::etcdserverpb::lease_client::LeaseClient;
-use crate::server::{Shared, mismatched};
+use crate::server::{Shared, every, mismatched};
 
 /// How often the primary looks for expired leases (etcd's lessor checks
 /// twice a second too).
@@ -120,14 +121,7 @@ fn not_primary(runtime: &Runtime<KvState>) -> Status {
 /// [`routes`](crate::EtcdService::routes) itself runs
 /// [`EtcdService::expire_leases`](crate::EtcdService::expire_leases).
 pub(crate) async fn expire_leases(shared: Arc<Shared>, stop: impl Future<Output = ()>) {
-    let mut tick = tokio::time::interval(EXPIRY_TICK);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    tokio::pin!(stop);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = &mut stop => return,
-        }
+    every(EXPIRY_TICK, stop, || async {
         let mut revokes = JoinSet::new();
         for id in shared.leases.expired(&shared.runtime) {
             if revokes.len() >= MAX_REVOKES_IN_FLIGHT {
@@ -136,7 +130,8 @@ pub(crate) async fn expire_leases(shared: Arc<Shared>, stop: impl Future<Output 
             revokes.spawn(revoke_expired(Arc::clone(&shared), id));
         }
         revokes.join_all().await;
-    }
+    })
+    .await;
 }
 
 /// Appends the revoke of expired lease `id`; hands it out again if the
@@ -193,12 +188,16 @@ impl LeaseService {
             }
         });
         let (answers, stream) = mpsc::channel(KEEP_ALIVE_QUEUE);
+        let mut closing = self.shared.closing.subscribe();
         tokio::spawn(async move {
             loop {
-                let answer = match inbound.message().await {
-                    Ok(Some(answer)) => Ok(answer),
-                    Ok(None) => return,
-                    Err(status) => Err(status),
+                let answer = tokio::select! {
+                    answer = inbound.message() => match answer {
+                        Ok(Some(answer)) => Ok(answer),
+                        Ok(None) => return,
+                        Err(status) => Err(status),
+                    },
+                    () = error::closed(&mut closing) => Err(error::shutting_down()),
                 };
                 let last = answer.is_err();
                 if answers.send(answer).await.is_err() || last {
@@ -297,7 +296,18 @@ impl pb::lease_server::Lease for LeaseService {
         let (answers, stream) = mpsc::channel(KEEP_ALIVE_QUEUE);
         let shared = Arc::clone(&self.shared);
         tokio::spawn(async move {
-            while let Ok(Some(request)) = requests.message().await {
+            let mut closing = shared.closing.subscribe();
+            loop {
+                let request = tokio::select! {
+                    request = requests.message() => request,
+                    () = error::closed(&mut closing) => {
+                        let _ = answers.send(Err(error::shutting_down())).await;
+                        return;
+                    }
+                };
+                let Ok(Some(request)) = request else {
+                    return;
+                };
                 let answer = keep_alive(&shared, request.id);
                 let last = answer.is_err();
                 if answers.send(answer).await.is_err() || last {

@@ -1,7 +1,7 @@
 //! etcd's v3 gRPC API over the Chorus runtime.
 //!
 //! [`EtcdService::new`] takes a [`Runtime<KvState>`](chorus::runtime::Runtime)
-//! and an [`EtcdConfig`]; [`serve`] serves it on a listener until a shutdown
+//! and an [`EtcdConfig`]; [`serve`] (or [`serve_tls`]) serves it on a listener until a shutdown
 //! future resolves (or [`EtcdService::routes`] mounts it on a tonic server of
 //! the caller's, behind [`oversize_layer`]). Served:
 //!
@@ -37,7 +37,8 @@ pub mod watch;
 
 pub use config::{
     DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, DEFAULT_QUOTA_BACKEND_BYTES, EtcdConfig,
+    PeerTls,
 };
 pub use identity::Identity;
 pub use maintenance::EMULATED_ETCD_VERSION;
-pub use server::{EtcdService, oversize_layer, serve};
+pub use server::{EtcdService, EtcdTls, oversize_layer, serve, serve_tls};

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use chorus::kv::etcd::{AlarmAction, AlarmMember, AlarmRequest, AlarmType};
 use chorus::kv::{Applied, EtcdCommand, EtcdError, EtcdResponse, KvState};
@@ -11,6 +12,8 @@ use tokio::net::TcpListener;
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::service::{Routes, RoutesBuilder};
+use tonic::transport::ServerTlsConfig;
+use tonic::transport::server::TcpIncoming;
 use tonic::{Code, Response, Status};
 use tower::util::MapResponseLayer;
 
@@ -39,6 +42,8 @@ pub(crate) struct Shared {
     pub(crate) leases: LeaseClock,
     /// On a standby: the channel to the primary.
     pub(crate) forwarder: Forwarder,
+    /// Turns true when the node shuts down: LeaseKeepAlive streams end.
+    pub(crate) closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl Shared {
@@ -148,6 +153,25 @@ impl Shared {
     }
 }
 
+/// Runs `task` every `interval` (the first time at once; a late tick is
+/// delayed, not bunched) until `stop` resolves, never cutting a run short.
+pub(crate) async fn every<F, Fut>(interval: Duration, stop: impl Future<Output = ()>, mut task: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = &mut stop => return,
+        }
+        task().await;
+    }
+}
+
 /// The answer of a write whose response kind did not match its request.
 pub(crate) fn mismatched(response: &EtcdResponse) -> Status {
     Status::internal(format!("chorus: an etcd request answered {response:?}"))
@@ -189,6 +213,7 @@ impl EtcdService {
                 identity,
                 leases: LeaseClock::default(),
                 forwarder: Forwarder::default(),
+                closing: tokio::sync::watch::Sender::new(false),
             }),
             watch,
         }
@@ -209,6 +234,17 @@ impl EtcdService {
         stop: S,
     ) -> impl Future<Output = ()> + use<S> {
         expire_leases(Arc::clone(&self.shared), stop)
+    }
+
+    /// Ends every Watch and LeaseKeepAlive stream, open or opened later,
+    /// with `Unavailable` ([`SHUTTING_DOWN`](crate::error::SHUTTING_DOWN)),
+    /// as a node shutting down must: those streams never end on their
+    /// own, so a graceful stop waiting for them would hold the writer lease
+    /// (and keep every client from writing) for its whole grace period.
+    /// [`serve`] calls it when its shutdown future resolves.
+    pub fn close_streams(&self) {
+        self.watch.close_streams();
+        self.shared.closing.send_replace(true);
     }
 
     /// This node's cluster and member ids.
@@ -256,14 +292,87 @@ impl EtcdService {
 }
 
 /// Serves `service` on `listener` until `shutdown` resolves, then stops
-/// accepting and waits for the RPCs in flight. Beside it, expires leases
-/// while this node leads and announces this node in the member directory.
+/// accepting, ends the streams ([`EtcdService::close_streams`]) and waits
+/// for the RPCs in flight. Beside it, expires leases while this node leads
+/// and announces this node in the member directory.
 pub async fn serve(
     listener: TcpListener,
     service: EtcdService,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
-    let incoming = tonic::codegen::tokio_stream::wrappers::TcpListenerStream::new(listener);
+    serve_with(
+        tonic::transport::Server::builder(),
+        listener,
+        service,
+        shutdown,
+    )
+    .await
+}
+
+/// TLS on the etcd listener, as etcd's `--cert-file`, `--key-file` and
+/// `--trusted-ca-file` set it: PEM text read (and checked) by the caller.
+/// Its `Debug` leaves the key out.
+#[derive(Clone)]
+pub struct EtcdTls {
+    /// The certificate chain the server presents, its own first.
+    pub certificate_pem: Vec<u8>,
+    /// The private key of that certificate.
+    pub key_pem: Vec<u8>,
+    /// The CA certificates that must have signed every client's
+    /// certificate; `None`: clients present none.
+    pub trusted_ca_pem: Option<Vec<u8>>,
+    /// Bound on a client's TLS handshake; the connection is closed after it.
+    pub handshake_timeout: Duration,
+}
+
+impl std::fmt::Debug for EtcdTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTls")
+            .field("certificate_pem_bytes", &self.certificate_pem.len())
+            .field("key_pem", &"<redacted>")
+            .field("trusted_ca", &self.trusted_ca_pem.is_some())
+            .field("handshake_timeout", &self.handshake_timeout)
+            .finish()
+    }
+}
+
+/// [`serve`] over TLS: a client that presents no certificate, or one the
+/// trusted CA did not sign, when one is required, fails the handshake and
+/// reaches no RPC.
+pub async fn serve_tls(
+    listener: TcpListener,
+    service: EtcdService,
+    tls: &EtcdTls,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let mut config = ServerTlsConfig::new()
+        .identity(tonic::transport::Identity::from_pem(
+            &tls.certificate_pem,
+            &tls.key_pem,
+        ))
+        .timeout(tls.handshake_timeout);
+    if let Some(ca) = &tls.trusted_ca_pem {
+        config = config
+            .client_ca_root(tonic::transport::Certificate::from_pem(ca))
+            .client_auth_optional(false);
+    }
+    let builder = tonic::transport::Server::builder().tls_config(config)?;
+    serve_with(builder, listener, service, shutdown).await
+}
+
+/// Serves `service` with `builder`'s transport; beside it, until the
+/// server stops, expires leases and announces this node.
+async fn serve_with(
+    builder: tonic::transport::Server,
+    listener: TcpListener,
+    service: EtcdService,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let closer = service.clone();
+    let shutdown = async move {
+        shutdown.await;
+        closer.close_streams();
+    };
     let (stopped, stop) = tokio::sync::watch::channel(false);
     let until_stopped = move || {
         let mut stop = stop.clone();
@@ -274,14 +383,22 @@ pub async fn serve(
     let expiry = tokio::spawn(service.expire_leases(until_stopped()));
     let shared = Arc::clone(&service.shared);
     let announcing = tokio::spawn(announce(shared, until_stopped()));
-    let served = tonic::transport::Server::builder()
+    let served = builder
         .layer(oversize_layer())
         .add_routes(service.routes())
-        .serve_with_incoming_shutdown(incoming, shutdown)
+        .serve_with_incoming_shutdown(incoming(listener), shutdown)
         .await;
     let _ = stopped.send(true);
     let _ = tokio::join!(expiry, announcing);
     served
+}
+
+/// The connections accepted on `listener`, with Nagle's algorithm off, as
+/// etcd's (Go's) are: otherwise a small response (a put's answer, a watch
+/// event) written while an earlier one is unacknowledged waits for the
+/// client's delayed ACK, up to 40 ms on Linux.
+fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// The layer that answers a message over the decoding limit as etcd's gRPC
@@ -324,6 +441,17 @@ fn answer_oversize_as_etcd(mut response: http::Response<Body>) -> http::Response
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn accepted_connections_have_nagles_algorithm_off() {
+        use tonic::codegen::tokio_stream::StreamExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let mut accepted = incoming(listener);
+        let _client = tokio::net::TcpStream::connect(address).await.unwrap();
+        let connection = accepted.next().await.unwrap().unwrap();
+        assert!(connection.nodelay().unwrap());
+    }
 
     #[test]
     fn an_oversize_message_is_answered_as_etcds_grpc_server_does() {

@@ -12,24 +12,7 @@ use tonic::Code;
 
 use chorus_etcd::proto::etcdserverpb as pb;
 use support::memory_runtime::{MemoryStores, wait_until};
-
-/// The gRPC status of a refused call.
-fn status(error: etcd_client::Error) -> tonic::Status {
-    match error {
-        etcd_client::Error::GRpcStatus(status) => status,
-        other => panic!("not a gRPC status: {other:?}"),
-    }
-}
-
-/// Asserts that `result` failed with `code` and exactly `message`.
-fn assert_refused<T: std::fmt::Debug>(
-    result: Result<T, etcd_client::Error>,
-    code: Code,
-    message: &str,
-) {
-    let refused = status(result.expect_err("refused"));
-    assert_eq!((refused.code(), refused.message()), (code, message));
-}
+use support::{assert_refused, status};
 
 /// Asserts that `result` is `Unimplemented` naming `rpc`.
 fn assert_unimplemented<T: std::fmt::Debug>(result: Result<T, etcd_client::Error>, rpc: &str) {
@@ -319,15 +302,7 @@ async fn the_space_quota_raises_nospace_until_it_is_disarmed() {
 /// and names the same leader: what `etcdctl endpoint status --cluster` reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_list_names_every_node_and_status_the_same_leader() {
-    let stores = MemoryStores::new("etcd-members", |store| store).await;
-    let start = |holder: &str| {
-        stores.runtime_with(holder, |config| {
-            config.standby_poll_interval = std::time::Duration::from_millis(50);
-        })
-    };
-    let primary = support::serve_runtime(start("http://primary:1"), "etcd-members", |_| {}).await;
-    wait_until("primary", || primary.runtime.is_primary_and_sure()).await;
-    let standby = support::serve_runtime(start("http://standby:1"), "etcd-members", |_| {}).await;
+    let (primary, standby) = support::primary_and_standby("etcd-members").await;
     let expected = vec![
         ("http://primary:1".to_owned(), vec![primary.endpoint()]),
         ("http://standby:1".to_owned(), vec![standby.endpoint()]),
@@ -358,15 +333,7 @@ async fn member_list_names_every_node_and_status_the_same_leader() {
 /// revision, and a different one once the state changed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hash_kv_agrees_between_primary_and_standby() {
-    let stores = MemoryStores::new("etcd-hashkv", |store| store).await;
-    let start = |holder: &str| {
-        stores.runtime_with(holder, |config| {
-            config.standby_poll_interval = std::time::Duration::from_millis(50);
-        })
-    };
-    let primary = support::serve_runtime(start("http://primary:1"), "etcd-hashkv", |_| {}).await;
-    wait_until("primary", || primary.runtime.is_primary_and_sure()).await;
-    let standby = support::serve_runtime(start("http://standby:1"), "etcd-hashkv", |_| {}).await;
+    let (primary, standby) = support::primary_and_standby("etcd-hashkv").await;
     let mut to_primary = primary.client().await;
     to_primary.put("a", "1", None).await.unwrap();
     to_primary.put("b", "2", None).await.unwrap();

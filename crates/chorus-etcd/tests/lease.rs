@@ -14,26 +14,9 @@ use chorus::runtime::Runtime;
 use etcd_client::{
     Client, EventType, LeaseGrantOptions, LeaseTimeToLiveOptions, PutOptions, WatchOptions,
 };
+use support::assert_refused;
 use support::memory_runtime::{MemoryStores, PATIENCE, wait_for_takeover, wait_until};
 use tonic::Code;
-
-/// The gRPC status of a refused call.
-fn status(error: etcd_client::Error) -> tonic::Status {
-    match error {
-        etcd_client::Error::GRpcStatus(status) => status,
-        other => panic!("not a gRPC status: {other:?}"),
-    }
-}
-
-/// Asserts that `result` failed with `code` and exactly `message`.
-fn assert_refused<T: std::fmt::Debug>(
-    result: Result<T, etcd_client::Error>,
-    code: Code,
-    message: &str,
-) {
-    let refused = status(result.expect_err("refused"));
-    assert_eq!((refused.code(), refused.message()), (code, message));
-}
 
 /// One keep-alive of `id` on a fresh stream: the TTL answered.
 async fn keep_alive_once(client: &mut Client, id: i64) -> Result<i64, etcd_client::Error> {
@@ -226,15 +209,7 @@ fn gone(runtime: &Runtime<KvState>, key: &str) -> bool {
 /// streams and time-to-live to the primary, which keeps the deadlines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_lists_leases_and_forwards_what_only_the_primary_keeps() {
-    let stores = MemoryStores::new("lease-standby", |store| store).await;
-    let start = |holder: &str| {
-        stores.runtime_with(holder, |config| {
-            config.standby_poll_interval = Duration::from_millis(50);
-        })
-    };
-    let primary = support::serve_runtime(start("http://primary:1"), "lease-standby", |_| {}).await;
-    wait_until("primary", || primary.runtime.is_primary_and_sure()).await;
-    let standby = support::serve_runtime(start("http://standby:1"), "lease-standby", |_| {}).await;
+    let (primary, standby) = support::primary_and_standby("lease-standby").await;
     let mut to_standby = standby.client().await;
     let lease = to_standby.lease_grant(3, None).await.unwrap().id();
     assert!(primary.runtime.read_stale(|s| s.leases().len()).0 == 1);

@@ -1,8 +1,12 @@
 //! etcd's watch guarantees (ordered, unique, atomic, reliable, resumable,
 //! bookmarkable, exact prev_kv) checked on recorded streams against the
-//! committed history, under a random workload with compactions: one writer,
-//! several watchers that cancel and resume from their last revision + 1,
-//! some pausing long enough for a compaction to pass them.
+//! committed history, under a random workload with compactions and a
+//! takeover: one writer, several watchers that cancel and resume from their
+//! last revision + 1, some pausing long enough for a compaction to pass
+//! them. Half the watchers start on the primary, half on the standby;
+//! halfway through the writes the primary shuts down, the standby takes
+//! over, and the primary's watchers reconnect with their last revision + 1,
+//! one to the new primary and one to a new standby.
 //!
 //! The seed is printed; set `CHORUS_WATCH_SEED` to replay one.
 
@@ -12,7 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use etcd_client::{Client, DeleteOptions, EventType, Txn, TxnOp, WatchOptions, WatchStream};
-use support::memory_runtime::PATIENCE;
+use support::Served;
+use support::memory_runtime::{MemoryStores, PATIENCE, wait_for_takeover, wait_until};
 use tokio::sync::watch;
 
 /// Writes of one run.
@@ -91,14 +96,39 @@ fn key(index: u64) -> String {
     format!("k{index}")
 }
 
-/// Runs the writes, publishing the model's revision after each.
-async fn write(mut client: Client, seed: u64, published: watch::Sender<i64>) -> Model {
-    let mut rng = Rng(seed | 1);
-    let mut model = Model {
-        revision: 1,
-        ..Model::default()
-    };
-    for _ in 0..WRITES {
+/// The writer: its random choices, the model of what it committed, and
+/// where it publishes the model's revision.
+struct Writer {
+    rng: Rng,
+    model: Model,
+    published: watch::Sender<i64>,
+}
+
+impl Writer {
+    fn new(seed: u64, published: watch::Sender<i64>) -> Writer {
+        Writer {
+            rng: Rng(seed | 1),
+            model: Model {
+                revision: 1,
+                ..Model::default()
+            },
+            published,
+        }
+    }
+
+    /// Runs `writes` writes through `client`, publishing the model's
+    /// revision after each.
+    async fn write(&mut self, client: &mut Client, writes: usize) {
+        for _ in 0..writes {
+            self.write_one(client).await;
+            self.published.send_replace(self.model.revision);
+        }
+    }
+
+    /// One random write (or compaction), applied to the model once
+    /// acknowledged.
+    async fn write_one(&mut self, client: &mut Client) {
+        let (rng, model) = (&mut self.rng, &mut self.model);
         // Let the watchers start in between (the first ones in the past).
         tokio::task::yield_now().await;
         let roll = rng.below(100);
@@ -140,24 +170,52 @@ async fn write(mut client: Client, seed: u64, published: watch::Sender<i64>) -> 
             model.revision
         };
         assert_eq!(revision, model.revision, "the store and the model agree");
-        published.send_replace(model.revision);
     }
-    model
 }
 
-/// What one watcher recorded: per session, its start revision and every
-/// response read.
+/// One session of a watcher: one watch, from its create to its cancel, its
+/// compaction, or the watcher leaving the node.
+#[derive(Debug)]
+struct Session {
+    /// The start revision asked for.
+    start: i64,
+    /// Whether the session opened a new stream (on another node), so its
+    /// headers start afresh: etcd's monotonic headers are per stream.
+    new_stream: bool,
+    responses: Vec<etcd_client::WatchResponse>,
+}
+
+/// What one watcher recorded: every session and every response read.
 #[derive(Debug, Default)]
 struct Record {
-    sessions: Vec<(i64, Vec<etcd_client::WatchResponse>)>,
+    sessions: Vec<Session>,
 }
 
-/// One watcher: a range, sessions that end by its own cancel or by a
-/// compaction, each resumed from the last revision seen + 1.
+/// Why a session ended.
+enum SessionEnd {
+    /// Canceled by the watcher itself: resume on the same stream.
+    Canceled,
+    /// Canceled by a compaction at this revision: resume from it.
+    Compacted(i64),
+    /// The watcher was told to move to another node (its stream may have
+    /// failed first): resume there on a new stream.
+    Moved,
+}
+
+/// A client of the etcd API at `endpoint`.
+async fn connect(endpoint: &str) -> Client {
+    Client::connect([endpoint], None)
+        .await
+        .expect("etcd-client connects")
+}
+
+/// One watcher: a range, sessions that end by its own cancel, by a
+/// compaction or by a move to another node (the endpoint `node` names),
+/// each resumed from the last revision seen + 1.
 async fn watcher(
-    mut client: Client,
     seed: u64,
     range: (String, String),
+    mut node: watch::Receiver<String>,
     mut written: watch::Receiver<i64>,
     done: watch::Receiver<bool>,
 ) -> Record {
@@ -169,28 +227,44 @@ async fn watcher(
             .with_prev_key()
             .with_start_revision(start)
     };
+    let endpoint = node.borrow_and_update().clone();
+    let mut client = connect(&endpoint).await;
     let mut start = 1 + rng.below(*written.borrow_and_update() as u64) as i64;
     let mut stream: WatchStream = client
         .watch(range.0.clone(), Some(options(start)))
         .await
         .unwrap();
+    let mut new_stream = true;
     let mut idle_reads = 0;
     loop {
         let mut responses = Vec::new();
         let mut bookmark = start - 1;
         let mut final_progress_asked = false;
         let mut session_id = None;
-        let ended_by_compaction = loop {
+        let ended = loop {
+            if node.has_changed().unwrap() {
+                break SessionEnd::Moved;
+            }
+            // A request to a node that stopped may fail: the read says so.
             if *done.borrow() && !final_progress_asked {
-                stream.request_progress().await.unwrap();
+                let _ = stream.request_progress().await;
                 final_progress_asked = true;
             }
             if rng.below(10) == 0 {
-                stream.request_progress().await.unwrap();
+                let _ = stream.request_progress().await;
             }
-            // Short waits, so the end of the writes is noticed.
+            // Short waits, so the end of the writes and a move are noticed.
             let message = match tokio::time::timeout(IDLE_READ, stream.message()).await {
-                Ok(message) => message.unwrap().expect("the stream is open"),
+                Ok(Ok(Some(message))) => message,
+                Ok(_) => {
+                    // The stream failed or ended with its node: wait to be
+                    // told where to go.
+                    tokio::time::timeout(PATIENCE, node.changed())
+                        .await
+                        .expect("a lost watcher is moved")
+                        .unwrap();
+                    break SessionEnd::Moved;
+                }
                 Err(_) => {
                     idle_reads += 1;
                     assert!(
@@ -224,15 +298,19 @@ async fn watcher(
             let canceled = message.canceled();
             responses.push(message);
             if compacted != 0 {
-                break Some(compacted);
+                break SessionEnd::Compacted(compacted);
             }
             if canceled {
-                break None;
+                break SessionEnd::Canceled;
             }
             if final_progress_asked && progress && watch_id == -1 {
                 let model_end = *written.borrow();
                 if bookmark >= model_end {
-                    record.sessions.push((start, responses));
+                    record.sessions.push(Session {
+                        start,
+                        new_stream,
+                        responses,
+                    });
                     return record;
                 }
                 final_progress_asked = false;
@@ -240,21 +318,37 @@ async fn watcher(
             if !final_progress_asked && rng.below(40) == 0 {
                 // Cancel, then read up to the cancel's answer.
                 let id = session_id.expect("the create is answered first");
-                stream.cancel(id).await.unwrap();
+                let _ = stream.cancel(id).await;
             }
         };
-        record
-            .sessions
-            .push((start, std::mem::take(&mut responses)));
+        record.sessions.push(Session {
+            start,
+            new_stream,
+            responses: std::mem::take(&mut responses),
+        });
+        new_stream = false;
         if rng.below(3) == 0 {
             // Long enough for a compaction to pass the bookmark, maybe.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        start = ended_by_compaction.unwrap_or(bookmark + 1);
-        stream
-            .watch(range.0.clone(), Some(options(start)))
-            .await
-            .unwrap();
+        start = match ended {
+            SessionEnd::Compacted(revision) => revision,
+            SessionEnd::Canceled | SessionEnd::Moved => bookmark + 1,
+        };
+        if let SessionEnd::Moved = ended {
+            let endpoint = node.borrow_and_update().clone();
+            client = connect(&endpoint).await;
+            stream = client
+                .watch(range.0.clone(), Some(options(start)))
+                .await
+                .unwrap();
+            new_stream = true;
+        } else {
+            stream
+                .watch(range.0.clone(), Some(options(start)))
+                .await
+                .unwrap();
+        }
     }
 }
 
@@ -265,9 +359,12 @@ fn check(record: &Record, model: &Model, range: &(String, String)) -> Vec<String
     let max_compaction = model.compactions.iter().copied().max().unwrap_or(0);
     let mut last_header = 0;
     let mut previous_end = None::<i64>;
-    for (session, (start, responses)) in record.sessions.iter().enumerate() {
-        let mut v =
-            |text: String| violations.push(format!("session {session} from {start}: {text}"));
+    for (index, session) in record.sessions.iter().enumerate() {
+        let (start, responses) = (&session.start, &session.responses);
+        let mut v = |text: String| violations.push(format!("session {index} from {start}: {text}"));
+        if session.new_stream {
+            last_header = 0;
+        }
         // Resumable: a session starts right after the previous one's last
         // revision (or at the compaction that canceled it).
         if let Some(end) = previous_end
@@ -407,8 +504,55 @@ fn check(record: &Record, model: &Model, range: &(String, String)) -> Vec<String
     violations
 }
 
+/// The nodes of the run: a primary and a standby to begin with, a second
+/// standby started after the takeover; each serving etcd.
+struct Nodes {
+    stores: MemoryStores,
+    served: Vec<Served>,
+}
+
+impl Nodes {
+    async fn start() -> Nodes {
+        let stores = MemoryStores::new("watch-guarantees", |store| store).await;
+        let mut nodes = Nodes {
+            stores,
+            served: Vec::new(),
+        };
+        let primary = nodes.start_node("http://first:1").await;
+        wait_until("primary", || primary.runtime.is_primary_and_sure()).await;
+        nodes.served.push(primary);
+        let standby = nodes.start_node("http://second:1").await;
+        nodes.served.push(standby);
+        nodes
+    }
+
+    /// A node over the stores serving etcd: a standby while another holds
+    /// the lease.
+    async fn start_node(&self, holder: &str) -> Served {
+        let runtime = self.stores.runtime_with(holder, |config| {
+            config.standby_poll_interval = Duration::from_millis(50);
+        });
+        support::serve_runtime(runtime, &self.stores.database, |_| {}).await
+    }
+
+    /// The first node shuts down (its lease released, its etcd API left
+    /// serving what it applied); the second takes over; a third starts as
+    /// a standby. Returns the new primary's and the new standby's endpoints.
+    async fn take_over(&mut self) -> (String, String) {
+        self.served[0]
+            .runtime
+            .shutdown()
+            .await
+            .expect("a clean shutdown");
+        wait_for_takeover(&self.served[1].runtime, "the standby").await;
+        let standby = self.start_node("http://third:1").await;
+        self.served.push(standby);
+        (self.served[1].endpoint(), self.served[2].endpoint())
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_guarantees_hold_under_a_random_workload_with_compactions() {
+async fn watch_guarantees_hold_under_a_random_workload_with_compactions_and_a_takeover() {
     let seed = std::env::var("CHORUS_WATCH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -419,32 +563,49 @@ async fn watch_guarantees_hold_under_a_random_workload_with_compactions() {
                 .as_nanos() as u64
         });
     println!("CHORUS_WATCH_SEED={seed}");
-    let served = support::serve("watch-guarantees", |_| {}).await;
+    let mut nodes = Nodes::start().await;
     let (published, written) = watch::channel(1);
     let (finished, done) = watch::channel(false);
     let ranges = [("k0", "k8"), ("k2", "k5"), ("\0", "\u{7f}"), ("k5", "k6")];
     let mut watchers = Vec::new();
+    let mut moves = Vec::new();
     for index in 0..WATCHERS {
         let range = (
             ranges[index as usize].0.to_owned(),
             ranges[index as usize].1.to_owned(),
         );
-        let client = served.client().await;
+        // Even watchers on the primary, odd ones on the standby.
+        let first_node = nodes.served[(index % 2) as usize].endpoint();
+        let (mover, node) = watch::channel(first_node);
+        moves.push(mover);
         let task = watcher(
-            client,
             seed.wrapping_add(index + 1),
             range.clone(),
+            node,
             written.clone(),
             done.clone(),
         );
         watchers.push((range, tokio::spawn(task)));
     }
-    let model = write(served.client().await, seed, published).await;
+    let mut writer = Writer::new(seed, published);
+    let mut client = nodes.served[0].client().await;
+    writer.write(&mut client, WRITES / 2).await;
+    let (primary, standby) = nodes.take_over().await;
+    println!("taken over at revision {}", writer.model.revision);
+    // The first node's watchers move: one to the new primary, one to the
+    // new standby; the second node's stay where they are.
+    for (index, mover) in moves.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
+        let next = if index % 4 == 0 { &primary } else { &standby };
+        mover.send_replace(next.clone());
+    }
+    let mut client = connect(&primary).await;
+    writer.write(&mut client, WRITES - WRITES / 2).await;
+    let model = writer.model;
     finished.send_replace(true);
     // Writes outside every range, so a watch resumed at the store revision
     // + 1 reaches its start and its final progress request is answered
     // (etcd withholds progress below a watch's start revision).
-    let mut ticker_client = served.client().await;
+    let mut ticker_client = connect(&primary).await;
     let ticker = tokio::spawn(async move {
         loop {
             ticker_client.put("\u{7f}tick", "", None).await.unwrap();
@@ -455,6 +616,10 @@ async fn watch_guarantees_hold_under_a_random_workload_with_compactions() {
     for (range, task) in watchers {
         let record = task.await.expect("the watcher ran");
         assert!(!record.sessions.is_empty());
+        let moved = record.sessions.iter().skip(1).any(|s| s.new_stream);
+        if range.0 == "k0" || range.0 == "\0" {
+            assert!(moved, "{range:?}: the first node's watchers moved");
+        }
         violations.extend(
             check(&record, &model, &range)
                 .into_iter()
@@ -462,15 +627,27 @@ async fn watch_guarantees_hold_under_a_random_workload_with_compactions() {
         );
     }
     ticker.abort();
-    // Every stream ended with its watcher: nothing is left buffered.
-    support::memory_runtime::wait_until("no bytes pending", || {
-        served.service.watch().pending_bytes() == 0
-    })
-    .await;
-    assert!(served.runtime.read_stale(|state| state.revision()).0 > model.revision);
+    // Every stream ended with its watcher (or its move): nothing is left
+    // buffered on any node.
+    for served in &nodes.served {
+        wait_until("no bytes pending", || {
+            served.service.watch().pending_bytes() == 0
+        })
+        .await;
+    }
+    assert!(
+        nodes.served[1]
+            .runtime
+            .read_stale(|state| state.revision())
+            .0
+            > model.revision
+    );
     assert!(
         violations.is_empty(),
         "seed {seed}:\n{}",
         violations.join("\n")
     );
+    for served in &nodes.served[1..] {
+        served.runtime.shutdown().await.expect("a clean shutdown");
+    }
 }

@@ -19,6 +19,7 @@ pub mod listener;
 pub mod send_timeout;
 pub mod status;
 pub mod stream;
+pub mod tls;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -237,7 +238,21 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let limits = app.config.connections;
-    listener::serve(listener, router(app), limits, shutdown).await
+    listener::serve(listener, router(app), limits, None, shutdown).await
+}
+
+/// [`serve`] over TLS: every connection is a TLS session on `tls` (see
+/// [`tls::TlsMaterial::server_config`]), whose handshake counts against
+/// the connection limits and the header read timeout.
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    app: Arc<AppState>,
+    tls: Arc<tokio_rustls::rustls::ServerConfig>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let limits = app.config.connections;
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    listener::serve(listener, router(app), limits, Some(acceptor), shutdown).await
 }
 
 /// Installs the Prometheus recorder as the process's `metrics` recorder, so

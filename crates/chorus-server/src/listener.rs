@@ -2,7 +2,8 @@
 //! `axum::serve` does not set: a cap on connections served at once, a
 //! timeout on reading a request's header (which also ends idle keep-alive
 //! connections), answers to clients that half-closed their side, and a
-//! graceful shutdown whose drain is bounded.
+//! graceful shutdown whose drain is bounded; TLS, when configured, inside
+//! those bounds.
 //!
 //! Without them, slow or silent clients hold descriptors without limit: the
 //! process then fails its own store calls (the lease refresh among them)
@@ -16,11 +17,13 @@ use std::time::Duration;
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
 
 use crate::send_timeout::{DEFAULT_SEND_TIMEOUT, SendTimeout};
 
@@ -104,10 +107,16 @@ pub fn descriptor_limit() -> Option<u64> {
 /// Serves `router` on `listener` within `limits` until `shutdown`
 /// resolves; then stops accepting, lets requests in flight finish for at
 /// most [`ConnectionLimits::shutdown_grace`], and closes what is left.
+///
+/// With `tls`, each connection's handshake runs in its own task under the
+/// connection's permit and within the header read timeout, so a client that
+/// never finishes one holds a place in the cap for that long at most and
+/// delays no other client.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: ConnectionLimits,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let mut builder = http1::Builder::new();
@@ -142,14 +151,24 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
         let stream = SendTimeout::new(stream, limits.send_timeout);
-        let connection = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let connection = Connection {
+            builder: builder.clone(),
+            service: TowerToHyperService::new(router.clone()),
+            watcher: graceful.watcher(),
+        };
+        let tls = tls.clone();
+        let handshake_timeout = limits.header_read_timeout;
         connections.spawn(async move {
-            if let Err(error) = connection.await {
-                // Header timeouts, resets and parse errors end only this
-                // connection.
-                tracing::debug!(%error, "connection ended with an error");
+            match tls {
+                None => connection.serve(stream).await,
+                Some(tls) => {
+                    match tokio::time::timeout(handshake_timeout, tls.accept(stream)).await {
+                        Ok(Ok(stream)) => connection.serve(stream).await,
+                        Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+                        Err(_) => tracing::debug!("TLS handshake timed out"),
+                    }
+                }
             }
             drop(permit);
         });
@@ -157,6 +176,30 @@ pub async fn serve(
     drop(listener);
     drain(graceful, connections, limits.shutdown_grace).await;
     Ok(())
+}
+
+/// What serving one accepted connection takes.
+struct Connection {
+    builder: http1::Builder,
+    service: TowerToHyperService<Router>,
+    watcher: Watcher,
+}
+
+impl Connection {
+    /// Serves HTTP/1.1 on `stream` until the client or a shutdown ends it.
+    async fn serve<S>(self, stream: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let connection = self
+            .builder
+            .serve_connection(TokioIo::new(stream), self.service);
+        if let Err(error) = self.watcher.watch(connection).await {
+            // Header timeouts, resets and parse errors end only this
+            // connection.
+            tracing::debug!(%error, "connection ended with an error");
+        }
+    }
 }
 
 /// Asks every connection to finish its request in flight and close, waits

@@ -75,7 +75,7 @@ pub struct KvBenchArgs {
 
 /// A service started for the benchmark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Target {
+pub(super) enum Target {
     /// In-memory replicas behind the latency store.
     Memory,
     /// The embedded default in a temporary directory.
@@ -120,7 +120,7 @@ pub async fn run(args: KvBenchArgs) -> Result<(), CommandError> {
         let (name, service) = match target {
             Target::Memory => (
                 format!("memory x{} @{} ms", args.replicas, args.latency_ms),
-                Service::start(memory_stores(&args).await?).await?,
+                Service::start(memory_stores(args.replicas, args.latency_ms).await?).await?,
             ),
             Target::Embedded => {
                 let dir = std::env::temp_dir().join(format!("chorus-bench-{}", std::process::id()));
@@ -477,18 +477,17 @@ impl Service {
     }
 }
 
-/// The in-memory target: replicas behind the latency store, a memory
+/// The in-memory target: `replicas` behind the latency store, a memory
 /// register, and a memory store (no injected latency) for snapshots and the
 /// lease, which are off the write path.
-async fn memory_stores(args: &KvBenchArgs) -> Result<RuntimeStores, CommandError> {
-    if ![1, 3, 5].contains(&args.replicas) {
+pub(super) async fn memory_stores(
+    replicas: usize,
+    latency_ms: u64,
+) -> Result<RuntimeStores, CommandError> {
+    if ![1, 3, 5].contains(&replicas) {
         return Err("--replicas must be 1, 3 or 5".into());
     }
-    let log = new_log(
-        latency_replicas(args.replicas, args.latency_ms, None),
-        DEFAULT_WINDOW,
-    )
-    .await?;
+    let log = new_log(latency_replicas(replicas, latency_ms, None), DEFAULT_WINDOW).await?;
     let store = memory_store("memory://bench-snapshots");
     let database = DatabaseKey::new("bench")?;
     let clock = SystemClock::shared();

@@ -12,6 +12,7 @@ pub mod moto;
 #[path = "../../../chorus/tests/support/etcd.rs"]
 pub mod etcd;
 
+pub mod etcdctl;
 pub mod raw;
 pub mod server;
 pub mod test_s3;
@@ -23,7 +24,7 @@ use std::process::Command;
 pub use shared::*;
 
 /// Every environment variable `chorus` reads its configuration from.
-const CONFIG_VARIABLES: [&str; 8] = [
+const CONFIG_VARIABLES: [&str; 11] = [
     "CHORUS_REPLICAS",
     "CHORUS_REGISTER",
     "CHORUS_DATA_DIR",
@@ -32,6 +33,9 @@ const CONFIG_VARIABLES: [&str; 8] = [
     "CHORUS_DB",
     "CHORUS_HOLDER",
     "CHORUS_CLI_HOLDER",
+    "CHORUS_CERT_FILE",
+    "CHORUS_KEY_FILE",
+    "CHORUS_TRUSTED_CA_FILE",
 ];
 
 /// The `chorus` binary under test, run in `dir`, taking its configuration from

@@ -22,6 +22,9 @@
 //! one revision are never split across responses (unless the watch asked
 //! for fragments), and header revisions never go back within a stream.
 //!
+//! When the node shuts down every stream ends `Unavailable`
+//! ([`WatchService::close_streams`]); clients resume elsewhere.
+//!
 //! Memory: each stream has a send buffer of
 //! [`WatchConfig::send_buffer_bytes`]; see [`stream`](self) for what
 //! happens when a client stops reading.
@@ -115,6 +118,8 @@ pub(crate) struct WatchShared {
     pub(crate) max_message_bytes: usize,
     /// Bytes waiting in every stream's send buffer.
     pub(crate) pending_bytes: Arc<AtomicUsize>,
+    /// Turns true when the node shuts down: every stream ends.
+    pub(crate) closing: tokio::sync::watch::Sender<bool>,
 }
 
 /// etcd's Watch service; see the module docs.
@@ -143,8 +148,17 @@ impl WatchService {
                 config,
                 max_message_bytes,
                 pending_bytes: Arc::default(),
+                closing: tokio::sync::watch::Sender::new(false),
             }),
         }
+    }
+
+    /// Ends every stream, open or opened later, with `Unavailable` (see
+    /// [`SHUTTING_DOWN`](crate::error::SHUTTING_DOWN)), so a node that shuts down is not held up
+    /// by watches that would never end and their clients resume on
+    /// another node from their last revision + 1.
+    pub fn close_streams(&self) {
+        self.shared.closing.send_replace(true);
     }
 
     /// Bytes waiting in the send buffers of every open stream.

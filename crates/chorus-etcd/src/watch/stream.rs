@@ -98,6 +98,7 @@ impl WatchStream {
         let mut ticker = tokio::time::interval_at(Instant::now() + interval, interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut reading = true;
+        let mut closing = self.shared.closing.subscribe();
         // (responses taken, when the stream is closed if none more are)
         let mut stall: Option<(u64, Instant)> = None;
         loop {
@@ -109,6 +110,10 @@ impl WatchStream {
             tokio::select! {
                 biased;
                 () = self.responses.outbox.closed() => return,
+                () = crate::error::closed(&mut closing) => {
+                    self.responses.outbox.fail(crate::error::shutting_down());
+                    return;
+                }
                 () = sleep_until(deadline), if deadline.is_some() => {
                     self.close_stalled();
                     return;

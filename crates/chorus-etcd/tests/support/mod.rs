@@ -80,6 +80,40 @@ pub async fn serve_runtime(
     }
 }
 
+/// A primary (`http://primary:1`, sure of its lease) and a standby
+/// (`http://standby:1`, polling every 50 ms) of `database` on shared
+/// in-memory stores, each serving etcd with the default settings.
+pub async fn primary_and_standby(database: &str) -> (Served, Served) {
+    let stores = memory_runtime::MemoryStores::new(database, |store| store).await;
+    let start = |holder: &str| {
+        stores.runtime_with(holder, |config| {
+            config.standby_poll_interval = std::time::Duration::from_millis(50);
+        })
+    };
+    let primary = serve_runtime(start("http://primary:1"), database, |_| {}).await;
+    memory_runtime::wait_until("primary", || primary.runtime.is_primary_and_sure()).await;
+    let standby = serve_runtime(start("http://standby:1"), database, |_| {}).await;
+    (primary, standby)
+}
+
+/// The gRPC status of a refused call.
+pub fn status(error: etcd_client::Error) -> tonic::Status {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => status,
+        other => panic!("not a gRPC status: {other:?}"),
+    }
+}
+
+/// Asserts that `result` failed with `code` and exactly `message`.
+pub fn assert_refused<T: std::fmt::Debug>(
+    result: Result<T, etcd_client::Error>,
+    code: tonic::Code,
+    message: &str,
+) {
+    let refused = status(result.expect_err("refused"));
+    assert_eq!((refused.code(), refused.message()), (code, message));
+}
+
 /// Real etcd servers, the oracle of the comparison tests.
 #[path = "../../../chorus/tests/support/etcd.rs"]
 pub mod etcd;

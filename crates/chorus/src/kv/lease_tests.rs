@@ -207,3 +207,21 @@ fn leases_survive_a_snapshot_and_a_dangling_key_is_refused() {
         "{error}"
     );
 }
+
+#[test]
+fn an_http_put_detaches_a_key_and_a_revoke_spares_it() {
+    let mut state = KvState::default();
+    grant(&mut state, 1, 10).unwrap();
+    apply(&mut state, put("k", 1)).unwrap();
+    apply(&mut state, put("j", 1)).unwrap();
+    let http_put = Command::Single(Operation::Put {
+        key: b("k"),
+        value: b("from http"),
+        condition: Condition::None,
+    });
+    state.apply(state.applied_end(), &http_put.encode().unwrap());
+    assert_eq!(state.get(b"k").unwrap().lease, 0);
+    assert_eq!(attached(&state, 1), vec![b("j")]);
+    assert_eq!(revoke(&mut state, 1).unwrap().deleted, 1);
+    assert!(state.get(b"k").is_some() && state.get(b"j").is_none());
+}
