@@ -41,6 +41,12 @@ impl Lessor {
     /// log epoch this node writes in as primary, `None` when it is not one.
     /// A new primacy starts every lease's deadline afresh; a lease seen
     /// for the first time gets now + its TTL; a lease gone is forgotten.
+    ///
+    /// Call it only once every revoke handed out by [`expired`](Self::expired)
+    /// was appended or given back with [`retry`](Self::retry): a sync in
+    /// between that passes through `None` (a primary briefly unsure of its
+    /// writer lease) would forget the lease is expiring, and a keep-alive
+    /// could then be acknowledged for a lease whose revoke is on its way.
     pub fn sync(&mut self, primacy: Option<Epoch>, leases: &LeaseTable, now_ms: u64) {
         self.enter(primacy);
         if self.primacy.is_none() {
