@@ -360,9 +360,10 @@ fn server_tls_alone_serves_clients_without_certificates() {
     let (server, port) = start(dir.path(), &pki, false);
     let https = server.endpoint().url.replace("http://", "https://");
     let ca_only = curl_tls(&pki, None);
-    wait_until("a read over https", &server, || {
-        match curl(&ca_only, &format!("{https}/v1/status")) {
-            Ok((200, _)) => Ok(()),
+    // Ready: the node is the primary, so etcdctl below meets no boot.
+    wait_until("ready over https", &server, || {
+        match curl(&ca_only, &format!("{https}/readyz")) {
+            Ok((200, body)) if body.contains("\"primary\"") => Ok(()),
             other => Err(format!("{other:?}")),
         }
     });

@@ -89,11 +89,12 @@ impl Forwarder {
 
 impl Shared {
     /// Whether `request` should go to the primary: this node is a standby
-    /// and the request was not forwarded to it already.
+    /// (or still booting, when another node may lead) and the request was
+    /// not forwarded to it already.
     pub(crate) fn should_forward<T>(&self, request: &Request<T>) -> bool {
         request.metadata().get(FORWARDED).is_none()
             && !self.runtime.is_primary_and_sure()
-            && self.runtime.status().role == Role::Standby
+            && matches!(self.runtime.status().role, Role::Standby | Role::Booting)
     }
 
     /// The primary's etcd channel, or why there is none.
