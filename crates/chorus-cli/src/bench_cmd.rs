@@ -7,6 +7,7 @@
 //! and replay throughput. `chorus bench takeover` ([`takeover`]): takeover
 //! time against the size of the state, warm standby and cold process.
 //! `chorus bench watch` ([`watch`]): watch delivery over etcd's gRPC API.
+//! `chorus bench etcd` ([`etcd`]): Chorus's etcd API beside a real etcd.
 //!
 //! `bench log` has six scenarios: light load (one append at a time) and peak load (appends
 //! pipelined up to the in-flight budget), each with all replicas at the
@@ -27,7 +28,10 @@ use serde::Serialize;
 use crate::CommandError;
 use crate::output::outln;
 
+mod etcd;
+mod etcd_cluster;
 mod failover;
+mod grpc;
 mod kv;
 mod recovery;
 mod takeover;
@@ -56,6 +60,10 @@ pub enum BenchCommand {
     /// acknowledgement to its event at each of many watchers, at a paced
     /// rate of puts.
     Watch(watch::WatchBenchArgs),
+    /// Compare Chorus's etcd API with a real 3-member etcd started here:
+    /// puts, ranges, compare-and-set, watch delivery and failover, with
+    /// throughput, latency percentiles and CPU per operation.
+    Etcd(etcd::EtcdBenchArgs),
 }
 
 /// Arguments of `bench log`.
@@ -110,6 +118,7 @@ impl BenchCommand {
             BenchCommand::Recovery(args) => return recovery::run(args).await,
             BenchCommand::Takeover(args) => return takeover::run(args).await,
             BenchCommand::Watch(args) => return watch::run(args).await,
+            BenchCommand::Etcd(args) => return etcd::run(args).await,
         };
         if ![1, 3, 5].contains(&args.replicas) {
             return Err("--replicas must be 1, 3 or 5".into());

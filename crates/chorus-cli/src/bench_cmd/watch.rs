@@ -24,22 +24,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use chorus::kv::KvState;
-use chorus::lease::HolderId;
-use chorus::runtime::{Runtime, RuntimeConfig, RuntimeStores};
 use chorus_etcd::proto::etcdserverpb::kv_client::KvClient;
 use chorus_etcd::proto::etcdserverpb::watch_client::WatchClient;
 use chorus_etcd::proto::etcdserverpb::watch_request::RequestUnion;
 use chorus_etcd::proto::etcdserverpb::{
     PutRequest, WatchCreateRequest, WatchRequest, WatchResponse,
 };
-use chorus_etcd::{EtcdConfig, EtcdService};
 use futures::StreamExt;
 use serde::Serialize;
 use tokio::sync::{Semaphore, mpsc, watch};
-use tonic::transport::{Channel, Endpoint};
 
-use super::kv::{Target, embedded_stores, memory_stores};
+use super::grpc::{
+    CONNECT_TIMEOUT, connect, micros_since, percentile_ms, prefix_end, start_target,
+};
+use super::kv::Target;
 use crate::CommandError;
 use crate::output::outln;
 
@@ -48,10 +46,6 @@ const PREFIX: &str = "bench/watch/";
 /// How long the watchers may take, after the last put was acknowledged,
 /// to receive every event before the missing ones are counted.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long the stopping service waits for its streams to end.
-const STOP_GRACE: Duration = Duration::from_secs(2);
-/// Bound on connecting and on a watch's create answer.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Arguments of `bench watch`.
 #[derive(Debug, Clone, clap::Args)]
@@ -126,30 +120,32 @@ impl WatchBenchArgs {
 
 /// One row of results (the fields issue-34-style rows share first).
 #[derive(Debug, Serialize)]
-struct Row {
-    system: String,
-    workload: &'static str,
+pub(super) struct Row {
+    pub(super) system: String,
+    pub(super) workload: &'static str,
     /// Watchers.
-    clients: usize,
-    offered_per_second: u64,
+    pub(super) clients: usize,
+    pub(super) offered_per_second: u64,
     /// Puts acknowledged per second: events written.
-    per_second: f64,
+    pub(super) per_second: f64,
     /// Events received by all watchers together, per second.
-    deliveries_per_second: f64,
-    deliveries: u64,
+    pub(super) deliveries_per_second: f64,
+    pub(super) deliveries: u64,
+    /// Puts acknowledged.
+    pub(super) puts: u64,
     /// Deliveries owed (acknowledged puts × watchers) never received.
-    missing: u64,
+    pub(super) missing: u64,
     /// Puts that failed.
-    errors: u64,
+    pub(super) errors: u64,
     /// Deliveries that arrived before their put's acknowledgement.
-    early: u64,
+    pub(super) early: u64,
     /// Delivery after the acknowledgement.
-    p50_ms: f64,
-    p99_ms: f64,
-    max_ms: f64,
+    pub(super) p50_ms: f64,
+    pub(super) p99_ms: f64,
+    pub(super) max_ms: f64,
     /// The puts' own latency, sent to acknowledged.
-    put_p50_ms: f64,
-    put_p99_ms: f64,
+    pub(super) put_p50_ms: f64,
+    pub(super) put_p99_ms: f64,
 }
 
 /// Runs the benchmark.
@@ -173,23 +169,13 @@ pub async fn run(args: WatchBenchArgs) -> Result<(), CommandError> {
         )?;
     }
     if let Some(endpoint) = &args.endpoint {
-        let row = measure(endpoint, endpoint, &args, load).await?;
+        let row = measure(std::slice::from_ref(endpoint), endpoint, &args, load).await?;
         return print(&row, args.json);
     }
     for target in &args.target {
-        let (system, service) = match target {
-            Target::Memory => (
-                format!("chorus-{}-{}ms", args.replicas, args.latency_ms),
-                Service::start(memory_stores(args.replicas, args.latency_ms).await?).await?,
-            ),
-            Target::Embedded => {
-                let dir =
-                    std::env::temp_dir().join(format!("chorus-bench-watch-{}", std::process::id()));
-                let service = Service::start(embedded_stores(&dir).await?).await?;
-                ("chorus-3-local".to_owned(), service.cleaning(dir))
-            }
-        };
-        let row = measure(&service.url, &system, &args, load).await;
+        let (system, service) =
+            start_target(*target, args.replicas, args.latency_ms, false, "watch").await?;
+        let row = measure(&[service.url().to_owned()], &system, &args, load).await;
         if let Ok(row) = &row {
             print(row, args.json)?;
         }
@@ -197,6 +183,32 @@ pub async fn run(args: WatchBenchArgs) -> Result<(), CommandError> {
         row?;
     }
     Ok(())
+}
+
+/// One watch cell of `bench etcd` against `urls`: watchers and put
+/// connections spread over them in turn, with this benchmark's defaults
+/// (`--quick`'s when `quick`).
+pub(super) async fn measure_cell(
+    urls: &[String],
+    system: &str,
+    quick: bool,
+) -> Result<Row, CommandError> {
+    let args = WatchBenchArgs {
+        endpoint: None,
+        replicas: 3,
+        latency_ms: 10,
+        watchers: None,
+        rate: None,
+        seconds: None,
+        value_bytes: 256,
+        keys: 1000,
+        put_connections: 16,
+        max_in_flight: 4096,
+        target: Vec::new(),
+        quick,
+        json: true,
+    };
+    measure(urls, system, &args, args.load()).await
 }
 
 fn print(row: &Row, json: bool) -> Result<(), CommandError> {
@@ -228,9 +240,10 @@ struct Ack {
     acked_us: u32,
 }
 
-/// One row against the etcd API at `url`.
+/// One row against the etcd API at `urls`, the watchers and the put
+/// connections spread over them in turn.
 async fn measure(
-    url: &str,
+    urls: &[String],
     system: &str,
     args: &WatchBenchArgs,
     load: Load,
@@ -239,7 +252,7 @@ async fn measure(
     eprintln!("{system}: opening {} watchers …", load.watchers);
     let (last_revision, published) = watch::channel(i64::MAX);
     let mut watchers = Vec::with_capacity(load.watchers);
-    for _ in 0..load.watchers {
+    for url in urls.iter().cycle().take(load.watchers) {
         let stream = open_watch(url).await?;
         watchers.push(tokio::spawn(receive(stream, epoch, published.clone())));
     }
@@ -249,7 +262,7 @@ async fn measure(
         load.duration.as_secs()
     );
     let started = Instant::now();
-    let acks = offer_puts(url, args, load, epoch).await?;
+    let acks = offer_puts(urls, args, load, epoch).await?;
     let elapsed = started.elapsed();
     let last = acks
         .iter()
@@ -262,18 +275,6 @@ async fn measure(
         arrivals.push(watcher.await??);
     }
     Ok(summarize(system, load, &acks, &arrivals, elapsed))
-}
-
-/// Connects to `url`, with Nagle off as etcd's clients have it.
-async fn connect(url: &str) -> Result<Channel, CommandError> {
-    let endpoint = Endpoint::from_shared(url.to_owned())
-        .map_err(|e| format!("invalid endpoint {url:?}: {e}"))?
-        .tcp_nodelay(true)
-        .connect_timeout(CONNECT_TIMEOUT);
-    Ok(endpoint
-        .connect()
-        .await
-        .map_err(|e| format!("cannot connect to {url}: {e}"))?)
 }
 
 /// A new connection and a watch of [`PREFIX`] on it, its create answered.
@@ -298,19 +299,6 @@ async fn open_watch(url: &str) -> Result<tonic::Streaming<WatchResponse>, Comman
         return Err(format!("the watch was refused: {}", created.cancel_reason).into());
     }
     Ok(stream)
-}
-
-/// The end of the range of every key starting with `prefix`, as etcd
-/// clients compute it.
-fn prefix_end(prefix: &[u8]) -> Bytes {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return Bytes::from(end);
-        }
-    }
-    Bytes::from_static(b"\0")
 }
 
 /// Reads events until one at or past the last acknowledged revision
@@ -359,21 +347,16 @@ async fn receive(
     }
 }
 
-/// Microseconds from `epoch` to now (saturating after 71 minutes).
-fn micros_since(epoch: Instant) -> u32 {
-    u32::try_from(epoch.elapsed().as_micros()).unwrap_or(u32::MAX)
-}
-
 /// Offers `load.rate` puts per second for `load.duration`, open loop, and
 /// waits for every answer.
 async fn offer_puts(
-    url: &str,
+    urls: &[String],
     args: &WatchBenchArgs,
     load: Load,
     epoch: Instant,
 ) -> Result<Vec<Ack>, CommandError> {
     let mut clients = Vec::new();
-    for _ in 0..args.put_connections {
+    for url in urls.iter().cycle().take(args.put_connections as usize) {
         clients.push(KvClient::new(connect(url).await?));
     }
     let value = Bytes::from(vec![b'v'; args.value_bytes]);
@@ -458,6 +441,7 @@ fn summarize(
         per_second: acked.len() as f64 / seconds,
         deliveries_per_second: delivered as f64 / seconds,
         deliveries: delivered,
+        puts: acked.len() as u64,
         missing: owed.saturating_sub(delivered),
         errors: (acks.len() - acked.len()) as u64,
         early,
@@ -466,81 +450,6 @@ fn summarize(
         max_ms: percentile_ms(&delivery_us, 1.0),
         put_p50_ms: percentile_ms(&put_us, 0.50),
         put_p99_ms: percentile_ms(&put_us, 0.99),
-    }
-}
-
-/// The `p`-th percentile of sorted microseconds, in milliseconds.
-fn percentile_ms(sorted_us: &[u32], p: f64) -> f64 {
-    if sorted_us.is_empty() {
-        return 0.0;
-    }
-    let rank = ((sorted_us.len() as f64 * p).ceil() as usize).clamp(1, sorted_us.len());
-    f64::from(sorted_us[rank - 1]) / 1000.0
-}
-
-/// Chorus's etcd API started in this process.
-struct Service {
-    url: String,
-    runtime: Arc<Runtime<KvState>>,
-    stop: watch::Sender<bool>,
-    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
-    /// A directory to remove after the stop.
-    scratch: Option<std::path::PathBuf>,
-}
-
-impl Service {
-    /// Starts the runtime and the etcd API on a free loopback port and
-    /// waits until it is the primary.
-    async fn start(stores: RuntimeStores) -> Result<Service, CommandError> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let url = format!("http://{}", listener.local_addr()?);
-        let runtime = Arc::new(Runtime::<KvState>::start(
-            stores,
-            RuntimeConfig::new(HolderId::new(&url)?),
-        )?);
-        let mut config = EtcdConfig::new("bench");
-        config.client_urls = vec![url.clone()];
-        let service = EtcdService::new(Arc::clone(&runtime), config);
-        let (stop, mut stopped) = watch::channel(false);
-        let server = tokio::spawn(chorus_etcd::serve(listener, service, async move {
-            let _ = stopped.wait_for(|stop| *stop).await;
-        }));
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !runtime.is_primary_and_sure() {
-            if Instant::now() > deadline {
-                return Err("the benchmark's service did not become primary within 60 s".into());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(Service {
-            url,
-            runtime,
-            stop,
-            server,
-            scratch: None,
-        })
-    }
-
-    fn cleaning(mut self, dir: std::path::PathBuf) -> Service {
-        self.scratch = Some(dir);
-        self
-    }
-
-    /// Stops the server, closing the watch streams still open after
-    /// [`STOP_GRACE`] (the watchers' connections may outlive them), and
-    /// the runtime.
-    async fn stop(self) -> Result<(), CommandError> {
-        let _ = self.stop.send(true);
-        let abort = self.server.abort_handle();
-        match tokio::time::timeout(STOP_GRACE, self.server).await {
-            Ok(served) => served?.map_err(|e| format!("the etcd server failed: {e}"))?,
-            Err(_) => abort.abort(),
-        }
-        self.runtime.shutdown().await?;
-        if let Some(dir) = self.scratch {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-        Ok(())
     }
 }
 
@@ -579,13 +488,6 @@ mod tests {
         assert_eq!(row.per_second, 1.0);
         assert_eq!((row.p50_ms, row.max_ms), (2.0, 4.0));
         assert_eq!((row.put_p50_ms, row.put_p99_ms), (1.0, 2.0));
-    }
-
-    #[test]
-    fn the_prefix_end_is_etcds() {
-        assert_eq!(prefix_end(b"a/"), Bytes::from_static(b"a0"));
-        assert_eq!(prefix_end(b"a\xff"), Bytes::from_static(b"b"));
-        assert_eq!(prefix_end(b"\xff"), Bytes::from_static(b"\0"));
     }
 
     #[test]

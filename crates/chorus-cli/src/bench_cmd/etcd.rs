@@ -1,0 +1,863 @@
+//! `chorus bench etcd`: Chorus's etcd API beside a real etcd, driven by one
+//! load generator (chorus-etcd's generated gRPC client) in this process.
+//!
+//! Systems: `etcd-3`, three etcd members on loopback started here (each its
+//! own data directory on local disk, its own ports); `chorus-3-local`,
+//! Chorus on three fsync'd local directories; `chorus-3-10ms`, Chorus on
+//! three in-memory replicas behind the latency store at 10 ms. Each Chorus
+//! runs a primary and a standby on the same stores in this process, both
+//! serving etcd. The client is given every endpoint of a system (three
+//! members, or the primary and the standby): its connections are spread
+//! over them in turn, and a client whose request fails moves to the next
+//! endpoint, as etcd's clients do.
+//!
+//! Workloads (8-byte keys, 256-byte values), closed loop (each client sends
+//! its next request when the previous one is answered): `put` with 1, 64
+//! and 1,000 clients over at most 100 connections; `range-linearizable`
+//! and `range-serializable` of one key; `txn-cas` (compare a key's
+//! mod_revision, then put it: each client owns its key); `watch` (`bench
+//! watch`'s delivery measurement); `failover` (puts while the etcd leader
+//! is SIGKILLed, or the Chorus primary's runtime aborted and its server
+//! stopped: how long until each client's writes succeed again).
+//!
+//! CPU: `cpu_us_per_op` is the CPU time of this process (the load
+//! generator, plus the service for Chorus, which runs in it) and of the
+//! etcd members, over the operations of the cell; `server_cpu_us_per_op`
+//! is the etcd members' alone (for Chorus it cannot be separated from the
+//! load generator, so it is absent).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use chorus_etcd::proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use chorus_etcd::proto::etcdserverpb::kv_client::KvClient;
+use chorus_etcd::proto::etcdserverpb::request_op::Request as Op;
+use chorus_etcd::proto::etcdserverpb::{Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
+use serde::Serialize;
+use tonic::transport::Channel;
+
+use super::etcd_cluster::EtcdCluster;
+use super::grpc::{Service, connect, micros_since, percentile_ms, start_target};
+use super::kv::Target;
+use super::watch;
+use crate::CommandError;
+use crate::output::outln;
+
+/// Connections a cell's clients share at most (etcd's benchmark: 100).
+const MAX_CONNECTIONS: usize = 100;
+/// Clients of the put cells.
+const PUT_CLIENTS: [usize; 3] = [1, 64, 1_000];
+/// Clients of the range cells (etcd's published read figure: 1,000).
+const RANGE_CLIENTS: usize = 1_000;
+/// Clients of the compare-and-set cell.
+const TXN_CLIENTS: usize = 64;
+/// Clients writing through a failover.
+const FAILOVER_CLIENTS: usize = 16;
+/// How long the failover clients write before the kill.
+const FAILOVER_WARMUP: Duration = Duration::from_secs(1);
+/// How long the failover cell waits for every client's writes to resume.
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bound on one request; past it the request counts as an error.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound on one request of the failover cell: a request stuck at a dead
+/// node is given up and retried elsewhere after this, as an etcd client
+/// with a one-second deadline would.
+const FAILOVER_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+/// Pause of a client after a failed request, before it tries the next
+/// endpoint (keeps a refusing endpoint from being hammered).
+const ERROR_BACKOFF: Duration = Duration::from_millis(10);
+/// Distinct keys the put cells write.
+const PUT_KEY_SPACE: u64 = 100_000;
+/// Bytes of every value written.
+const VALUE_BYTES: usize = 256;
+/// How long every endpoint may take to see the range cells' key.
+const PRELOAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// The one key the range cells read (8 bytes).
+const RANGE_KEY: &[u8] = b"range000";
+/// Linux's clock tick of `/proc/<pid>/stat`'s CPU times (USER_HZ).
+const TICKS_PER_SECOND: f64 = 100.0;
+
+/// A system under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(super) enum System {
+    /// Three etcd members on loopback.
+    #[value(name = "etcd-3")]
+    Etcd3,
+    /// Chorus on three local directories.
+    #[value(name = "chorus-3-local")]
+    ChorusLocal,
+    /// Chorus on three in-memory replicas at 10 ms injected latency.
+    #[value(name = "chorus-3-10ms")]
+    Chorus10ms,
+}
+
+/// A workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(super) enum Workload {
+    /// Puts with 1, 64 and 1,000 clients.
+    Put,
+    /// Linearizable ranges of one key.
+    RangeLinearizable,
+    /// Serializable ranges of one key.
+    RangeSerializable,
+    /// Compare mod_revision, then put.
+    TxnCas,
+    /// Watch delivery after the put's acknowledgement.
+    Watch,
+    /// Time until writes succeed again after the leader/primary dies.
+    Failover,
+}
+
+/// Arguments of `bench etcd`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EtcdBenchArgs {
+    /// Systems to measure, in this order.
+    #[arg(long, value_enum, value_delimiter = ',',
+          default_values_t = [System::Etcd3, System::ChorusLocal, System::Chorus10ms])]
+    systems: Vec<System>,
+    /// Workloads to run on each system (failover always last).
+    #[arg(long, value_enum, value_delimiter = ',',
+          default_values_t = [Workload::Put, Workload::RangeLinearizable,
+                              Workload::RangeSerializable, Workload::TxnCas,
+                              Workload::Watch, Workload::Failover])]
+    workloads: Vec<Workload>,
+    /// How long each closed-loop cell runs, in seconds [default: 10; --quick: 2].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    seconds: Option<u64>,
+    /// The etcd server binary of `etcd-3`.
+    #[arg(long, default_value = "etcd")]
+    etcd_binary: PathBuf,
+    /// Short cells (every cell of every system in a few minutes).
+    #[arg(long)]
+    quick: bool,
+    /// Print one JSON object per cell instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One cell's results.
+#[derive(Debug, Serialize)]
+struct Row {
+    system: String,
+    workload: &'static str,
+    clients: usize,
+    /// Successful operations per second (watch: puts acknowledged; failover:
+    /// over the whole cell, the outage included).
+    per_second: f64,
+    /// Latency of successful operations (watch: delivery after the put's
+    /// acknowledgement; failover: each client's time from the kill to its
+    /// first successful write sent after it, which includes requests stuck
+    /// at the dead node until [`FAILOVER_REQUEST_TIMEOUT`]).
+    p50_ms: f64,
+    p99_ms: f64,
+    errors: u64,
+    /// CPU of this process and the etcd members per successful operation.
+    cpu_us_per_op: f64,
+    /// CPU of the etcd members alone per successful operation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    server_cpu_us_per_op: Option<f64>,
+    /// Watch: deliveries owed but never received.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    missing: Option<u64>,
+    /// Failover: time from the kill to the first acknowledged write sent
+    /// after it, of any client (the system takes writes again).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resume_ms: Option<f64>,
+    /// Failover: clients whose writes never succeeded again in time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unresumed: Option<u64>,
+}
+
+/// Runs the benchmark.
+pub async fn run(args: EtcdBenchArgs) -> Result<(), CommandError> {
+    if !args.json {
+        outln!(
+            "{:<15} {:<19} {:>7} {:>10} {:>8} {:>9} {:>7} {:>9} {:>9}",
+            "system",
+            "workload",
+            "clients",
+            "per_second",
+            "p50 ms",
+            "p99 ms",
+            "errors",
+            "cpu us/op",
+            "etcd us/op"
+        )?;
+    }
+    for system in &args.systems {
+        eprintln!("{}: starting …", system_name(*system));
+        let mut running = Running::start(*system, &args).await?;
+        let outcome = run_cells(&mut running, &args).await;
+        let stopped = running.stop().await;
+        outcome?;
+        stopped?;
+    }
+    Ok(())
+}
+
+fn system_name(system: System) -> &'static str {
+    match system {
+        System::Etcd3 => "etcd-3",
+        System::ChorusLocal => "chorus-3-local",
+        System::Chorus10ms => "chorus-3-10ms",
+    }
+}
+
+/// Every selected workload's cells on `running`, failover last (it kills a
+/// node).
+async fn run_cells(running: &mut Running, args: &EtcdBenchArgs) -> Result<(), CommandError> {
+    let duration = Duration::from_secs(args.seconds.unwrap_or(if args.quick { 2 } else { 10 }));
+    let selected = |workload| args.workloads.contains(&workload);
+    let mut rows = Vec::new();
+    if selected(Workload::Put) {
+        for clients in PUT_CLIENTS {
+            rows.push(running.closed_loop(Kind::Put, clients, duration).await?);
+            print(rows.last().expect("pushed"), args.json)?;
+        }
+    }
+    let others = [
+        (
+            Workload::RangeLinearizable,
+            Kind::Range {
+                serializable: false,
+            },
+            RANGE_CLIENTS,
+        ),
+        (
+            Workload::RangeSerializable,
+            Kind::Range { serializable: true },
+            RANGE_CLIENTS,
+        ),
+        (Workload::TxnCas, Kind::TxnCas, TXN_CLIENTS),
+    ];
+    for (workload, kind, clients) in others {
+        if selected(workload) {
+            rows.push(running.closed_loop(kind, clients, duration).await?);
+            print(rows.last().expect("pushed"), args.json)?;
+        }
+    }
+    if selected(Workload::Watch) {
+        rows.push(running.watch(args.quick).await?);
+        print(rows.last().expect("pushed"), args.json)?;
+    }
+    if selected(Workload::Failover) {
+        rows.push(running.failover().await?);
+        print(rows.last().expect("pushed"), args.json)?;
+    }
+    Ok(())
+}
+
+fn print(row: &Row, json: bool) -> Result<(), CommandError> {
+    if json {
+        return outln!("{}", serde_json::to_string(row).expect("rows encode"));
+    }
+    let server = row
+        .server_cpu_us_per_op
+        .map_or_else(|| "-".to_owned(), |us| format!("{us:.1}"));
+    let mut extra = String::new();
+    if let Some(missing) = row.missing {
+        extra = format!("  missing {missing}");
+    }
+    if let (Some(resume), Some(unresumed)) = (row.resume_ms, row.unresumed) {
+        extra = format!("  first write after {resume:.0} ms, unresumed {unresumed}");
+    }
+    outln!(
+        "{:<15} {:<19} {:>7} {:>10.0} {:>8.2} {:>9.2} {:>7} {:>9.1} {:>9}{extra}",
+        row.system,
+        row.workload,
+        row.clients,
+        row.per_second,
+        row.p50_ms,
+        row.p99_ms,
+        row.errors,
+        row.cpu_us_per_op,
+        server
+    )
+}
+
+/// What a closed-loop client sends.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Put,
+    Range { serializable: bool },
+    TxnCas,
+}
+
+impl Kind {
+    fn workload(self) -> &'static str {
+        match self {
+            Kind::Put => "put",
+            Kind::Range {
+                serializable: false,
+            } => "range-linearizable",
+            Kind::Range { serializable: true } => "range-serializable",
+            Kind::TxnCas => "txn-cas",
+        }
+    }
+}
+
+/// A system started for the benchmark.
+struct Running {
+    system: System,
+    backend: Backend,
+    urls: Vec<String>,
+}
+
+/// What runs a system.
+enum Backend {
+    Etcd(EtcdCluster),
+    Chorus(Service),
+}
+
+impl Running {
+    async fn start(system: System, args: &EtcdBenchArgs) -> Result<Running, CommandError> {
+        let backend = match system {
+            System::Etcd3 => Backend::Etcd(EtcdCluster::start(&args.etcd_binary, 3).await?),
+            System::ChorusLocal => {
+                Backend::Chorus(start_target(Target::Embedded, 3, 0, true, "etcd").await?.1)
+            }
+            System::Chorus10ms => {
+                Backend::Chorus(start_target(Target::Memory, 3, 10, true, "etcd").await?.1)
+            }
+        };
+        let urls = match &backend {
+            Backend::Etcd(cluster) => cluster.urls(),
+            Backend::Chorus(service) => service.urls(),
+        };
+        Ok(Running {
+            system,
+            backend,
+            urls,
+        })
+    }
+
+    async fn stop(self) -> Result<(), CommandError> {
+        match self.backend {
+            Backend::Etcd(cluster) => drop(cluster),
+            Backend::Chorus(service) => service.stop().await?,
+        }
+        Ok(())
+    }
+
+    /// The process ids of the system's own processes (none for Chorus,
+    /// which runs in this one).
+    fn server_pids(&self) -> Vec<u32> {
+        match &self.backend {
+            Backend::Etcd(cluster) => cluster.pids(),
+            Backend::Chorus(_) => Vec::new(),
+        }
+    }
+
+    /// CPU ticks of this process and of the system's processes so far.
+    fn cpu(&self) -> Cpu {
+        Cpu {
+            own: cpu_ticks("self"),
+            server: self
+                .server_pids()
+                .into_iter()
+                .map(|pid| (pid, cpu_ticks(&pid.to_string())))
+                .collect(),
+        }
+    }
+
+    /// One closed-loop cell: `clients` clients sending `kind` for `duration`.
+    async fn closed_loop(
+        &self,
+        kind: Kind,
+        clients: usize,
+        duration: Duration,
+    ) -> Result<Row, CommandError> {
+        let name = system_name(self.system);
+        eprintln!("{name}: {} with {clients} clients …", kind.workload());
+        let pool = Arc::new(Pool::open(&self.urls, clients.min(MAX_CONNECTIONS)).await?);
+        if matches!(kind, Kind::Range { .. }) {
+            pool.preload_range_key().await?;
+        }
+        let control = Arc::new(Control::new(REQUEST_TIMEOUT));
+        let before = self.cpu();
+        let started = Instant::now();
+        let tasks = spawn_clients(&pool, kind, clients, &control);
+        tokio::time::sleep(duration).await;
+        control.stop.store(true, Ordering::Relaxed);
+        let outcomes = join(tasks).await?;
+        let elapsed = started.elapsed();
+        let cpu = self.cpu().since(&before, &before);
+        Ok(summarize(
+            name,
+            kind.workload(),
+            clients,
+            &outcomes,
+            elapsed,
+            cpu,
+            self.is_etcd(),
+        ))
+    }
+
+    fn is_etcd(&self) -> bool {
+        matches!(self.backend, Backend::Etcd(_))
+    }
+
+    /// The watch cell: `bench watch`'s measurement over every endpoint.
+    async fn watch(&self, quick: bool) -> Result<Row, CommandError> {
+        let name = system_name(self.system);
+        let before = self.cpu();
+        let measured = watch::measure_cell(&self.urls, name, quick).await?;
+        let cpu = self.cpu().since(&before, &before);
+        let operations = measured.puts as f64;
+        Ok(Row {
+            system: name.to_owned(),
+            workload: "watch",
+            clients: measured.clients,
+            per_second: measured.per_second,
+            p50_ms: measured.p50_ms,
+            p99_ms: measured.p99_ms,
+            errors: measured.errors,
+            cpu_us_per_op: cpu.total_us() / operations.max(1.0),
+            server_cpu_us_per_op: self
+                .is_etcd()
+                .then(|| cpu.server_us() / operations.max(1.0)),
+            missing: Some(measured.missing),
+            resume_ms: None,
+            unresumed: None,
+        })
+    }
+
+    /// The failover cell: clients put, the leader/primary is killed after
+    /// [`FAILOVER_WARMUP`], and the cell ends when every client had a write
+    /// sent after the kill succeed (or after [`FAILOVER_TIMEOUT`]).
+    async fn failover(&mut self) -> Result<Row, CommandError> {
+        let name = system_name(self.system);
+        eprintln!("{name}: failover with {FAILOVER_CLIENTS} clients …");
+        let pool = Arc::new(Pool::open(&self.urls, FAILOVER_CLIENTS).await?);
+        let control = Arc::new(Control::new(FAILOVER_REQUEST_TIMEOUT));
+        let before = self.cpu();
+        let started = Instant::now();
+        let tasks = spawn_clients(&pool, Kind::Put, FAILOVER_CLIENTS, &control);
+        tokio::time::sleep(FAILOVER_WARMUP).await;
+        let leader = match &self.backend {
+            Backend::Etcd(cluster) => cluster.leader().await?,
+            Backend::Chorus(_) => 0,
+        };
+        let before_kill = self.cpu();
+        control
+            .killed_at_us
+            .store(micros_since(control.epoch), Ordering::Relaxed);
+        match &mut self.backend {
+            Backend::Etcd(cluster) => cluster.kill(leader)?,
+            Backend::Chorus(service) => service.kill_primary(),
+        }
+        let deadline = Instant::now() + FAILOVER_TIMEOUT;
+        while control.resumed.load(Ordering::Relaxed) < FAILOVER_CLIENTS as u64
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        control.stop.store(true, Ordering::Relaxed);
+        let outcomes = join(tasks).await?;
+        let elapsed = started.elapsed();
+        // The killed member's CPU counts until the kill.
+        let cpu = self.cpu().since(&before, &before_kill);
+        let mut row = summarize(
+            name,
+            "failover",
+            FAILOVER_CLIENTS,
+            &outcomes,
+            elapsed,
+            cpu,
+            self.is_etcd(),
+        );
+        let mut resumes: Vec<u32> = outcomes.iter().filter_map(|o| o.resumed_us).collect();
+        resumes.sort_unstable();
+        row.p50_ms = percentile_ms(&resumes, 0.50);
+        row.p99_ms = percentile_ms(&resumes, 0.99);
+        row.resume_ms = Some(percentile_ms(&resumes, 0.0));
+        row.unresumed = Some((FAILOVER_CLIENTS - resumes.len()) as u64);
+        Ok(row)
+    }
+}
+
+/// CPU ticks (see [`TICKS_PER_SECOND`]) of this process and of each of the
+/// system's processes.
+#[derive(Debug, Clone)]
+struct Cpu {
+    own: f64,
+    server: Vec<(u32, f64)>,
+}
+
+/// CPU ticks spent over a cell.
+#[derive(Debug, Clone, Copy)]
+struct Spent {
+    own: f64,
+    server: f64,
+}
+
+impl Cpu {
+    /// What was spent since `before`; a process gone since (killed) counts
+    /// what it had spent by `last_seen`.
+    fn since(&self, before: &Cpu, last_seen: &Cpu) -> Spent {
+        let server = before
+            .server
+            .iter()
+            .map(|(pid, start)| {
+                let now = [self, last_seen]
+                    .iter()
+                    .find_map(|cpu| cpu.server.iter().find(|(p, _)| p == pid))
+                    .map_or(*start, |(_, ticks)| *ticks);
+                now - start
+            })
+            .sum();
+        Spent {
+            own: self.own - before.own,
+            server,
+        }
+    }
+}
+
+impl Spent {
+    fn total_us(self) -> f64 {
+        (self.own + self.server) / TICKS_PER_SECOND * 1e6
+    }
+
+    fn server_us(self) -> f64 {
+        self.server / TICKS_PER_SECOND * 1e6
+    }
+}
+
+/// User plus system CPU ticks of `/proc/<pid>/stat` (0 when unreadable:
+/// the process is gone).
+fn cpu_ticks(pid: &str) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // The fields after the command (which may hold spaces) start at the
+    // state, field 3; utime and stime are fields 14 and 15.
+    let Some((_, fields)) = stat.rsplit_once(')') else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = fields.split_whitespace().collect();
+    let field = |n: usize| {
+        fields
+            .get(n - 3)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    field(14) + field(15)
+}
+
+/// The connections of one cell: `by_endpoint[e]` are those to endpoint `e`.
+struct Pool {
+    by_endpoint: Vec<Vec<KvClient<Channel>>>,
+}
+
+impl Pool {
+    /// `connections` connections spread over `urls` (at least one each).
+    async fn open(urls: &[String], connections: usize) -> Result<Pool, CommandError> {
+        let per_endpoint = connections.div_ceil(urls.len()).max(1);
+        let mut by_endpoint = Vec::with_capacity(urls.len());
+        for url in urls {
+            let mut clients = Vec::with_capacity(per_endpoint);
+            for _ in 0..per_endpoint {
+                clients.push(KvClient::new(connect(url).await?));
+            }
+            by_endpoint.push(clients);
+        }
+        Ok(Pool { by_endpoint })
+    }
+
+    /// Client `client`'s connection on endpoint `endpoint`.
+    fn client(&self, endpoint: usize, client: usize) -> KvClient<Channel> {
+        let connections = &self.by_endpoint[endpoint % self.by_endpoint.len()];
+        connections[(client / self.by_endpoint.len()) % connections.len()].clone()
+    }
+
+    fn endpoints(&self) -> usize {
+        self.by_endpoint.len()
+    }
+
+    /// Writes the key the range cells read and waits until a serializable
+    /// range on every endpoint sees it (a standby applies it a poll later).
+    async fn preload_range_key(&self) -> Result<(), CommandError> {
+        self.client(0, 0)
+            .put(PutRequest {
+                key: Bytes::from_static(RANGE_KEY),
+                value: value(),
+                ..PutRequest::default()
+            })
+            .await?;
+        let deadline = Instant::now() + PRELOAD_TIMEOUT;
+        for endpoint in 0..self.endpoints() {
+            let mut kv = self.client(endpoint, 0);
+            loop {
+                let answer = kv
+                    .range(RangeRequest {
+                        key: Bytes::from_static(RANGE_KEY),
+                        serializable: true,
+                        ..RangeRequest::default()
+                    })
+                    .await?
+                    .into_inner();
+                if !answer.kvs.is_empty() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(format!(
+                        "endpoint {endpoint} did not see the range key within {PRELOAD_TIMEOUT:?}"
+                    )
+                    .into());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn value() -> Bytes {
+    Bytes::from(vec![b'v'; VALUE_BYTES])
+}
+
+/// What the cell's driver and its clients share.
+struct Control {
+    epoch: Instant,
+    request_timeout: Duration,
+    stop: AtomicBool,
+    /// Microseconds since `epoch` of the kill (`u32::MAX`: none yet).
+    killed_at_us: AtomicU32,
+    /// Clients that had a write sent after the kill succeed.
+    resumed: AtomicU64,
+}
+
+impl Control {
+    fn new(request_timeout: Duration) -> Control {
+        Control {
+            epoch: Instant::now(),
+            request_timeout,
+            stop: AtomicBool::new(false),
+            killed_at_us: AtomicU32::new(u32::MAX),
+            resumed: AtomicU64::new(0),
+        }
+    }
+}
+
+/// What one client measured.
+#[derive(Debug, Default)]
+struct Outcome {
+    latencies_us: Vec<u32>,
+    errors: u64,
+    /// From the kill to this client's first success sent after it.
+    resumed_us: Option<u32>,
+}
+
+fn spawn_clients(
+    pool: &Arc<Pool>,
+    kind: Kind,
+    clients: usize,
+    control: &Arc<Control>,
+) -> Vec<tokio::task::JoinHandle<Outcome>> {
+    (0..clients)
+        .map(|client| {
+            let (pool, control) = (Arc::clone(pool), Arc::clone(control));
+            tokio::spawn(async move { drive(&pool, kind, client, &control).await })
+        })
+        .collect()
+}
+
+async fn join(tasks: Vec<tokio::task::JoinHandle<Outcome>>) -> Result<Vec<Outcome>, CommandError> {
+    let mut outcomes = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        outcomes.push(task.await?);
+    }
+    Ok(outcomes)
+}
+
+/// One closed-loop client until the stop: a failed request moves it to
+/// the next endpoint after [`ERROR_BACKOFF`].
+async fn drive(pool: &Pool, kind: Kind, client: usize, control: &Control) -> Outcome {
+    let mut outcome = Outcome::default();
+    let mut endpoint = client % pool.endpoints();
+    let mut kv = pool.client(endpoint, client);
+    let mut state = ClientState {
+        client,
+        sent: 0,
+        // Unknown until read (the key may exist from an earlier cell).
+        revision: None,
+        value: value(),
+    };
+    while !control.stop.load(Ordering::Relaxed) {
+        let sent = micros_since(control.epoch);
+        let answered =
+            tokio::time::timeout(control.request_timeout, state.send(&mut kv, kind)).await;
+        let acked = micros_since(control.epoch);
+        if let Ok(Ok(())) = answered {
+            outcome.latencies_us.push(acked.saturating_sub(sent));
+            let killed = control.killed_at_us.load(Ordering::Relaxed);
+            if outcome.resumed_us.is_none() && sent >= killed {
+                outcome.resumed_us = Some(acked - killed);
+                control.resumed.fetch_add(1, Ordering::Relaxed);
+            }
+        } else {
+            outcome.errors += 1;
+            state.revision = None;
+            endpoint += 1;
+            kv = pool.client(endpoint, client);
+            tokio::time::sleep(ERROR_BACKOFF).await;
+        }
+    }
+    outcome
+}
+
+/// A client's own sequence.
+struct ClientState {
+    client: usize,
+    sent: u64,
+    /// txn-cas: the mod_revision of the client's key, when known.
+    revision: Option<i64>,
+    value: Bytes,
+}
+
+impl ClientState {
+    /// One request of `kind`; a compare-and-set that does not apply is an
+    /// error (nobody else writes the client's key).
+    async fn send(&mut self, kv: &mut KvClient<Channel>, kind: Kind) -> Result<(), CommandError> {
+        self.sent += 1;
+        match kind {
+            Kind::Put => {
+                let n = (self.client as u64 * 1_000_003 + self.sent) % PUT_KEY_SPACE;
+                kv.put(PutRequest {
+                    key: Bytes::from(format!("{n:08}")),
+                    value: self.value.clone(),
+                    ..PutRequest::default()
+                })
+                .await?;
+            }
+            Kind::Range { serializable } => {
+                let answer = kv
+                    .range(RangeRequest {
+                        key: Bytes::from_static(RANGE_KEY),
+                        serializable,
+                        ..RangeRequest::default()
+                    })
+                    .await?
+                    .into_inner();
+                if answer.kvs.is_empty() {
+                    return Err("the range key is missing".into());
+                }
+            }
+            Kind::TxnCas => self.compare_and_set(kv).await?,
+        }
+        Ok(())
+    }
+
+    async fn compare_and_set(&mut self, kv: &mut KvClient<Channel>) -> Result<(), CommandError> {
+        let key = Bytes::from(format!("t{:07}", self.client));
+        let revision = match self.revision {
+            Some(revision) => revision,
+            None => {
+                let answer = kv
+                    .range(RangeRequest {
+                        key: key.clone(),
+                        ..RangeRequest::default()
+                    })
+                    .await?
+                    .into_inner();
+                answer.kvs.first().map_or(0, |kv| kv.mod_revision)
+            }
+        };
+        let answer = kv
+            .txn(TxnRequest {
+                compare: vec![Compare {
+                    result: CompareResult::Equal as i32,
+                    target: CompareTarget::Mod as i32,
+                    key: key.clone(),
+                    target_union: Some(TargetUnion::ModRevision(revision)),
+                    ..Compare::default()
+                }],
+                success: vec![RequestOp {
+                    request: Some(Op::RequestPut(PutRequest {
+                        key,
+                        value: self.value.clone(),
+                        ..PutRequest::default()
+                    })),
+                }],
+                failure: Vec::new(),
+            })
+            .await?
+            .into_inner();
+        if !answer.succeeded {
+            return Err("a compare-and-set of the client's own key did not apply".into());
+        }
+        self.revision = answer.header.map(|header| header.revision);
+        Ok(())
+    }
+}
+
+/// The row of a closed-loop cell.
+fn summarize(
+    system: &str,
+    workload: &'static str,
+    clients: usize,
+    outcomes: &[Outcome],
+    elapsed: Duration,
+    cpu: Spent,
+    etcd: bool,
+) -> Row {
+    let mut latencies: Vec<u32> = outcomes
+        .iter()
+        .flat_map(|o| o.latencies_us.iter().copied())
+        .collect();
+    latencies.sort_unstable();
+    let operations = (latencies.len() as f64).max(1.0);
+    Row {
+        system: system.to_owned(),
+        workload,
+        clients,
+        per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
+        p50_ms: percentile_ms(&latencies, 0.50),
+        p99_ms: percentile_ms(&latencies, 0.99),
+        errors: outcomes.iter().map(|o| o.errors).sum(),
+        cpu_us_per_op: cpu.total_us() / operations,
+        server_cpu_us_per_op: etcd.then(|| cpu.server_us() / operations),
+        missing: None,
+        resume_ms: None,
+        unresumed: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_killed_members_cpu_counts_until_it_was_last_seen() {
+        let before = Cpu {
+            own: 10.0,
+            server: vec![(1, 100.0), (2, 200.0)],
+        };
+        let last_seen = Cpu {
+            own: 15.0,
+            server: vec![(1, 130.0), (2, 210.0)],
+        };
+        // Member 1 was killed after `last_seen`.
+        let after = Cpu {
+            own: 20.0,
+            server: vec![(2, 250.0)],
+        };
+        let spent = after.since(&before, &last_seen);
+        assert_eq!((spent.own, spent.server), (10.0, 30.0 + 50.0));
+        assert_eq!(spent.total_us(), 900_000.0);
+    }
+
+    #[test]
+    fn this_process_has_spent_cpu() {
+        let mut spin = 0_u64;
+        for n in 0..50_000_000_u64 {
+            spin = spin.wrapping_add(n * n);
+        }
+        std::hint::black_box(spin);
+        assert!(cpu_ticks("self") > 0.0);
+        assert_eq!(cpu_ticks("0"), 0.0);
+    }
+}

@@ -1,0 +1,114 @@
+//! End-to-end tests of `chorus bench etcd` through the real binary: the
+//! quick put cells of the in-process Chorus at 10 ms, and one cell against
+//! a real three-member etcd (skipped outside CI when there is no etcd;
+//! failing under CI).
+
+mod support;
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// Runs `chorus bench etcd --json` with `flags` and returns its rows.
+fn bench_rows(flags: &[&str]) -> Vec<Value> {
+    let dir = TempDir::new().unwrap();
+    let output = support::chorus_command(dir.path())
+        .args(["bench", "etcd", "--json"])
+        .args(flags)
+        .output()
+        .expect("chorus runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON row"))
+        .collect()
+}
+
+/// Asserts the fields every row has, and that the cell did work.
+fn assert_measured(row: &Value) {
+    for field in [
+        "system",
+        "workload",
+        "clients",
+        "per_second",
+        "p50_ms",
+        "p99_ms",
+    ] {
+        assert!(row.get(field).is_some(), "{field} missing: {row}");
+    }
+    assert_eq!(row["errors"], 0, "{row}");
+    assert!(row["per_second"].as_f64().unwrap() > 0.0, "{row}");
+    let (p50, p99) = (
+        row["p50_ms"].as_f64().unwrap(),
+        row["p99_ms"].as_f64().unwrap(),
+    );
+    assert!(0.0 < p50 && p50 <= p99, "{row}");
+    assert!(row["cpu_us_per_op"].as_f64().unwrap() > 0.0, "{row}");
+}
+
+#[test]
+fn quick_puts_on_chorus_at_10ms_print_one_row_per_client_count() {
+    let rows = bench_rows(&[
+        "--quick",
+        "--systems",
+        "chorus-3-10ms",
+        "--workloads",
+        "put",
+    ]);
+    let clients: Vec<u64> = rows
+        .iter()
+        .map(|r| r["clients"].as_u64().unwrap())
+        .collect();
+    assert_eq!(clients, [1, 64, 1000], "{rows:?}");
+    for row in &rows {
+        assert_eq!(row["system"], "chorus-3-10ms", "{row}");
+        assert_eq!(row["workload"], "put", "{row}");
+        assert_measured(row);
+        // Chorus runs in the benchmark's process: no separate server CPU.
+        assert!(row.get("server_cpu_us_per_op").is_none(), "{row}");
+        // Every put waits for a quorum of replicas 10 ms away.
+        assert!(row["p50_ms"].as_f64().unwrap() >= 10.0, "{row}");
+    }
+}
+
+#[test]
+fn a_real_etcd_cluster_is_started_measured_and_its_cpu_counted() {
+    let Some(etcd) = support::etcd::etcd_binary() else {
+        return;
+    };
+    let etcd = etcd.to_str().expect("a UTF-8 path").to_owned();
+    let rows = bench_rows(&[
+        "--seconds",
+        "1",
+        "--systems",
+        "etcd-3",
+        "--workloads",
+        "range-serializable",
+        "--etcd-binary",
+        &etcd,
+    ]);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let row = &rows[0];
+    assert_eq!(row["system"], "etcd-3", "{row}");
+    assert_eq!(row["workload"], "range-serializable", "{row}");
+    assert_eq!(row["clients"], 1000, "{row}");
+    assert_measured(row);
+    assert!(row["server_cpu_us_per_op"].as_f64().unwrap() > 0.0, "{row}");
+}
+
+#[test]
+fn a_missing_etcd_binary_is_named() {
+    let dir = TempDir::new().unwrap();
+    let output = support::chorus_command(dir.path())
+        .args(["bench", "etcd", "--quick", "--systems", "etcd-3"])
+        .args(["--etcd-binary", "/nonexistent/etcd"])
+        .output()
+        .expect("chorus runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("cannot run etcd (/nonexistent/etcd)"),
+        "{stderr}"
+    );
+}
