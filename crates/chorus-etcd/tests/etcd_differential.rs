@@ -10,7 +10,9 @@
 //! on even seeds a cold node started then (it restores the final snapshot
 //! the first one published when it shut down). The takeover must change no
 //! answer. Keep-alives go through the generated gRPC client on both sides
-//! ([`WholeKeepAlives`]), so their whole answer is compared.
+//! ([`WholeKeepAlives`]), so their whole answer is compared. Both sides
+//! serve watches, so the workload's seeded watches are drawn, compared and
+//! closed before the takeover and at the end of each seed.
 
 #[path = "../../chorus/tests/support/etcd_watch_answers.rs"]
 mod etcd_watch_answers;
