@@ -67,7 +67,9 @@
 //! task per stream reads its responses as they come; the watches stay open
 //! while the workload runs. Before the takeover (the old primary's streams
 //! end with it) and at the end of the seed, once no watch of either side
-//! has received anything for a while, every watch is compared and closed:
+//! has received anything for [`WATCH_QUIET`], every watch is compared and
+//! closed (not after a progress request: etcd 3.4 answers one at once, not
+//! after the events before it, so it cannot tell that a stream is done):
 //! the responses without events (created; canceled, with compact_revision
 //! and reason) field by field, the header revision of a compaction cancel
 //! aside (etcd's is 0, Chorus's the store revision); then the events
