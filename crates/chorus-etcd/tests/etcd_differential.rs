@@ -10,8 +10,12 @@
 //! on even seeds a cold node started then (it restores the final snapshot
 //! the first one published when it shut down). The takeover must change no
 //! answer. Keep-alives go through the generated gRPC client on both sides
-//! ([`WholeKeepAlives`]), so their whole answer is compared.
+//! ([`WholeKeepAlives`]), so their whole answer is compared. Both sides
+//! serve watches, so the workload's seeded watches are drawn, compared and
+//! closed before the takeover and at the end of each seed.
 
+#[path = "../../chorus/tests/support/etcd_watch_answers.rs"]
+mod etcd_watch_answers;
 #[path = "../../chorus/tests/support/etcd_workload.rs"]
 mod etcd_workload;
 mod support;
@@ -20,6 +24,7 @@ mod support;
 use support::etcd as etcd_server;
 
 use chorus_etcd::proto::etcdserverpb as pb;
+use etcd_client::WatchClient;
 use etcd_client::proto::{PbLeaseKeepAliveResponse, PbResponseHeader};
 use etcd_workload::{
     Answer, Clients, RealEtcd, Request, Side, check_coverage, connect, ops_per_seed, run_seed,
@@ -111,6 +116,10 @@ impl Side for ChorusOverGrpc {
             self.primary.endpoint()
         );
     }
+
+    fn watch_client(&self) -> Option<WatchClient> {
+        Some(self.clients.watch.clone())
+    }
 }
 
 /// A side with a gRPC endpoint.
@@ -162,6 +171,10 @@ impl<S: Side + Endpoint> Side for WholeKeepAlives<S> {
 
     fn log_tail(&self) -> String {
         self.0.log_tail()
+    }
+
+    fn watch_client(&self) -> Option<WatchClient> {
+        self.0.watch_client()
     }
 }
 

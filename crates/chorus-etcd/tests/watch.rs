@@ -2,6 +2,8 @@
 //! every create option, cancels, progress, compaction, fragments, many
 //! watches on one stream, a client that stops reading, and a standby.
 
+#[path = "../../chorus/tests/support/etcd_watch_answers.rs"]
+mod etcd_watch_answers;
 mod support;
 
 use std::sync::Arc;
@@ -12,65 +14,9 @@ use chorus::kv::etcd::{EtcdCommand, PutRequest, RequestOp, TxnRequest};
 use chorus::kv::{Applied, KvState};
 use chorus::runtime::Runtime;
 use chorus_etcd::watch::{DUPLICATE_ID, EMPTY_RANGE, NEGATIVE_START};
-use etcd_client::{Client, DeleteOptions, EventType, WatchFilterType, WatchOptions, WatchStream};
+use etcd_client::{Client, DeleteOptions, WatchFilterType, WatchOptions, WatchStream};
+use etcd_watch_answers::{Ev, Kv, Resp, resp};
 use support::memory_runtime::{self, PATIENCE};
-
-/// One event as compared: PUT or DELETE, the key-value's key, value,
-/// create, mod revision and version, and the previous one's if any.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Ev {
-    put: bool,
-    kv: Kv,
-    prev: Option<Kv>,
-}
-
-/// A key-value as compared: key, value, create revision, mod revision,
-/// version.
-type Kv = (String, String, i64, i64, i64);
-
-/// One response as compared, every field but the header's ids.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-struct Resp {
-    revision: i64,
-    watch_id: i64,
-    created: bool,
-    canceled: bool,
-    compact_revision: i64,
-    cancel_reason: String,
-    fragment: bool,
-    events: Vec<Ev>,
-}
-
-fn kv(kv: &etcd_client::KeyValue) -> Kv {
-    (
-        String::from_utf8_lossy(kv.key()).into_owned(),
-        String::from_utf8_lossy(kv.value()).into_owned(),
-        kv.create_revision(),
-        kv.mod_revision(),
-        kv.version(),
-    )
-}
-
-fn resp(response: &etcd_client::WatchResponse) -> Resp {
-    Resp {
-        revision: response.header().map_or(0, |h| h.revision()),
-        watch_id: response.watch_id(),
-        created: response.created(),
-        canceled: response.canceled(),
-        compact_revision: response.compact_revision(),
-        cancel_reason: response.cancel_reason().to_owned(),
-        fragment: response.0.fragment,
-        events: response
-            .events()
-            .iter()
-            .map(|event| Ev {
-                put: event.event_type() == EventType::Put,
-                kv: kv(event.kv().expect("an event's kv")),
-                prev: event.prev_kv().map(kv),
-            })
-            .collect(),
-    }
-}
 
 /// The next response, within [`PATIENCE`].
 async fn next(stream: &mut WatchStream) -> Resp {
@@ -125,7 +71,7 @@ fn events(revision: i64, watch_id: i64, events: Vec<Ev>) -> Resp {
 fn put(key: &str, value: &str, create: i64, modified: i64, version: i64) -> Ev {
     Ev {
         put: true,
-        kv: (key.into(), value.into(), create, modified, version),
+        kv: (key.into(), value.into(), create, modified, version, 0),
         prev: None,
     }
 }
@@ -133,7 +79,7 @@ fn put(key: &str, value: &str, create: i64, modified: i64, version: i64) -> Ev {
 fn deleted(key: &str, revision: i64) -> Ev {
     Ev {
         put: false,
-        kv: (key.into(), String::new(), 0, revision, 0),
+        kv: (key.into(), String::new(), 0, revision, 0, 0),
         prev: None,
     }
 }
@@ -212,8 +158,8 @@ async fn past_start_revisions_prefixes_from_key_and_prev_kv() {
         .with_prev_key();
     let mut stream = watch(&mut client, "a/", options).await;
     assert_eq!(next(&mut stream).await, created(6, 0));
-    let x = ("a/1".to_owned(), "x".to_owned(), 2, 2, 1);
-    let y = ("a/2".to_owned(), "y".to_owned(), 3, 3, 1);
+    let x = ("a/1".to_owned(), "x".to_owned(), 2, 2, 1, 0);
+    let y = ("a/2".to_owned(), "y".to_owned(), 3, 3, 1, 0);
     assert_eq!(
         next(&mut stream).await,
         events(

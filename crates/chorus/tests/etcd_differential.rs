@@ -8,6 +8,8 @@
 
 #[path = "support/etcd.rs"]
 mod etcd_server;
+#[path = "support/etcd_watch_answers.rs"]
+mod etcd_watch_answers;
 #[path = "support/etcd_workload.rs"]
 mod etcd_workload;
 #[path = "support/memory_runtime.rs"]

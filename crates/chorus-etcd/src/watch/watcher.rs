@@ -4,8 +4,8 @@
 use std::ops::Bound;
 
 use bytes::Bytes;
-use chorus::kv::Revision;
 use chorus::kv::mvcc::Change;
+use chorus::kv::{Entry, Revision};
 
 use crate::convert;
 use crate::proto::etcdserverpb as pb;
@@ -135,14 +135,19 @@ impl Watcher {
         changes
             .iter()
             .filter(|change| self.range.contains(&change.key))
-            .filter_map(|change| self.event(revision, change, compacted))
+            .filter_map(|change| self.event(revision, change, changes, compacted))
             .collect()
     }
 
+    /// The event of `change`, one of the `changes` of `revision`. Its
+    /// previous entry is the key's at `revision - 1`, as etcd reads it, not
+    /// the one an earlier operation of the same transaction wrote (a put
+    /// then a from-key delete of that key).
     fn event(
         &self,
         revision: Revision,
         change: &Change,
+        changes: &[Change],
         compacted: Revision,
     ) -> Option<mvccpb::Event> {
         let (kind, kv) = match &change.after {
@@ -164,9 +169,7 @@ impl Watcher {
         };
         let is_create = kind == EventType::Put && kv.create_revision == kv.mod_revision;
         let prev_kv = if self.prev_kv && !is_create && revision > compacted {
-            change
-                .before
-                .as_ref()
+            entry_before_revision(revision, change, changes)
                 .map(|before| convert::key_value(before.key_value(&change.key)))
         } else {
             None
@@ -179,10 +182,25 @@ impl Watcher {
     }
 }
 
+/// The entry `change`'s key had before `revision`, whose `changes` it is
+/// one of: its own previous entry, unless an earlier change of the same
+/// revision wrote that (then that change's previous entry).
+fn entry_before_revision<'a>(
+    revision: Revision,
+    change: &'a Change,
+    changes: &'a [Change],
+) -> Option<&'a Entry> {
+    let before = change.before.as_ref()?;
+    if before.mod_revision != revision {
+        return Some(before);
+    }
+    let first = changes.iter().find(|earlier| earlier.key == change.key);
+    first.and_then(|first| first.before.as_ref())
+}
+
 #[cfg(test)]
 mod tests {
     use chorus::ids::RecordIndex;
-    use chorus::kv::Entry;
 
     use super::*;
 
@@ -278,6 +296,48 @@ mod tests {
             ..Default::default()
         });
         assert!(other.events(11, &[put], 0).is_empty());
+    }
+
+    #[test]
+    fn previous_entries_are_the_keys_before_the_revision_not_before_the_operation() {
+        // One txn at revision 12: "k" (at 5 before it) put, "j" created,
+        // then both deleted by a from-key delete. etcd reads each previous
+        // entry at revision 11: "k" as of 5, "j" absent.
+        let changes = [
+            Change {
+                key: bytes("k"),
+                before: Some(entry("old", 2, 5)),
+                after: Some(entry("new", 2, 12)),
+            },
+            Change {
+                key: bytes("j"),
+                before: None,
+                after: Some(entry("x", 12, 12)),
+            },
+            Change {
+                key: bytes("j"),
+                before: Some(entry("x", 12, 12)),
+                after: None,
+            },
+            Change {
+                key: bytes("k"),
+                before: Some(entry("new", 2, 12)),
+                after: None,
+            },
+        ];
+        let all = watcher(pb::WatchCreateRequest {
+            key: bytes("a"),
+            range_end: bytes("\0"),
+            prev_kv: true,
+            ..Default::default()
+        });
+        let events = all.events(12, &changes, 0);
+        let prev_values: Vec<_> = events
+            .iter()
+            .map(|event| event.prev_kv.as_ref().map(|kv| kv.value.clone()))
+            .collect();
+        let old = Some(bytes("old"));
+        assert_eq!(prev_values, [old.clone(), None, None, old]);
     }
 
     #[test]

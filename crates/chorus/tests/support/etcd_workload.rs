@@ -5,8 +5,9 @@
 //!
 //! Used by `crates/chorus/tests/etcd_differential.rs` (Chorus's machine in
 //! process) and `crates/chorus-etcd/tests/etcd_differential.rs` (Chorus over
-//! gRPC). The including crate declares this file's neighbour `etcd.rs` as
-//! `etcd_server` at its root (the real etcd) next to this module.
+//! gRPC). The including crate declares this file's neighbours `etcd.rs` as
+//! `etcd_server` (the real etcd) and `etcd_watch_answers.rs` as
+//! `etcd_watch_answers` at its root, next to this module.
 //!
 //! The workload ([`Workload`]) draws Put (prev_kv, ignore_value,
 //! ignore_lease; a live lease, a revoked one, one never granted), Range with
@@ -55,6 +56,33 @@
 //! comparison, which therefore reads in the first side's ids. Ids a client
 //! chose are the same on both sides and are not translated.
 //!
+//! Watches ([`Watches`]), where both sides serve them (over gRPC): before
+//! seeded requests (drawn by a generator of their own, so a seed's requests
+//! are unchanged) a watch opens on both sides, one stream each, with drawn
+//! options: a key, a prefix, every key from one on, or a range; from the
+//! next revision, the current one, a past one within the retained history
+//! (never the compaction revision itself, where etcd 3.4 loses a delete:
+//! etcd issue 19179) or one below the compaction point (etcd cancels it
+//! with `compact_revision`); prev_kv; the NOPUT and NODELETE filters. A
+//! task per stream reads its responses as they come; the watches stay open
+//! while the workload runs. Before the takeover (the old primary's streams
+//! end with it) and at the end of the seed, once no watch of either side
+//! has received anything for [`WATCH_QUIET`], every watch is compared and
+//! closed (not after a progress request: etcd 3.4 answers one at once, not
+//! after the events before it, so it cannot tell that a stream is done):
+//! the responses without events (created; canceled, with compact_revision
+//! and reason) field by field, the header revision of a compaction cancel
+//! aside (etcd's is 0, Chorus's the store revision); then the events
+//! grouped by revision (type, key, value, create and mod revisions,
+//! version, lease, prev_kv, the right side's lease ids read as the left
+//! side's). Grouped by revision because etcd may cut a stream's responses
+//! elsewhere than Chorus, but never splits a revision across two: that
+//! each side keeps revisions whole and in order is checked too. After
+//! creating a watch that does not start at the next revision the workload
+//! waits [`WATCH_CATCH_UP`], as etcd catches such a watch up (or cancels
+//! it as compacted, with the compaction point of that moment) every
+//! 100 ms, where Chorus does at once.
+//!
 //! Seeds: `CHORUS_ETCD_DIFF_SEED=<n>` runs that seed alone;
 //! `CHORUS_ETCD_DIFF_SEEDS=<count>` runs that many (from
 //! `CHORUS_ETCD_DIFF_FIRST_SEED`, default 1; each suite's own count by
@@ -65,6 +93,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::{self, Write as _};
+use std::time::{Duration, Instant};
 
 use etcd_client::proto::{
     PbCompactionResponse, PbDeleteResponse, PbKeyValue, PbLeaseGrantResponse,
@@ -75,13 +104,15 @@ use etcd_client::proto::{
 use etcd_client::{
     Client, CompactionOptions, Compare, CompareOp, DeleteOptions, GetOptions, KvClient,
     LeaseClient, LeaseGrantOptions, LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp,
+    TxnOp, WatchClient, WatchFilterType, WatchOptions, WatchRequestSender,
 };
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 
 use crate::etcd_server::EtcdServer;
+use crate::etcd_watch_answers::{Ev, Resp, resp};
+use tokio::sync::mpsc;
 
 /// Operations per seed unless `CHORUS_ETCD_DIFF_OPS` says otherwise.
 pub const DEFAULT_OPS_PER_SEED: usize = 10_000;
@@ -490,11 +521,12 @@ fn refusal(error: etcd_client::Error) -> Answer {
 pub struct Clients {
     pub kv: KvClient,
     pub lease: LeaseClient,
+    pub watch: WatchClient,
 }
 
 /// Sends `request` and returns the answer with the deployment's ids zeroed.
 pub async fn send(clients: &mut Clients, request: &Request) -> Answer {
-    let Clients { kv, lease } = clients;
+    let Clients { kv, lease, .. } = clients;
     let answer = match request {
         Request::Range(spec) => kv
             .get(spec.range.key.clone(), Some(get_options(spec)))
@@ -700,6 +732,11 @@ impl LeaseIds {
         let mut request = request.clone();
         map_request_leases(&mut request, &|id| lookup(&self.to_right, id));
         request
+    }
+
+    /// The right side's lease `id` as the left side's.
+    pub fn left_id(&self, id: i64) -> i64 {
+        lookup(&self.to_left, id)
     }
 
     /// The right side's `answer` in the left side's ids.
@@ -1363,6 +1400,444 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
+// -------------------------------------------------------------- watches ---
+
+/// The chance that a watch opens before a request: about 40 in a seed of
+/// 10 000 requests.
+const WATCH_CHANCE: f64 = 1.0 / 250.0;
+/// Watches open at once at most (they are compared and closed at the
+/// takeover and at the end of the seed).
+const MAX_OPEN_WATCHES: usize = 32;
+/// How long no watch of either side may have received anything before
+/// their responses are compared: etcd catches a watch from the past up
+/// every 100 ms, and sends live events at once.
+const WATCH_QUIET: Duration = Duration::from_millis(1_500);
+/// How long comparing the watches waits for them to fall quiet at most.
+const WATCH_DRAIN_PATIENCE: Duration = Duration::from_secs(60);
+/// How long a created response may take.
+const WATCH_CREATE_PATIENCE: Duration = Duration::from_secs(10);
+/// How long the workload waits after creating a watch from the past: etcd
+/// catches it up (or cancels it as compacted) within 100 ms, and decides
+/// with the compaction point of that moment, where Chorus decides at once;
+/// a compaction in between would be a race, not a difference.
+const WATCH_CATCH_UP: Duration = Duration::from_millis(300);
+/// Mixed into the seed for the watches' generator, so that a seed's
+/// requests are the ones it sent before watches were drawn.
+const WATCH_SEED_SALT: u64 = 0x7761_7463_6865_7321;
+
+/// Where a watch starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchStart {
+    /// start_revision 0: the next revision.
+    Next,
+    /// The store revision as last answered.
+    Current,
+    /// A revision after the compaction point, in the retained history.
+    Past,
+    /// A revision below the compaction point: etcd cancels the watch with
+    /// `compact_revision`.
+    Compacted,
+}
+
+/// A watch the workload opens on both sides.
+#[derive(Debug, Clone)]
+pub struct WatchSpec {
+    pub range: KeyRange,
+    pub start: WatchStart,
+    pub start_revision: i64,
+    pub prev_kv: bool,
+    pub no_put: bool,
+    pub no_delete: bool,
+}
+
+impl WatchSpec {
+    fn options(&self) -> WatchOptions {
+        let mut options = WatchOptions::new().with_start_revision(self.start_revision);
+        if !self.range.range_end.is_empty() {
+            options = options.with_range(self.range.range_end.clone());
+        }
+        if self.prev_kv {
+            options = options.with_prev_key();
+        }
+        let mut filters = Vec::new();
+        if self.no_put {
+            filters.push(WatchFilterType::NoPut);
+        }
+        if self.no_delete {
+            filters.push(WatchFilterType::NoDelete);
+        }
+        options.with_filters(filters)
+    }
+
+    /// The options it exercises, for the coverage check.
+    fn kinds(&self) -> Vec<&'static str> {
+        let range = match self.range.range_end.as_slice() {
+            [] => "watch of a key",
+            [0] => "watch from a key on",
+            end if *end == prefix_end(&self.range.key) => "watch of a prefix",
+            _ => "watch of a range",
+        };
+        let start = match self.start {
+            WatchStart::Next => "watch from the next revision",
+            WatchStart::Current => "watch from the current revision",
+            WatchStart::Past => "watch from a past revision",
+            WatchStart::Compacted => "watch from a compacted revision",
+        };
+        let options = [
+            (self.prev_kv, "watch with prev_kv"),
+            (self.no_put, "watch without puts"),
+            (self.no_delete, "watch without deletes"),
+        ];
+        let chosen = options.into_iter().filter(|(on, _)| *on);
+        [range, start]
+            .into_iter()
+            .chain(chosen.map(|(_, kind)| kind))
+            .collect()
+    }
+}
+
+/// The responses of one side's watch, read as they come by a task of
+/// their own (a watcher that stops reading is cut off by the server).
+struct WatchFeed {
+    /// Keeps the request stream, so the watch, open.
+    _requests: WatchRequestSender,
+    arrivals: mpsc::UnboundedReceiver<Resp>,
+    reader: tokio::task::JoinHandle<()>,
+    seen: Vec<Resp>,
+}
+
+impl WatchFeed {
+    /// Opens `spec` with `client`; the created response is read before
+    /// it returns, so the watch is registered before the next request.
+    async fn open(client: &mut WatchClient, spec: &WatchSpec) -> Result<WatchFeed, String> {
+        let stream = client
+            .watch(spec.range.key.clone(), Some(spec.options()))
+            .await
+            .map_err(|e| format!("cannot open the watch: {e}"))?;
+        let (requests, mut responses) = stream.split();
+        let (sender, arrivals) = mpsc::unbounded_channel();
+        let reader = tokio::spawn(async move {
+            loop {
+                let ended = match responses.message().await {
+                    Ok(Some(message)) => {
+                        let _ = sender.send(resp(&message));
+                        continue;
+                    }
+                    Ok(None) => "the stream ended".to_owned(),
+                    Err(error) => format!("the stream failed: {error}"),
+                };
+                let end = Resp {
+                    cancel_reason: ended,
+                    ..Resp::default()
+                };
+                let _ = sender.send(end);
+                return;
+            }
+        });
+        let mut feed = WatchFeed {
+            _requests: requests,
+            arrivals,
+            reader,
+            seen: Vec::new(),
+        };
+        match tokio::time::timeout(WATCH_CREATE_PATIENCE, feed.arrivals.recv()).await {
+            Ok(Some(created)) => feed.seen.push(created),
+            _ => return Err("no created response".into()),
+        }
+        Ok(feed)
+    }
+
+    /// Takes what arrived; whether anything did.
+    fn take_arrivals(&mut self) -> bool {
+        let before = self.seen.len();
+        while let Ok(response) = self.arrivals.try_recv() {
+            self.seen.push(response);
+        }
+        self.seen.len() > before
+    }
+}
+
+impl Drop for WatchFeed {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// A watch open on both sides.
+struct OpenWatch {
+    spec: WatchSpec,
+    /// The request before which it opened.
+    op: usize,
+    left: WatchFeed,
+    right: WatchFeed,
+}
+
+/// The watches of a seed: drawn by a generator of their own, opened on
+/// both sides before seeded requests, compared and closed before the
+/// takeover and at the end.
+pub struct Watches {
+    rng: StdRng,
+    open: Vec<OpenWatch>,
+}
+
+impl Watches {
+    fn new(seed: u64) -> Watches {
+        Watches {
+            rng: StdRng::seed_from_u64(seed ^ WATCH_SEED_SALT),
+            open: Vec::new(),
+        }
+    }
+
+    fn key(&mut self) -> Vec<u8> {
+        let len = self.rng.random_range(1..=2);
+        (0..len)
+            .map(|_| *KEY_LETTERS.choose(&mut self.rng).unwrap())
+            .collect()
+    }
+
+    fn range(&mut self) -> KeyRange {
+        let key = self.key();
+        let range_end = match self.rng.random_range(0..4) {
+            0 => Vec::new(),
+            1 => prefix_end(&key[..1]),
+            2 => vec![0],
+            _ => {
+                let mut end = self.key();
+                end.push(b'z');
+                end
+            }
+        };
+        let key = match range_end.as_slice() {
+            [] | [0] => key,
+            end if *end == prefix_end(&key[..1]) => key[..1].to_vec(),
+            end => match key.as_slice() < end {
+                true => key,
+                false => KEY_LETTERS[..1].to_vec(),
+            },
+        };
+        KeyRange { key, range_end }
+    }
+
+    /// A watch, its start drawn from the workload's revisions.
+    fn spec(&mut self, workload: &Workload) -> WatchSpec {
+        let (revision, compacted) = (workload.revision, workload.compacted);
+        let mut start = match self.rng.random_range(0..4) {
+            0 => WatchStart::Next,
+            1 => WatchStart::Current,
+            2 => WatchStart::Past,
+            _ => WatchStart::Compacted,
+        };
+        if start == WatchStart::Compacted && compacted < 2 {
+            start = WatchStart::Past;
+        }
+        // Never at the compaction revision itself: etcd 3.4 loses a delete
+        // there (etcd issue 19179; docs/etcd.md).
+        if matches!(start, WatchStart::Current | WatchStart::Past) && compacted >= revision {
+            start = WatchStart::Next;
+        }
+        let start_revision = match start {
+            WatchStart::Next => 0,
+            WatchStart::Current => revision,
+            WatchStart::Past => self.rng.random_range(compacted + 1..=revision),
+            WatchStart::Compacted => self.rng.random_range((compacted - 3).max(1)..compacted),
+        };
+        WatchSpec {
+            range: self.range(),
+            start,
+            start_revision,
+            prev_kv: self.rng.random_bool(0.5),
+            no_put: self.rng.random_bool(0.2),
+            no_delete: self.rng.random_bool(0.2),
+        }
+    }
+
+    /// Before request `op`: now and then opens a watch on both sides.
+    async fn maybe_open(
+        &mut self,
+        op: usize,
+        workload: &Workload,
+        left: &impl Side,
+        right: &impl Side,
+        tally: &mut Tally,
+    ) {
+        if !self.rng.random_bool(WATCH_CHANCE) || self.open.len() >= MAX_OPEN_WATCHES {
+            return;
+        }
+        let (Some(mut left_client), Some(mut right_client)) =
+            (left.watch_client(), right.watch_client())
+        else {
+            return;
+        };
+        let spec = self.spec(workload);
+        let open = |client: &'static str, result: Result<WatchFeed, String>| {
+            result.unwrap_or_else(|why| panic!("operation {op}: {client}: {spec:?}: {why}"))
+        };
+        let left_feed = open("left", WatchFeed::open(&mut left_client, &spec).await);
+        let right_feed = open("right", WatchFeed::open(&mut right_client, &spec).await);
+        if spec.start != WatchStart::Next {
+            tokio::time::sleep(WATCH_CATCH_UP).await;
+        }
+        for kind in spec.kinds() {
+            *tally.requests.entry(kind).or_default() += 1;
+        }
+        self.open.push(OpenWatch {
+            spec,
+            op,
+            left: left_feed,
+            right: right_feed,
+        });
+    }
+
+    /// Waits until no watch of either side has received anything for
+    /// [`WATCH_QUIET`], then compares every watch and closes them all.
+    async fn compare_and_close(
+        &mut self,
+        lease_ids: &LeaseIds,
+        tally: &mut Tally,
+    ) -> Result<(), String> {
+        let started = Instant::now();
+        let mut last_arrival = started;
+        while last_arrival.elapsed() < WATCH_QUIET && started.elapsed() < WATCH_DRAIN_PATIENCE {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            for watch in &mut self.open {
+                if watch.left.take_arrivals() | watch.right.take_arrivals() {
+                    last_arrival = Instant::now();
+                }
+            }
+        }
+        for watch in std::mem::take(&mut self.open) {
+            let compared = compare_watch(&watch, lease_ids).map_err(|why| {
+                format!(
+                    "the watch opened before operation {} differs: {why}\n  watch: {:?}\n  \
+                     left:  {:?}\n  right: {:?}",
+                    watch.op, watch.spec, watch.left.seen, watch.right.seen
+                )
+            })?;
+            tally.watches += 1;
+            tally.watch_events += compared.events;
+            for outcome in compared.outcomes {
+                *tally.outcomes.entry(outcome.to_owned()).or_default() += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What comparing one watch found alike on both sides.
+struct WatchCompared {
+    events: usize,
+    outcomes: Vec<&'static str>,
+}
+
+/// The events of one revision, in the order delivered.
+type RevisionEvents = (i64, Vec<Ev>);
+
+/// Compares one watch's responses: the responses without events (created,
+/// canceled with compact_revision) field by field, the header revision of
+/// a compaction cancel aside (etcd's is 0, Chorus's the store revision);
+/// then the events grouped by revision, as etcd may cut a stream's
+/// responses elsewhere but never splits a revision. The right side's lease
+/// ids are read as the left side's.
+fn compare_watch(watch: &OpenWatch, lease_ids: &LeaseIds) -> Result<WatchCompared, String> {
+    let left = by_revision(&watch.left.seen).map_err(|why| format!("left: {why}"))?;
+    let mut right = by_revision(&watch.right.seen).map_err(|why| format!("right: {why}"))?;
+    for (_, events) in &mut right {
+        for event in events {
+            event.kv.5 = lease_ids.left_id(event.kv.5);
+            if let Some(prev) = &mut event.prev {
+                prev.5 = lease_ids.left_id(prev.5);
+            }
+        }
+    }
+    let (left_other, right_other) = (
+        without_events(&watch.left.seen),
+        without_events(&watch.right.seen),
+    );
+    if left_other != right_other {
+        return Err(format!(
+            "responses without events: left {left_other:?}, right {right_other:?}"
+        ));
+    }
+    if let Some(at) = (0..left.len().max(right.len())).find(|i| left.get(*i) != right.get(*i)) {
+        return Err(format!(
+            "events, revision group {at}: left {:?}, right {:?}",
+            left.get(at),
+            right.get(at)
+        ));
+    }
+    let events: Vec<&Ev> = left.iter().flat_map(|(_, events)| events).collect();
+    let outcomes = [
+        (
+            left_other.iter().any(|r| r.compact_revision != 0),
+            "watch canceled as compacted",
+        ),
+        (
+            left.iter().any(|(_, e)| e.len() > 1),
+            "watch revision of several events",
+        ),
+        (events.iter().any(|e| !e.put), "watch delete event"),
+        (
+            events.iter().any(|e| e.prev.is_some()),
+            "watch event with prev_kv",
+        ),
+        (
+            events.iter().any(|e| e.kv.5 != 0),
+            "watch event with a lease",
+        ),
+    ];
+    Ok(WatchCompared {
+        events: events.len(),
+        outcomes: outcomes
+            .into_iter()
+            .filter(|(seen, _)| *seen)
+            .map(|(_, outcome)| outcome)
+            .collect(),
+    })
+}
+
+/// The responses without events, the header revision of compaction
+/// cancels unset.
+fn without_events(responses: &[Resp]) -> Vec<Resp> {
+    let other = responses.iter().filter(|r| r.events.is_empty());
+    other
+        .map(|response| {
+            let mut response = response.clone();
+            if response.compact_revision != 0 {
+                response.revision = 0;
+            }
+            response
+        })
+        .collect()
+}
+
+/// The events of `responses` grouped by revision; an error if a revision
+/// is split across responses (not fragmenting) or revisions go back.
+fn by_revision(responses: &[Resp]) -> Result<Vec<RevisionEvents>, String> {
+    let mut groups: Vec<RevisionEvents> = Vec::new();
+    let mut group_response = Vec::new();
+    for (number, response) in responses.iter().enumerate() {
+        for event in &response.events {
+            let revision = event.kv.3;
+            match groups.last_mut() {
+                Some((last, events)) if *last == revision => {
+                    if *group_response.last().unwrap() != number {
+                        return Err(format!("revision {revision} split across responses"));
+                    }
+                    events.push(event.clone());
+                }
+                Some((last, _)) if *last > revision => {
+                    return Err(format!("revision {revision} after revision {last}"));
+                }
+                _ => {
+                    groups.push((revision, vec![event.clone()]));
+                    group_response.push(number);
+                }
+            }
+        }
+    }
+    Ok(groups)
+}
+
 // -------------------------------------------------------------- drivers ---
 
 /// One side of the comparison: something that answers etcd requests.
@@ -1384,6 +1859,11 @@ pub trait Side {
     /// What the server logged last, for failure reports.
     fn log_tail(&self) -> String {
         String::new()
+    }
+    /// A client of its Watch service, if it serves one now (the seed's
+    /// watches are drawn when both sides do).
+    fn watch_client(&self) -> Option<WatchClient> {
+        None
     }
 }
 
@@ -1418,6 +1898,10 @@ impl Side for RealEtcd {
     fn log_tail(&self) -> String {
         self.server.log_tail()
     }
+
+    fn watch_client(&self) -> Option<WatchClient> {
+        Some(self.clients.watch.clone())
+    }
 }
 
 /// The first difference of a run.
@@ -1439,6 +1923,12 @@ pub struct Tally {
     pub outcomes: BTreeMap<String, usize>,
     /// Whether the Lease service's reads were drawn.
     pub lease_reads: bool,
+    /// Whether watches were drawn (both sides serve them).
+    pub watched: bool,
+    /// Watches compared.
+    pub watches: usize,
+    /// Events compared, over all watches.
+    pub watch_events: usize,
 }
 
 pub async fn connect(endpoint: &str) -> Clients {
@@ -1448,6 +1938,7 @@ pub async fn connect(endpoint: &str) -> Clients {
     Clients {
         kv: client.kv_client(),
         lease: client.lease_client(),
+        watch: client.watch_client(),
     }
 }
 
@@ -1464,14 +1955,24 @@ pub async fn run_seed(
     let mut lease_ids = LeaseIds::default();
     let mut tally = Tally {
         lease_reads,
+        watched: left.watch_client().is_some() && right.watch_client().is_some(),
         ..Tally::default()
     };
+    let mut watches = Watches::new(seed);
     let mut recent: Vec<Request> = Vec::new();
     for op in 0..ops {
         if op == ops / 2 {
+            // The old primary's watch streams end with it.
+            watches
+                .compare_and_close(&lease_ids, &mut tally)
+                .await
+                .map_err(|why| watch_difference(seed, op, ops, why))?;
             left.midpoint().await;
             right.midpoint().await;
         }
+        watches
+            .maybe_open(op, &workload, left, right, &mut tally)
+            .await;
         let request = workload.next();
         left.before(op).await;
         right.before(op).await;
@@ -1522,7 +2023,21 @@ pub async fn run_seed(
             recent.remove(0);
         }
     }
+    watches
+        .compare_and_close(&lease_ids, &mut tally)
+        .await
+        .map_err(|why| watch_difference(seed, ops, ops, why))?;
     Ok(tally)
+}
+
+/// The difference a watch of seed `seed` showed, compared before request
+/// `op`.
+fn watch_difference(seed: u64, op: usize, ops: usize, why: String) -> Difference {
+    let report = format!(
+        "seed {seed}, watches compared before operation {op} of {ops}: {why}\n  \
+         replay: CHORUS_ETCD_DIFF_SEED={seed} CHORUS_ETCD_DIFF_OPS={ops}"
+    );
+    Difference { report }
 }
 
 /// The seeds of this run (see the module docs): `default_count` of them
@@ -1600,6 +2115,31 @@ pub const EXPECTED_REQUESTS: &[&str] = &[
     "lease revoke",
 ];
 
+/// What every full seed's watches must exercise when both sides serve
+/// watches: each option, and each kind of answer.
+pub const EXPECTED_WATCH_REQUESTS: &[&str] = &[
+    "watch of a key",
+    "watch of a prefix",
+    "watch from a key on",
+    "watch of a range",
+    "watch from the next revision",
+    "watch from the current revision",
+    "watch from a past revision",
+    "watch from a compacted revision",
+    "watch with prev_kv",
+    "watch without puts",
+    "watch without deletes",
+];
+
+/// The answers every full seed's watches must see.
+pub const EXPECTED_WATCH_OUTCOMES: &[&str] = &[
+    "watch canceled as compacted",
+    "watch revision of several events",
+    "watch delete event",
+    "watch event with prev_kv",
+    "watch event with a lease",
+];
+
 pub fn check_coverage(seed: u64, ops: usize, tally: &Tally) {
     eprintln!("seed {seed}: {tally:#?}");
     if ops < DEFAULT_OPS_PER_SEED {
@@ -1609,13 +2149,19 @@ pub fn check_coverage(seed: u64, ops: usize, tally: &Tally) {
         true => EXPECTED_LEASE_READ_OUTCOMES,
         false => &[],
     };
+    let (watch_outcomes, watch_requests) = match tally.watched {
+        true => (EXPECTED_WATCH_OUTCOMES, EXPECTED_WATCH_REQUESTS),
+        false => (&[][..], &[][..]),
+    };
     let missing: Vec<_> = EXPECTED_OUTCOMES
         .iter()
         .chain(lease_reads)
+        .chain(watch_outcomes)
         .filter(|outcome| !tally.outcomes.contains_key(**outcome))
         .chain(
             EXPECTED_REQUESTS
                 .iter()
+                .chain(watch_requests)
                 .filter(|kind| !tally.requests.contains_key(**kind)),
         )
         .collect();
