@@ -813,3 +813,88 @@ async fn a_resuming_reader_reads_what_a_scanning_reader_reads_from_every_index()
     }
     writer.shutdown(Duration::from_secs(5)).await.unwrap();
 }
+
+/// Counts the fragment reads in flight on one replica at once.
+#[derive(Debug)]
+struct ReadsInFlight {
+    inner: DynBlobStore,
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl chorus::blob::Layer for ReadsInFlight {
+    fn inner(&self) -> &DynBlobStore {
+        &self.inner
+    }
+
+    async fn around<T: Send + 'static>(
+        &self,
+        op: Op,
+        key: &str,
+        call: futures::future::BoxFuture<'_, Result<T, chorus::blob::BlobError>>,
+    ) -> Result<T, chorus::blob::BlobError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if op != Op::Get || !key.starts_with("segments") {
+            return call.await;
+        }
+        let now = self.now.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(now, SeqCst);
+        // Long enough for reads issued together to overlap.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let result = call.await;
+        self.now.fetch_sub(1, SeqCst);
+        result
+    }
+}
+
+/// A reader far behind reads many fragments per round trip, the same
+/// records in the same order; once caught up it reads one at a time again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_behind_reads_fragments_ahead_and_one_at_a_time_once_caught_up() {
+    let cluster = Cluster::new(3, 4).await;
+    let (writer, _) = cluster.open(test_config()).await.unwrap();
+    let mut written = Vec::new();
+    for sequence in 0..64 {
+        let record = payload("ahead", sequence);
+        // One record per fragment: each append is acknowledged before the next.
+        writer.append(record.clone()).unwrap().await.unwrap();
+        written.push(record);
+    }
+    let counted: Vec<Arc<ReadsInFlight>> = cluster
+        .stores
+        .replicas
+        .iter()
+        .map(|(_, store)| {
+            Arc::new(ReadsInFlight {
+                inner: store.clone(),
+                now: Default::default(),
+                most: Default::default(),
+            })
+        })
+        .collect();
+    let stores = LogStores {
+        replicas: cluster
+            .stores
+            .replicas
+            .iter()
+            .zip(&counted)
+            .map(|((name, _), counted)| (name.clone(), counted.clone() as DynBlobStore))
+            .collect(),
+        register: Arc::clone(&cluster.stores.register),
+    };
+    let mut reader = Reader::new(&stores, RecordIndex(0));
+    let mut read = Vec::new();
+    while let Some((_, record)) = reader.try_next().await.unwrap() {
+        read.push(record);
+    }
+    assert_eq!(read, written);
+    let most = counted[0].most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(most >= 8, "at most {most} fragment reads at once");
+    // Caught up: a poll with nothing new reads one fragment.
+    counted[0]
+        .most
+        .store(0, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(reader.try_next().await.unwrap(), None);
+    assert_eq!(counted[0].most.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

@@ -30,6 +30,13 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// Register reads one fill may follow the tail through while folds race it.
 const MAX_FILL_ROUNDS: usize = 3;
 
+/// The most fragments of an active segment a reader that is behind reads at
+/// once. A reader reads one fragment per round trip while it keeps up (one
+/// read per poll when caught up) and doubles the window each time every
+/// fragment it asked for was there, so a standby far behind a fast writer
+/// catches up at up to this many fragments per round trip instead of one.
+pub const MAX_READ_AHEAD_FRAGMENTS: u64 = 16;
+
 /// Where scanning of an active segment resumes: fragment `fragment` of
 /// `segment` starts at record `first`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +58,8 @@ pub struct Reader {
     poll_interval: Duration,
     /// The caller knows every record below its starting index is committed.
     resuming: bool,
+    /// Fragments the next scan reads at once (see [`MAX_READ_AHEAD_FRAGMENTS`]).
+    read_ahead: u64,
 }
 
 impl Reader {
@@ -64,6 +73,7 @@ impl Reader {
             cursor: None,
             poll_interval: DEFAULT_POLL_INTERVAL,
             resuming: false,
+            read_ahead: 1,
         }
     }
 
@@ -305,32 +315,52 @@ impl Reader {
 
     /// Buffers records from committed fragments at the cursor, advancing it.
     async fn scan(&mut self, cursor: &mut Cursor) -> Result<(), LogError> {
-        while let Some(fragment) = self
-            .committed_fragment(cursor.segment, FragmentIndex(cursor.fragment))
-            .await?
-        {
-            let Fragment::Data { first, records, .. } = fragment else {
-                unreachable!("committed fragments hold data");
-            };
-            if first != cursor.first {
-                return Err(LogError::corrupt(
-                    format!("segment {} fragment {}", cursor.segment, cursor.fragment),
-                    format!("starts at record {first}, expected {}", cursor.first),
-                ));
-            }
-            cursor.fragment += 1;
-            cursor.first = RecordIndex(first.0 + records.len() as u64);
-            for (offset, record) in records.into_iter().enumerate() {
-                let index = RecordIndex(first.0 + offset as u64);
-                if index >= self.next {
-                    self.buffered.push_back((index, record));
+        loop {
+            let window = self.read_ahead;
+            let reads = join_all((0..window).map(|ahead| {
+                self.committed_fragment(cursor.segment, FragmentIndex(cursor.fragment + ahead))
+            }))
+            .await;
+            let mut found = 0;
+            for read in reads {
+                let fragment = match read {
+                    Ok(Some(fragment)) => fragment,
+                    Ok(None) => break,
+                    // A fragment past the first is read again from the
+                    // cursor by the next scan, which reports its error.
+                    Err(error) if found == 0 => return Err(error),
+                    Err(_) => break,
+                };
+                let Fragment::Data { first, records, .. } = fragment else {
+                    unreachable!("committed fragments hold data");
+                };
+                if first != cursor.first {
+                    if found > 0 {
+                        break;
+                    }
+                    return Err(LogError::corrupt(
+                        format!("segment {} fragment {}", cursor.segment, cursor.fragment),
+                        format!("starts at record {first}, expected {}", cursor.first),
+                    ));
+                }
+                found += 1;
+                cursor.fragment += 1;
+                cursor.first = RecordIndex(first.0 + records.len() as u64);
+                for (offset, record) in records.into_iter().enumerate() {
+                    let index = RecordIndex(first.0 + offset as u64);
+                    if index >= self.next {
+                        self.buffered.push_back((index, record));
+                    }
                 }
             }
-            if !self.buffered.is_empty() {
-                break;
+            self.read_ahead = match found == window {
+                true => (window * 2).min(MAX_READ_AHEAD_FRAGMENTS),
+                false => 1,
+            };
+            if found < window || !self.buffered.is_empty() {
+                return Ok(());
             }
         }
-        Ok(())
     }
 
     /// The fragment at `index` if a quorum of replicas holds identical valid
