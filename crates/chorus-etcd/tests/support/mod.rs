@@ -81,7 +81,7 @@ pub async fn serve_runtime(
 }
 
 /// A primary (`http://primary:1`, sure of its lease) and a standby
-/// (`http://standby:1`, polling every 50 ms) of `database` on shared
+/// (`http://standby:1`, in its role, polling every 50 ms) of `database` on shared
 /// in-memory stores, each serving etcd with the default settings.
 pub async fn primary_and_standby(database: &str) -> (Served, Served) {
     let stores = memory_runtime::MemoryStores::new(database, |store| store).await;
@@ -93,6 +93,11 @@ pub async fn primary_and_standby(database: &str) -> (Served, Served) {
     let primary = serve_runtime(start("http://primary:1"), database, |_| {}).await;
     memory_runtime::wait_until("primary", || primary.runtime.is_primary_and_sure()).await;
     let standby = serve_runtime(start("http://standby:1"), database, |_| {}).await;
+    // A node still booting knows no primary yet to forward to.
+    memory_runtime::wait_until("standby", || {
+        standby.runtime.status().role == chorus::runtime::Role::Standby
+    })
+    .await;
     (primary, standby)
 }
 
