@@ -38,11 +38,12 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use chorus::log::LogConfig;
 use serde_json::Value;
 use support::moto::{Frozen, MotoServer, moto_servers, send_signal};
+use support::schedule::{Rng, seed_from};
 use tempfile::TempDir;
 
 /// Kill cycles in CI (the issue asks for at least 20).
@@ -68,41 +69,8 @@ const FIRST_ACK_TIMEOUT: Duration = Duration::from_secs(15);
 
 // ------------------------------------------------------------------ rng ----
 
-/// SplitMix64: a small seeded generator, so the schedule is reproducible
-/// without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, bound: u64) -> u64 {
-        self.next_u64() % bound
-    }
-
-    /// A duration uniformly in `[low_ms, high_ms)`.
-    fn millis(&mut self, low_ms: u64, high_ms: u64) -> Duration {
-        Duration::from_millis(low_ms + self.below(high_ms - low_ms))
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len() as u64) as usize]
-    }
-}
-
 fn chaos_seed() -> u64 {
-    match std::env::var("CHORUS_CHAOS_SEED") {
-        Ok(text) => text.parse().expect("CHORUS_CHAOS_SEED is a u64"),
-        Err(_) => SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_nanos() as u64,
-    }
+    seed_from("CHORUS_CHAOS_SEED")
 }
 
 fn chaos_cycles() -> usize {

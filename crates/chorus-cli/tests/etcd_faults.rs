@@ -48,6 +48,7 @@ use etcd_history::{
     WatchLog,
 };
 use reqwest::Method;
+use support::schedule::{Rng, seed_from};
 use support::server::{Launch, ROLE_TIMEOUT, Server};
 use tempfile::TempDir;
 
@@ -94,35 +95,8 @@ const MAX_PAST_STATES: usize = 300;
 
 // ------------------------------------------------------------------ rng ----
 
-/// SplitMix64: a small seeded generator, so a schedule replays.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, bound: u64) -> u64 {
-        self.next_u64() % bound
-    }
-
-    fn millis(&mut self, (low, high): (u64, u64)) -> Duration {
-        Duration::from_millis(low + self.below(high - low))
-    }
-}
-
 fn seed() -> u64 {
-    match std::env::var("CHORUS_ETCD_FAULTS_SEED") {
-        Ok(text) => text.parse().expect("CHORUS_ETCD_FAULTS_SEED is a u64"),
-        Err(_) => SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_nanos() as u64,
-    }
+    seed_from("CHORUS_ETCD_FAULTS_SEED")
 }
 
 fn workload_seconds() -> u64 {
@@ -313,7 +287,7 @@ fn nemesis(
     }
     let mut records = Vec::new();
     loop {
-        std::thread::sleep(rng.millis(FAULT_GAP_MS));
+        std::thread::sleep(rng.millis(FAULT_GAP_MS.0, FAULT_GAP_MS.1));
         if Instant::now() >= deadline {
             return records;
         }
@@ -361,7 +335,7 @@ fn inject(nodes: &mut [Node; 2], fault: Fault, rng: &mut Rng, clock: Clock) -> F
         Fault::StopPrimaryPastLease => nodes[target].server().freeze(),
         Fault::StopStandby => {
             nodes[target].server().freeze();
-            std::thread::sleep(rng.millis(STANDBY_STOP_MS));
+            std::thread::sleep(rng.millis(STANDBY_STOP_MS.0, STANDBY_STOP_MS.1));
             nodes[target].server().resume();
         }
     }

@@ -14,6 +14,7 @@ pub mod etcd;
 
 pub mod etcdctl;
 pub mod raw;
+pub mod schedule;
 pub mod server;
 pub mod test_s3;
 
