@@ -1,21 +1,8 @@
 //! etcd's alarms, space accounting and HashKV in the machine.
 
-use bytes::Bytes;
-
 use super::etcd::*;
+use super::etcd_test_support::{apply, b};
 use super::*;
-
-fn b(text: &str) -> Bytes {
-    Bytes::copy_from_slice(text.as_bytes())
-}
-
-fn apply(state: &mut KvState, command: EtcdCommand) -> Result<EtcdResponse, EtcdError> {
-    command.validate(state, DEFAULT_MAX_TXN_OPS)?;
-    match state.apply(state.applied_end(), &command.encode()) {
-        Applied::Etcd(answer) => answer,
-        other => panic!("not an etcd answer: {other:?}"),
-    }
-}
 
 fn put(key: &str, value: &str) -> EtcdCommand {
     EtcdCommand::Put(PutRequest {

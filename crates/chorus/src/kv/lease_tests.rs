@@ -3,21 +3,9 @@
 use bytes::Bytes;
 
 use super::etcd::*;
+use super::etcd_test_support::{apply, b};
 use super::lease::{MAX_LEASE_TTL_SECS, MIN_LEASE_TTL_SECS, SERVER_LEASE_ID_BASE};
 use super::*;
-
-fn b(text: &str) -> Bytes {
-    Bytes::copy_from_slice(text.as_bytes())
-}
-
-/// Checks `command` as the service does, then applies it as the next record.
-fn apply(state: &mut KvState, command: EtcdCommand) -> Result<EtcdResponse, EtcdError> {
-    command.validate(state, DEFAULT_MAX_TXN_OPS)?;
-    match state.apply(state.applied_end(), &command.encode()) {
-        Applied::Etcd(answer) => answer,
-        other => panic!("not an etcd answer: {other:?}"),
-    }
-}
 
 fn grant(state: &mut KvState, id: i64, ttl: i64) -> Result<LeaseGrantResponse, EtcdError> {
     match apply(

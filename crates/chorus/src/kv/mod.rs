@@ -36,6 +36,8 @@ mod txn;
 #[cfg(test)]
 mod alarm_tests;
 #[cfg(test)]
+mod etcd_test_support;
+#[cfg(test)]
 mod lease_tests;
 #[cfg(test)]
 mod mvcc_tests;
