@@ -176,16 +176,15 @@ fn etcdctl_prints_what_it_prints_against_etcd() {
             assert_eq!(expected.stdout, "foo\nbar-again", "{expected:?}");
         }
     }
-    check_status(
-        &through_chorus.without_scheme(),
-        &through_etcd.without_scheme(),
-    );
+    check_status(&through_chorus, &through_etcd);
     check_member_list(&through_chorus);
 }
 
-/// `endpoint status`: a version clients parse as 3.5.8 or later (below,
-/// Kubernetes turns off watch progress requests), the store revision the
-/// real etcd reached with the same commands, Chorus as its own leader.
+/// `endpoint status` (and `--cluster`, and `endpoint hashkv`) on an
+/// endpoint given as a URL: a version clients parse as 3.5.8 or later
+/// (below, Kubernetes turns off watch progress requests), the store
+/// revision the real etcd reached with the same commands, Chorus as its
+/// own leader.
 fn check_status(through_chorus: &Etcdctl, through_etcd: &Etcdctl) {
     let status = |etcdctl: &Etcdctl| {
         let outcome = etcdctl.run(&["endpoint", "status", "-w", "json"], "");
@@ -213,6 +212,18 @@ fn check_status(through_chorus: &Etcdctl, through_etcd: &Etcdctl) {
     assert_eq!(chorus["leader"], chorus["header"]["member_id"], "{chorus}");
     assert!(chorus["raftIndex"].as_u64() > Some(0), "{chorus}");
     assert!(chorus["dbSize"].as_u64() > Some(0), "{chorus}");
+    // With --cluster, etcdctl 3.4 dials each member's client URL with the
+    // whole URL as the HTTP/2 :authority (vendor/README.md).
+    let cluster = through_chorus.run(&["endpoint", "status", "--cluster", "-w", "json"], "");
+    assert_eq!(cluster.code, Some(0), "{cluster:?}");
+    let members: serde_json::Value = serde_json::from_str(&cluster.stdout).expect("JSON");
+    assert_eq!(members.as_array().map(Vec::len), Some(1), "{members}");
+    assert_eq!(
+        members[0]["Status"]["leader"], chorus["leader"],
+        "{members}"
+    );
+    let hash = through_chorus.run(&["endpoint", "hashkv", "-w", "json"], "");
+    assert_eq!(hash.code, Some(0), "{hash:?}");
     let table = through_chorus.run(&["endpoint", "status"], "");
     assert_eq!(table.code, Some(0), "{table:?}");
     assert!(table.stdout.starts_with("<endpoint>, "), "{table:?}");

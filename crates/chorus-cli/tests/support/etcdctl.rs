@@ -149,19 +149,6 @@ impl Etcdctl {
         }
     }
 
-    /// The same etcdctl aimed at the endpoint without its scheme
-    /// (`127.0.0.1:2379`, etcdctl's own default form). etcdctl 3.4 dials
-    /// `endpoint status` on a connection of its own whose HTTP/2 `:authority`
-    /// is the endpoint as given; `http://…` is no authority, and the HTTP/2
-    /// server under `chorus serve` (the h2 crate) resets such a stream where
-    /// etcd's Go server lets it through (docs/etcd.md, known differences).
-    pub fn without_scheme(&self) -> Etcdctl {
-        Etcdctl {
-            binary: self.binary.clone(),
-            endpoint: self.endpoint.trim_start_matches("http://").to_owned(),
-        }
-    }
-
     /// Whether this etcdctl has `get --count-only` (etcd 3.5 and later).
     pub fn knows_count_only(&self) -> bool {
         let help = Command::new(&self.binary)
