@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use chorus::blob::{DynBlobStore, Latency, LatencyProfile, LatencyStore, ObjectStoreBlobs};
+use chorus::blob::{DynBlobStore, LatencyStore, ObjectStoreBlobs};
 use chorus::log::maintenance::{Maintenance, NoProgress};
 use chorus::log::{Completion, LogConfig, LogError, LogStores, Recovery, Writer};
 use chorus::register::{MemoryRegister, initialize};
@@ -29,6 +29,7 @@ use crate::CommandError;
 use crate::output::outln;
 
 mod etcd;
+mod etcd_chorus;
 mod etcd_cluster;
 mod failover;
 mod grpc;
@@ -257,7 +258,7 @@ fn latency_replicas(
                 _ => latency_ms,
             };
             let identity = replica_identity(position);
-            let delayed = delayed(memory_store(&identity), latency, position as u64);
+            let delayed = delayed(memory_store(&identity), latency);
             (identity, delayed)
         })
         .collect()
@@ -269,9 +270,11 @@ fn replica_identity(position: usize) -> String {
 }
 
 /// `store` behind the latency store: every request takes `latency_ms`.
-fn delayed(store: DynBlobStore, latency_ms: u64, seed: u64) -> DynBlobStore {
-    let profile = LatencyProfile::uniform(Latency::Fixed(Duration::from_millis(latency_ms)));
-    Arc::new(LatencyStore::new(store, profile, seed))
+fn delayed(store: DynBlobStore, latency_ms: u64) -> DynBlobStore {
+    Arc::new(LatencyStore::fixed(
+        store,
+        Duration::from_millis(latency_ms),
+    ))
 }
 
 /// A fresh, private in-memory store.

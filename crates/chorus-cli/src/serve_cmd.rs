@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use chorus::blob::LatencyStore;
 use chorus::clock::SystemClock;
 use chorus::kv::{KvState, Retention, idempotency};
 use chorus::lease::{HolderId, LeaseConfig, LeaseStore};
@@ -126,6 +127,13 @@ pub struct ServeArgs {
     /// that acquired a live lease holds it [default: the advertised URL].
     #[arg(long, env = "CHORUS_HOLDER")]
     holder: Option<String>,
+
+    /// For benchmarks: every request to a log replica first waits this
+    /// long, as a remote object store would answer (the embedded default's
+    /// replicas are local directories, answering in microseconds). The
+    /// register and the snapshot store are not delayed. 0: no delay.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    replica_latency_ms: u64,
 
     /// Lease time to live. Bounds the takeover time after a crash (about
     /// ttl + 1 s); shorter means more lease writes (one every ttl / 3).
@@ -323,6 +331,8 @@ struct Resolved {
     data_dir: Option<PathBuf>,
     /// `None`: plain TCP.
     tls: Option<TlsMaterial>,
+    /// Injected before every log replica request (`--replica-latency-ms`).
+    replica_latency: Duration,
 }
 
 /// Where the etcd API is served, as `--etcd-listen` says.
@@ -543,6 +553,7 @@ impl ServeArgs {
             },
             data_dir: self.store.data_dir.clone(),
             tls: self.tls()?,
+            replica_latency: Duration::from_millis(self.replica_latency_ms),
         };
         // Relations between flags (--history-bytes against the largest
         // record) are refused here, before anything is opened.
@@ -675,6 +686,7 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         "snapshot_store": resolved.database.store.to_string(),
         "db": resolved.database.database.as_str(),
         "lease_ttl_secs": resolved.lease.ttl.as_secs(),
+        "replica_latency_ms": resolved.replica_latency.as_millis(),
         "snapshot_payload_timeout_secs": resolved.snapshots.payload_call_timeout.as_secs(),
         "snapshot_every_records": schedule.every_records,
         "snapshot_interval_secs": schedule.interval.as_secs(),
@@ -717,6 +729,7 @@ async fn serve(resolved: Resolved) -> Result<(), CommandError> {
         &resolved.database,
         resolved.lease,
         resolved.snapshots,
+        resolved.replica_latency,
     )
     .await?;
     let listener = TcpListener::bind(resolved.listen)
@@ -906,15 +919,22 @@ async fn drain_etcd(
 }
 
 /// Creates the log if needed and opens a database's stores: the log (every
-/// replica probed), and the snapshot store holding its snapshots and lease.
+/// replica probed, then delayed by `replica_latency` per request), and the
+/// snapshot store holding its snapshots and lease.
 pub async fn open_stores(
     location: &Location,
     database: &DatabaseLocation,
     lease: LeaseConfig,
     snapshots: SnapshotConfig,
+    replica_latency: Duration,
 ) -> Result<RuntimeStores, CommandError> {
     create_log(location, DEFAULT_WINDOW).await?;
-    let log = open_log(location, Access::Write).await?.stores;
+    let mut log = open_log(location, Access::Write).await?.stores;
+    if !replica_latency.is_zero() {
+        for (_, replica) in &mut log.replicas {
+            *replica = Arc::new(LatencyStore::fixed(Arc::clone(replica), replica_latency));
+        }
+    }
     let store = open_for_write(database).await?;
     let key = database.database.clone();
     let clock = SystemClock::shared();

@@ -1,7 +1,8 @@
 //! End-to-end tests of `chorus bench etcd` through the real binary: the
-//! quick put cells of the in-process Chorus at 10 ms, and one cell against
-//! a real three-member etcd (skipped outside CI when there is no etcd;
-//! failing under CI).
+//! quick put cells of Chorus at 10 ms, its range cells and its failover
+//! (each Chorus a primary and a standby `chorus serve` process), and one
+//! cell against a real three-member etcd (skipped outside CI when there is
+//! no etcd; failing under CI).
 
 mod support;
 
@@ -65,8 +66,8 @@ fn quick_puts_on_chorus_at_10ms_print_one_row_per_client_count() {
         assert_eq!(row["system"], "chorus-3-10ms", "{row}");
         assert_eq!(row["workload"], "put", "{row}");
         assert_measured(row);
-        // Chorus runs in the benchmark's process: no separate server CPU.
-        assert!(row.get("server_cpu_us_per_op").is_none(), "{row}");
+        // Chorus runs in processes of its own, whose CPU is counted.
+        assert!(row["server_cpu_us_per_op"].as_f64().unwrap() > 0.0, "{row}");
         // Every put waits for a quorum of replicas 10 ms away.
         assert!(row["p50_ms"].as_f64().unwrap() >= 10.0, "{row}");
     }
@@ -88,13 +89,48 @@ fn a_real_etcd_cluster_is_started_measured_and_its_cpu_counted() {
         "--etcd-binary",
         &etcd,
     ]);
+    assert_ranges(&rows, "etcd-3", "range-serializable");
+}
+
+/// Asserts the two range cells of a workload: one key with 1,000 clients,
+/// then a 1,000-key prefix with 64.
+fn assert_ranges(rows: &[Value], system: &str, workload: &str) {
+    let cells: Vec<(u64, u64)> = rows
+        .iter()
+        .map(|r| (r["keys"].as_u64().unwrap(), r["clients"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(cells, [(1, 1000), (1000, 64)], "{rows:?}");
+    for row in rows {
+        assert_eq!(row["system"], system, "{row}");
+        assert_eq!(row["workload"], workload, "{row}");
+        assert_measured(row);
+        assert!(row["server_cpu_us_per_op"].as_f64().unwrap() > 0.0, "{row}");
+    }
+}
+
+#[test]
+fn linearizable_ranges_of_a_key_and_a_prefix_on_chorus_answer_every_key() {
+    let rows = bench_rows(&[
+        "--seconds",
+        "1",
+        "--systems",
+        "chorus-3-local",
+        "--workloads",
+        "range-linearizable",
+    ]);
+    assert_ranges(&rows, "chorus-3-local", "range-linearizable");
+}
+
+#[test]
+fn after_a_sigkill_of_the_primary_every_client_writes_again_through_the_standby() {
+    let rows = bench_rows(&["--systems", "chorus-3-local", "--workloads", "failover"]);
     assert_eq!(rows.len(), 1, "{rows:?}");
     let row = &rows[0];
-    assert_eq!(row["system"], "etcd-3", "{row}");
-    assert_eq!(row["workload"], "range-serializable", "{row}");
-    assert_eq!(row["clients"], 1000, "{row}");
-    assert_measured(row);
-    assert!(row["server_cpu_us_per_op"].as_f64().unwrap() > 0.0, "{row}");
+    assert_eq!(row["workload"], "failover", "{row}");
+    assert_eq!(row["unresumed"], 0, "{row}");
+    // The standby waits out the killed primary's lease (10 s from its
+    // last renewal) before it takes writes.
+    assert!(row["resume_ms"].as_f64().unwrap() > 0.0, "{row}");
 }
 
 #[test]

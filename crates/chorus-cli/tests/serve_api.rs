@@ -362,6 +362,8 @@ fn print_config_shows_the_merged_configuration_with_secrets_redacted() {
             "127.0.0.1:7171",
             "--lease-ttl-secs",
             "20",
+            "--replica-latency-ms",
+            "10",
         ])
         .output()
         .unwrap();
@@ -380,6 +382,7 @@ fn print_config_shows_the_merged_configuration_with_secrets_redacted() {
     assert_eq!(config["advertise_url"], "http://127.0.0.1:7171");
     assert_eq!(config["holder"], "http://127.0.0.1:7171");
     assert_eq!(config["lease_ttl_secs"], 20);
+    assert_eq!(config["replica_latency_ms"], 10);
     assert_eq!(config["snapshot_payload_timeout_secs"], 300);
     assert_eq!(config["replicas"].as_array().unwrap().len(), 3);
     assert!(

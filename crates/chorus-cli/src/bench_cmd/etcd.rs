@@ -1,15 +1,17 @@
 //! `chorus bench etcd`: Chorus's etcd API beside a real etcd, driven by one
-//! load generator (chorus-etcd's generated gRPC client) in this process.
+//! load generator (chorus-etcd's generated gRPC client) in this process;
+//! every system runs in processes of its own.
 //!
 //! Systems: `etcd-3`, three etcd members on loopback started here (each its
 //! own data directory on local disk, its own ports); `chorus-3-local`,
-//! Chorus on three fsync'd local directories; `chorus-3-10ms`, Chorus on
-//! three in-memory replicas behind the latency store at 10 ms. Each Chorus
-//! runs a primary and a standby on the same stores in this process, both
-//! serving etcd. The client is given every endpoint of a system (three
-//! members, or the primary and the standby): its connections are spread
-//! over them in turn, and a client whose request fails moves to the next
-//! endpoint, as etcd's clients do.
+//! Chorus on three fsync'd local directories; `chorus-3-10ms`, the same
+//! with every replica request delayed 10 ms (`chorus serve
+//! --replica-latency-ms 10`: a remote object store's latency). Each Chorus
+//! is two `chorus serve` processes, a primary and a standby on the same
+//! stores, both serving etcd. The client is given every endpoint of a
+//! system (three members, or the primary and the standby): its connections
+//! are spread over them in turn, and a client whose request fails moves to
+//! the next endpoint, as etcd's clients do.
 //!
 //! Workloads (8-byte keys, 256-byte values), closed loop (each client sends
 //! its next request when the previous one is answered): `put` with 1, 64
@@ -17,14 +19,13 @@
 //! and `range-serializable` of one key; `txn-cas` (compare a key's
 //! mod_revision, then put it: each client owns its key); `watch` (`bench
 //! watch`'s delivery measurement); `failover` (puts while the etcd leader
-//! is SIGKILLed, or the Chorus primary's runtime aborted and its server
-//! stopped: how long until each client's writes succeed again).
+//! or the Chorus primary is SIGKILLed: how long until each client's writes
+//! succeed again).
 //!
 //! CPU: `cpu_us_per_op` is the CPU time of this process (the load
-//! generator, plus the service for Chorus, which runs in it) and of the
-//! etcd members, over the operations of the cell; `server_cpu_us_per_op`
-//! is the etcd members' alone (for Chorus it cannot be separated from the
-//! load generator, so it is absent).
+//! generator) and of the system's processes, over the operations of the
+//! cell; `server_cpu_us_per_op` is the system's processes' alone (a killed
+//! one's until the kill).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -39,9 +40,9 @@ use chorus_etcd::proto::etcdserverpb::{Compare, PutRequest, RangeRequest, Reques
 use serde::Serialize;
 use tonic::transport::Channel;
 
+use super::etcd_chorus::ChorusPair;
 use super::etcd_cluster::EtcdCluster;
-use super::grpc::{Service, connect, micros_since, percentile_ms, start_target};
-use super::kv::Target;
+use super::grpc::{connect, micros_since, percentile_ms, prefix_end};
 use super::watch;
 use crate::CommandError;
 use crate::output::outln;
@@ -50,8 +51,16 @@ use crate::output::outln;
 const MAX_CONNECTIONS: usize = 100;
 /// Clients of the put cells.
 const PUT_CLIENTS: [usize; 3] = [1, 64, 1_000];
-/// Clients of the range cells (etcd's published read figure: 1,000).
+/// Clients of the one-key range cells (etcd's published read figure: 1,000).
 const RANGE_CLIENTS: usize = 1_000;
+/// Clients of the prefix range cells: each answer is about 260 KiB, so
+/// 1,000 of them in flight would mostly measure this load generator.
+const PREFIX_RANGE_CLIENTS: usize = 64;
+/// Keys under the prefix the prefix range cells read.
+const PREFIX_KEYS: usize = 1_000;
+/// Puts per transaction while the prefix is written (etcd's default
+/// --max-txn-ops is 128).
+const PRELOAD_PUTS_PER_TXN: usize = 100;
 /// Clients of the compare-and-set cell.
 const TXN_CLIENTS: usize = 64;
 /// Clients writing through a failover.
@@ -75,8 +84,10 @@ const PUT_KEY_SPACE: u64 = 100_000;
 const VALUE_BYTES: usize = 256;
 /// How long every endpoint may take to see the range cells' key.
 const PRELOAD_TIMEOUT: Duration = Duration::from_secs(30);
-/// The one key the range cells read (8 bytes).
+/// The one key the one-key range cells read (8 bytes).
 const RANGE_KEY: &[u8] = b"range000";
+/// The prefix of the prefix range cells' keys (`p/000000` …: 8 bytes).
+const PREFIX: &[u8] = b"p/";
 /// Linux's clock tick of `/proc/<pid>/stat`'s CPU times (USER_HZ).
 const TICKS_PER_SECOND: f64 = 100.0;
 
@@ -89,7 +100,7 @@ pub(super) enum System {
     /// Chorus on three local directories.
     #[value(name = "chorus-3-local")]
     ChorusLocal,
-    /// Chorus on three in-memory replicas at 10 ms injected latency.
+    /// Chorus on three local directories, each request delayed 10 ms.
     #[value(name = "chorus-3-10ms")]
     Chorus10ms,
 }
@@ -99,9 +110,9 @@ pub(super) enum System {
 pub(super) enum Workload {
     /// Puts with 1, 64 and 1,000 clients.
     Put,
-    /// Linearizable ranges of one key.
+    /// Linearizable ranges of one key, and of a 1,000-key prefix.
     RangeLinearizable,
-    /// Serializable ranges of one key.
+    /// Serializable ranges of one key, and of a 1,000-key prefix.
     RangeSerializable,
     /// Compare mod_revision, then put.
     TxnCas,
@@ -154,11 +165,13 @@ struct Row {
     p50_ms: f64,
     p99_ms: f64,
     errors: u64,
-    /// CPU of this process and the etcd members per successful operation.
+    /// CPU of this process and the system's per successful operation.
     cpu_us_per_op: f64,
-    /// CPU of the etcd members alone per successful operation.
+    /// CPU of the system's processes alone per successful operation.
+    server_cpu_us_per_op: f64,
+    /// Ranges: keys in each answer (1, or [`PREFIX_KEYS`] for a prefix).
     #[serde(skip_serializing_if = "Option::is_none")]
-    server_cpu_us_per_op: Option<f64>,
+    keys: Option<usize>,
     /// Watch: deliveries owed but never received.
     #[serde(skip_serializing_if = "Option::is_none")]
     missing: Option<u64>,
@@ -184,7 +197,7 @@ pub async fn run(args: EtcdBenchArgs) -> Result<(), CommandError> {
             "p99 ms",
             "errors",
             "cpu us/op",
-            "etcd us/op"
+            "server us/op"
         )?;
     }
     for system in &args.systems {
@@ -218,21 +231,20 @@ async fn run_cells(running: &mut Running, args: &EtcdBenchArgs) -> Result<(), Co
             print(rows.last().expect("pushed"), args.json)?;
         }
     }
-    let others = [
-        (
-            Workload::RangeLinearizable,
-            Kind::Range {
-                serializable: false,
-            },
-            RANGE_CLIENTS,
-        ),
-        (
-            Workload::RangeSerializable,
-            Kind::Range { serializable: true },
-            RANGE_CLIENTS,
-        ),
-        (Workload::TxnCas, Kind::TxnCas, TXN_CLIENTS),
-    ];
+    let mut others = Vec::new();
+    for (workload, serializable) in [
+        (Workload::RangeLinearizable, false),
+        (Workload::RangeSerializable, true),
+    ] {
+        for (prefix, clients) in [(false, RANGE_CLIENTS), (true, PREFIX_RANGE_CLIENTS)] {
+            let kind = Kind::Range {
+                serializable,
+                prefix,
+            };
+            others.push((workload, kind, clients));
+        }
+    }
+    others.push((Workload::TxnCas, Kind::TxnCas, TXN_CLIENTS));
     for (workload, kind, clients) in others {
         if selected(workload) {
             rows.push(running.closed_loop(kind, clients, duration).await?);
@@ -254,10 +266,10 @@ fn print(row: &Row, json: bool) -> Result<(), CommandError> {
     if json {
         return outln!("{}", serde_json::to_string(row).expect("rows encode"));
     }
-    let server = row
-        .server_cpu_us_per_op
-        .map_or_else(|| "-".to_owned(), |us| format!("{us:.1}"));
     let mut extra = String::new();
+    if let Some(keys) = row.keys {
+        extra = format!("  {keys} key(s) per range");
+    }
     if let Some(missing) = row.missing {
         extra = format!("  missing {missing}");
     }
@@ -265,7 +277,7 @@ fn print(row: &Row, json: bool) -> Result<(), CommandError> {
         extra = format!("  first write after {resume:.0} ms, unresumed {unresumed}");
     }
     outln!(
-        "{:<15} {:<19} {:>7} {:>10.0} {:>8.2} {:>9.2} {:>7} {:>9.1} {:>9}{extra}",
+        "{:<15} {:<19} {:>7} {:>10.0} {:>8.2} {:>9.2} {:>7} {:>9.1} {:>12.1}{extra}",
         row.system,
         row.workload,
         row.clients,
@@ -274,7 +286,7 @@ fn print(row: &Row, json: bool) -> Result<(), CommandError> {
         row.p99_ms,
         row.errors,
         row.cpu_us_per_op,
-        server
+        row.server_cpu_us_per_op
     )
 }
 
@@ -282,7 +294,11 @@ fn print(row: &Row, json: bool) -> Result<(), CommandError> {
 #[derive(Debug, Clone, Copy)]
 enum Kind {
     Put,
-    Range { serializable: bool },
+    /// `prefix`: the [`PREFIX_KEYS`] keys under [`PREFIX`], else [`RANGE_KEY`].
+    Range {
+        serializable: bool,
+        prefix: bool,
+    },
     TxnCas,
 }
 
@@ -292,8 +308,11 @@ impl Kind {
             Kind::Put => "put",
             Kind::Range {
                 serializable: false,
+                ..
             } => "range-linearizable",
-            Kind::Range { serializable: true } => "range-serializable",
+            Kind::Range {
+                serializable: true, ..
+            } => "range-serializable",
             Kind::TxnCas => "txn-cas",
         }
     }
@@ -309,23 +328,19 @@ struct Running {
 /// What runs a system.
 enum Backend {
     Etcd(EtcdCluster),
-    Chorus(Service),
+    Chorus(ChorusPair),
 }
 
 impl Running {
     async fn start(system: System, args: &EtcdBenchArgs) -> Result<Running, CommandError> {
         let backend = match system {
             System::Etcd3 => Backend::Etcd(EtcdCluster::start(&args.etcd_binary, 3).await?),
-            System::ChorusLocal => {
-                Backend::Chorus(start_target(Target::Embedded, 3, 0, true, "etcd").await?.1)
-            }
-            System::Chorus10ms => {
-                Backend::Chorus(start_target(Target::Memory, 3, 10, true, "etcd").await?.1)
-            }
+            System::ChorusLocal => Backend::Chorus(ChorusPair::start(0).await?),
+            System::Chorus10ms => Backend::Chorus(ChorusPair::start(10).await?),
         };
         let urls = match &backend {
             Backend::Etcd(cluster) => cluster.urls(),
-            Backend::Chorus(service) => service.urls(),
+            Backend::Chorus(pair) => pair.urls(),
         };
         Ok(Running {
             system,
@@ -337,17 +352,16 @@ impl Running {
     async fn stop(self) -> Result<(), CommandError> {
         match self.backend {
             Backend::Etcd(cluster) => drop(cluster),
-            Backend::Chorus(service) => service.stop().await?,
+            Backend::Chorus(pair) => pair.stop().await?,
         }
         Ok(())
     }
 
-    /// The process ids of the system's own processes (none for Chorus,
-    /// which runs in this one).
+    /// The process ids of the system's processes still running.
     fn server_pids(&self) -> Vec<u32> {
         match &self.backend {
             Backend::Etcd(cluster) => cluster.pids(),
-            Backend::Chorus(_) => Vec::new(),
+            Backend::Chorus(pair) => pair.pids(),
         }
     }
 
@@ -373,8 +387,8 @@ impl Running {
         let name = system_name(self.system);
         eprintln!("{name}: {} with {clients} clients …", kind.workload());
         let pool = Arc::new(Pool::open(&self.urls, clients.min(MAX_CONNECTIONS)).await?);
-        if matches!(kind, Kind::Range { .. }) {
-            pool.preload_range_key().await?;
+        if let Kind::Range { prefix, .. } = kind {
+            pool.preload_range(prefix).await?;
         }
         let control = Arc::new(Control::new(REQUEST_TIMEOUT));
         let before = self.cpu();
@@ -385,19 +399,11 @@ impl Running {
         let outcomes = join(tasks).await?;
         let elapsed = started.elapsed();
         let cpu = self.cpu().since(&before, &before);
-        Ok(summarize(
-            name,
-            kind.workload(),
-            clients,
-            &outcomes,
-            elapsed,
-            cpu,
-            self.is_etcd(),
-        ))
-    }
-
-    fn is_etcd(&self) -> bool {
-        matches!(self.backend, Backend::Etcd(_))
+        let mut row = summarize(name, kind.workload(), clients, &outcomes, elapsed, cpu);
+        if let Kind::Range { prefix, .. } = kind {
+            row.keys = Some(if prefix { PREFIX_KEYS } else { 1 });
+        }
+        Ok(row)
     }
 
     /// The watch cell: `bench watch`'s measurement over every endpoint.
@@ -416,9 +422,8 @@ impl Running {
             p99_ms: measured.p99_ms,
             errors: measured.errors,
             cpu_us_per_op: cpu.total_us() / operations.max(1.0),
-            server_cpu_us_per_op: self
-                .is_etcd()
-                .then(|| cpu.server_us() / operations.max(1.0)),
+            server_cpu_us_per_op: cpu.server_us() / operations.max(1.0),
+            keys: None,
             missing: Some(measured.missing),
             resume_ms: None,
             unresumed: None,
@@ -447,7 +452,7 @@ impl Running {
             .store(micros_since(control.epoch), Ordering::Relaxed);
         match &mut self.backend {
             Backend::Etcd(cluster) => cluster.kill(leader)?,
-            Backend::Chorus(service) => service.kill_primary(),
+            Backend::Chorus(pair) => pair.kill_primary()?,
         }
         let deadline = Instant::now() + FAILOVER_TIMEOUT;
         while control.resumed.load(Ordering::Relaxed) < FAILOVER_CLIENTS as u64
@@ -460,15 +465,7 @@ impl Running {
         let elapsed = started.elapsed();
         // The killed member's CPU counts until the kill.
         let cpu = self.cpu().since(&before, &before_kill);
-        let mut row = summarize(
-            name,
-            "failover",
-            FAILOVER_CLIENTS,
-            &outcomes,
-            elapsed,
-            cpu,
-            self.is_etcd(),
-        );
+        let mut row = summarize(name, "failover", FAILOVER_CLIENTS, &outcomes, elapsed, cpu);
         let mut resumes: Vec<u32> = outcomes.iter().filter_map(|o| o.resumed_us).collect();
         resumes.sort_unstable();
         row.p50_ms = percentile_ms(&resumes, 0.50);
@@ -577,34 +574,52 @@ impl Pool {
         self.by_endpoint.len()
     }
 
-    /// Writes the key the range cells read and waits until a serializable
-    /// range on every endpoint sees it (a standby applies it a poll later).
-    async fn preload_range_key(&self) -> Result<(), CommandError> {
-        self.client(0, 0)
-            .put(PutRequest {
+    /// Writes what the range cells read (the one key, or the prefix's
+    /// keys) and waits until a serializable range on every endpoint sees
+    /// all of it (a standby applies it a poll later).
+    async fn preload_range(&self, prefix: bool) -> Result<(), CommandError> {
+        let mut kv = self.client(0, 0);
+        if prefix {
+            let keys: Vec<usize> = (0..PREFIX_KEYS).collect();
+            for chunk in keys.chunks(PRELOAD_PUTS_PER_TXN) {
+                let puts = chunk
+                    .iter()
+                    .map(|n| RequestOp {
+                        request: Some(Op::RequestPut(PutRequest {
+                            key: prefix_key(*n),
+                            value: value(),
+                            ..PutRequest::default()
+                        })),
+                    })
+                    .collect();
+                kv.txn(TxnRequest {
+                    success: puts,
+                    ..TxnRequest::default()
+                })
+                .await?;
+            }
+        } else {
+            kv.put(PutRequest {
                 key: Bytes::from_static(RANGE_KEY),
                 value: value(),
                 ..PutRequest::default()
             })
             .await?;
+        }
+        let expected = if prefix { PREFIX_KEYS } else { 1 };
         let deadline = Instant::now() + PRELOAD_TIMEOUT;
         for endpoint in 0..self.endpoints() {
             let mut kv = self.client(endpoint, 0);
             loop {
-                let answer = kv
-                    .range(RangeRequest {
-                        key: Bytes::from_static(RANGE_KEY),
-                        serializable: true,
-                        ..RangeRequest::default()
-                    })
-                    .await?
-                    .into_inner();
-                if !answer.kvs.is_empty() {
+                let mut request = range_request(prefix, true);
+                request.count_only = true;
+                let answer = kv.range(request).await?.into_inner();
+                if answer.count == expected as i64 {
                     break;
                 }
                 if Instant::now() > deadline {
                     return Err(format!(
-                        "endpoint {endpoint} did not see the range key within {PRELOAD_TIMEOUT:?}"
+                        "endpoint {endpoint} did not see the range cells' {expected} key(s) within {PRELOAD_TIMEOUT:?}"
                     )
                     .into());
                 }
@@ -613,6 +628,31 @@ impl Pool {
         }
         Ok(())
     }
+}
+
+/// The range of a range cell: the one key, or every key under the prefix.
+fn range_request(prefix: bool, serializable: bool) -> RangeRequest {
+    if prefix {
+        RangeRequest {
+            key: Bytes::from_static(PREFIX),
+            range_end: prefix_end(PREFIX),
+            serializable,
+            ..RangeRequest::default()
+        }
+    } else {
+        RangeRequest {
+            key: Bytes::from_static(RANGE_KEY),
+            serializable,
+            ..RangeRequest::default()
+        }
+    }
+}
+
+/// Key `n` under [`PREFIX`] (8 bytes).
+fn prefix_key(n: usize) -> Bytes {
+    let mut key = PREFIX.to_vec();
+    key.extend_from_slice(format!("{n:06}").as_bytes());
+    Bytes::from(key)
 }
 
 fn value() -> Bytes {
@@ -733,17 +773,21 @@ impl ClientState {
                 })
                 .await?;
             }
-            Kind::Range { serializable } => {
+            Kind::Range {
+                serializable,
+                prefix,
+            } => {
                 let answer = kv
-                    .range(RangeRequest {
-                        key: Bytes::from_static(RANGE_KEY),
-                        serializable,
-                        ..RangeRequest::default()
-                    })
+                    .range(range_request(prefix, serializable))
                     .await?
                     .into_inner();
-                if answer.kvs.is_empty() {
-                    return Err("the range key is missing".into());
+                let expected = if prefix { PREFIX_KEYS } else { 1 };
+                if answer.kvs.len() != expected {
+                    return Err(format!(
+                        "a range answered {} keys, not {expected}",
+                        answer.kvs.len()
+                    )
+                    .into());
                 }
             }
             Kind::TxnCas => self.compare_and_set(kv).await?,
@@ -802,7 +846,6 @@ fn summarize(
     outcomes: &[Outcome],
     elapsed: Duration,
     cpu: Spent,
-    etcd: bool,
 ) -> Row {
     let mut latencies: Vec<u32> = outcomes
         .iter()
@@ -819,7 +862,8 @@ fn summarize(
         p99_ms: percentile_ms(&latencies, 0.99),
         errors: outcomes.iter().map(|o| o.errors).sum(),
         cpu_us_per_op: cpu.total_us() / operations,
-        server_cpu_us_per_op: etcd.then(|| cpu.server_us() / operations),
+        server_cpu_us_per_op: cpu.server_us() / operations,
+        keys: None,
         missing: None,
         resume_ms: None,
         unresumed: None,

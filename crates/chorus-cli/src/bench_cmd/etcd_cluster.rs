@@ -194,6 +194,6 @@ async fn status(url: &str) -> Result<(u64, u64), CommandError> {
 }
 
 /// A free loopback port (bound once, then released for etcd to bind).
-fn free_port() -> Result<u16, std::io::Error> {
+pub(super) fn free_port() -> Result<u16, std::io::Error> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }

@@ -92,9 +92,9 @@ async fn one_failover(
     http: &reqwest::Client,
     args: &FailoverBenchArgs,
 ) -> Result<Run, CommandError> {
-    let mut primary = Instance::start(executable, dir, args.lease_ttl_secs)?;
+    let mut primary = Instance::start(executable, dir, args.lease_ttl_secs, &[])?;
     wait_for_role(http, &primary.url, "primary").await?;
-    let standby = Instance::start(executable, dir, args.lease_ttl_secs)?;
+    let standby = Instance::start(executable, dir, args.lease_ttl_secs, &[])?;
     wait_for_role(http, &standby.url, "standby").await?;
     for key in 0..args.keys {
         let response = http
@@ -175,18 +175,20 @@ pub(super) struct Instance {
 }
 
 impl Instance {
-    /// Starts `chorus serve` on a free port over `dir`; returns once it
-    /// printed where it listens.
+    /// Starts `chorus serve` on a free port over `dir`, with `extra`
+    /// arguments; returns once it printed where it listens.
     pub(super) fn start(
         executable: &Path,
         dir: &Path,
         ttl_secs: u64,
+        extra: &[String],
     ) -> Result<Instance, CommandError> {
         let mut child = Command::new(executable)
             .args(["serve", "--listen", "127.0.0.1:0", "--lease-ttl-secs"])
             .arg(ttl_secs.to_string())
             .arg("--data-dir")
             .arg(PathBuf::from(dir))
+            .args(extra)
             .env("CHORUS_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

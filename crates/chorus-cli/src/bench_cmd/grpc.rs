@@ -152,13 +152,6 @@ impl Node {
         }
     }
 
-    /// Stops as a crash would: the runtime is aborted (nothing drained,
-    /// the lease not released) and the server stops accepting.
-    fn kill(&self) {
-        self.runtime.abort();
-        self.server.abort();
-    }
-
     /// Stops the server, closing the streams still open after
     /// [`STOP_GRACE`] (clients' connections may outlive them), and the
     /// runtime.
@@ -215,16 +208,6 @@ impl Service {
     /// The primary's URL.
     pub(super) fn url(&self) -> &str {
         &self.nodes[0].url
-    }
-
-    /// Every node's URL, the primary's first.
-    pub(super) fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(|node| node.url.clone()).collect()
-    }
-
-    /// Crashes the primary (see [`Node::kill`]).
-    pub(super) fn kill_primary(&self) {
-        self.nodes[0].kill();
     }
 
     /// Stops every node and removes the scratch directory.

@@ -520,5 +520,12 @@ pub(super) async fn embedded_stores(dir: &std::path::Path) -> Result<RuntimeStor
     let location = store.resolve()?;
     let database = database.resolve()?;
     let snapshots = chorus::snapshot::SnapshotConfig::default();
-    crate::serve_cmd::open_stores(&location, &database, LeaseConfig::default(), snapshots).await
+    crate::serve_cmd::open_stores(
+        &location,
+        &database,
+        LeaseConfig::default(),
+        snapshots,
+        Duration::ZERO,
+    )
+    .await
 }

@@ -399,7 +399,7 @@ impl Built {
             .map(|(position, memory)| {
                 let identity = replica_identity(position);
                 let copy = blobs_over(Arc::new(memory.fork()), &identity);
-                (identity, delayed(copy, latency_ms, position as u64))
+                (identity, delayed(copy, latency_ms))
             })
             .collect();
         let register = Arc::new(MemoryRegister::new());

@@ -187,7 +187,7 @@ struct Bench<'a> {
 impl Bench<'_> {
     /// Starts `chorus serve` over the directory.
     fn start(&self) -> Result<Instance, CommandError> {
-        Instance::start(self.executable, self.dir, self.args.lease_ttl_secs)
+        Instance::start(self.executable, self.dir, self.args.lease_ttl_secs, &[])
     }
 
     /// Hands the primary role from `old` on (see the module docs) and returns
@@ -291,7 +291,7 @@ async fn one_size(
     http: &reqwest::Client,
     args: &TakeoverBenchArgs,
 ) -> Result<Vec<Row>, CommandError> {
-    let mut primary = Instance::start(executable, dir, args.lease_ttl_secs)?;
+    let mut primary = Instance::start(executable, dir, args.lease_ttl_secs, &[])?;
     wait_for_role(http, &primary.url, "primary").await?;
     load(http, &primary.url, keys, args.value_bytes).await?;
     let bench = Bench {

@@ -169,6 +169,12 @@ impl LatencyStore {
         }
     }
 
+    /// Wraps `inner` so that every operation first waits `delay`: the
+    /// benchmarks' model of a remote object store.
+    pub fn fixed(inner: DynBlobStore, delay: Duration) -> LatencyStore {
+        LatencyStore::new(inner, LatencyProfile::uniform(Latency::Fixed(delay)), 0)
+    }
+
     async fn wait(&self, op: Op) {
         let delay = {
             let mut rng = self.rng.lock().expect("latency rng poisoned");
