@@ -11,6 +11,7 @@
 pub mod compare;
 pub mod cost;
 pub mod driver;
+pub mod etcd_plot;
 pub mod floor;
 pub mod heap;
 pub mod models;

@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use chorus_bench::compare::{self, CompareArgs};
+use chorus_bench::etcd_plot::{self, EtcdPlotArgs};
 use chorus_bench::plot::{self, PlotArgs};
 use clap::Parser;
 
@@ -31,6 +32,16 @@ enum Command {
     /// --json`): latency against offered load, the highest sustained rate,
     /// request cost per GB, open time against log length.
     Plot(PlotArgs),
+    /// SVG charts from saved `chorus bench etcd --json` runs, one per
+    /// workload: each system's bar beside the others' in every cell.
+    PlotEtcd(EtcdPlotArgs),
+}
+
+/// Names each chart written, on stderr.
+fn report_written(written: Vec<std::path::PathBuf>) {
+    for path in written {
+        eprintln!("wrote {}", path.display());
+    }
 }
 
 #[tokio::main]
@@ -38,11 +49,8 @@ async fn main() -> ExitCode {
     let Cli { command } = Cli::parse();
     let outcome = match command {
         Command::Compare(args) => compare::run(args).await,
-        Command::Plot(args) => plot::run(args).map(|written| {
-            for path in written {
-                eprintln!("wrote {}", path.display());
-            }
-        }),
+        Command::Plot(args) => plot::run(args).map(report_written),
+        Command::PlotEtcd(args) => etcd_plot::run(args).map(report_written),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -95,7 +95,7 @@ pub struct RecoveryPoint {
 }
 
 /// Smallest, median and largest of a cell's repetitions.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 pub struct Spread {
     /// Smallest.
     pub min: f64,
@@ -173,7 +173,7 @@ pub fn run(args: PlotArgs) -> Result<Vec<PathBuf>, Error> {
 }
 
 /// Parses every non-empty line of `path` as JSON.
-fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>, Error> {
+pub(crate) fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>, Error> {
     let text = fs::read_to_string(path).map_err(|error| format!("{}: {error}", path.display()))?;
     text.lines()
         .enumerate()
@@ -320,12 +320,12 @@ pub fn tick(value: f64) -> String {
     }
 }
 
-fn color(index: usize) -> RGBColor {
+pub(crate) fn color(index: usize) -> RGBColor {
     let (r, g, b) = Palette99::pick(index).rgb();
     RGBColor(r, g, b)
 }
 
-fn plot_error(error: impl std::fmt::Display) -> Error {
+pub(crate) fn plot_error(error: impl std::fmt::Display) -> Error {
     format!("drawing a chart: {error}").into()
 }
 
