@@ -98,7 +98,7 @@ impl Shared {
     }
 
     /// The primary's etcd channel, or why there is none.
-    async fn primary_channel(&self) -> Result<Channel, Status> {
+    pub(crate) async fn primary_channel(&self) -> Result<Channel, Status> {
         let status = self.runtime.status();
         let own = status.holder.as_str();
         let holder = status

@@ -32,6 +32,7 @@ pub mod lease;
 pub mod maintenance;
 pub mod proto;
 mod server;
+mod tail_hint;
 pub mod unserved;
 pub mod watch;
 

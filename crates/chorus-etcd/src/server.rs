@@ -361,7 +361,8 @@ pub async fn serve_tls(
 }
 
 /// Serves `service` with `builder`'s transport; beside it, until the
-/// server stops, expires leases and announces this node.
+/// server stops, expires leases, announces this node and, on a standby,
+/// follows the primary's writes ([`tail_hint`](crate::tail_hint)).
 async fn serve_with(
     builder: tonic::transport::Server,
     listener: TcpListener,
@@ -382,14 +383,15 @@ async fn serve_with(
     };
     let expiry = tokio::spawn(service.expire_leases(until_stopped()));
     let shared = Arc::clone(&service.shared);
-    let announcing = tokio::spawn(announce(shared, until_stopped()));
+    let announcing = tokio::spawn(announce(Arc::clone(&shared), until_stopped()));
+    let following = tokio::spawn(crate::tail_hint::follow_primary(shared, until_stopped()));
     let served = builder
         .layer(oversize_layer())
         .add_routes(service.routes())
         .serve_with_incoming_shutdown(incoming(listener), shutdown)
         .await;
     let _ = stopped.send(true);
-    let _ = tokio::join!(expiry, announcing);
+    let _ = tokio::join!(expiry, announcing, following);
     served
 }
 

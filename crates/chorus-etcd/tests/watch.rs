@@ -546,6 +546,39 @@ async fn a_standby_serves_watches_from_the_records_it_applied() {
     );
 }
 
+/// A standby that polls the log hourly still delivers a put to its
+/// watchers at once: the primary's writes reach it as a hint to read the
+/// log (its watch of the primary may start after the first puts, so puts
+/// go on until one arrives).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_hears_of_the_primarys_writes_between_its_polls() {
+    let hour = Duration::from_secs(3600);
+    let (primary, standby) = support::primary_and_standby_with("watch-hint", |config| {
+        config.standby_poll_interval = hour;
+        config.lease_check_interval = hour;
+    })
+    .await;
+    memory_runtime::wait_until("caught up", || standby.runtime.status().caught_up).await;
+    let mut writer = Client::connect([primary.endpoint()], None).await.unwrap();
+    let mut reader = Client::connect([standby.endpoint()], None).await.unwrap();
+    let mut stream = watch(&mut reader, "k", WatchOptions::new()).await;
+    assert!(next(&mut stream).await.created);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        writer.put("k", "v", None).await.unwrap();
+        let heard = tokio::time::timeout(Duration::from_secs(1), stream.message()).await;
+        if let Ok(answer) = heard {
+            let answer = answer.unwrap().expect("an event");
+            assert_eq!(answer.events().len(), 1, "{answer:?}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no put reached the standby's watcher within {PATIENCE:?}"
+        );
+    }
+}
+
 /// A primary and a standby of one database on in-memory stores.
 async fn primary_and_standby(database: &str) -> (Arc<Runtime<KvState>>, Arc<Runtime<KvState>>) {
     let stores = memory_runtime::MemoryStores::new(database, |store| store).await;

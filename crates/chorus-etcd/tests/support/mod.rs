@@ -84,12 +84,19 @@ pub async fn serve_runtime(
 /// (`http://standby:1`, in its role, polling every 50 ms) of `database` on shared
 /// in-memory stores, each serving etcd with the default settings.
 pub async fn primary_and_standby(database: &str) -> (Served, Served) {
+    primary_and_standby_with(database, |config| {
+        config.standby_poll_interval = std::time::Duration::from_millis(50);
+    })
+    .await
+}
+
+/// [`primary_and_standby`], each runtime configured by `configure`.
+pub async fn primary_and_standby_with(
+    database: &str,
+    configure: impl Fn(&mut chorus::runtime::RuntimeConfig),
+) -> (Served, Served) {
     let stores = memory_runtime::MemoryStores::new(database, |store| store).await;
-    let start = |holder: &str| {
-        stores.runtime_with(holder, |config| {
-            config.standby_poll_interval = std::time::Duration::from_millis(50);
-        })
-    };
+    let start = |holder: &str| stores.runtime_with(holder, &configure);
     let primary = serve_runtime(start("http://primary:1"), database, |_| {}).await;
     memory_runtime::wait_until("primary", || primary.runtime.is_primary_and_sure()).await;
     let standby = serve_runtime(start("http://standby:1"), database, |_| {}).await;

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 pub use self::core::{Change, HistoryGap, RevisionGap};
 pub use config::{DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_RECORDS, RuntimeConfig, RuntimeStores};
@@ -97,6 +97,9 @@ struct Shared<M: StateMachine> {
     finished: watch::Sender<Option<Result<(), RuntimeError>>>,
     /// The newest view of the register and replicas, for status pages.
     log_view: Arc<log_view::LogViewCache>,
+    /// Notified by [`Runtime::hint_log_grew`]: a standby waiting for the
+    /// next poll reads the log at once.
+    log_grew: Notify,
 }
 
 impl<M: StateMachine> Shared<M> {
@@ -189,6 +192,7 @@ impl<M: StateMachine> Runtime<M> {
             stop: watch::Sender::new(false),
             finished: watch::Sender::new(None),
             log_view: Arc::default(),
+            log_grew: Notify::new(),
             stores,
             config,
         });
@@ -373,6 +377,16 @@ impl<M: StateMachine> Runtime<M> {
             snapshots.database(),
             snapshots.clock().clone(),
         )
+    }
+
+    /// A hint that the log has grown (another node saw the primary apply
+    /// more): a standby waiting for its next poll reads the log now. Only a
+    /// hint: what the standby applies it still reads from the replicas, as
+    /// committed, so a wrong or late hint costs one read or some latency,
+    /// never correctness. Remembered until the next wait of a standby (at
+    /// most one), in any role.
+    pub fn hint_log_grew(&self) {
+        self.shared.log_grew.notify_one();
     }
 
     /// The configuration it runs with.

@@ -35,7 +35,14 @@ pub(super) async fn run<M: StateMachine>(shared: &Arc<Shared<M>>) {
                 let wait = config
                     .standby_poll_interval
                     .min(config.lease_check_interval);
-                let _ = tokio::time::timeout(wait, stop.wait_for(|stop| *stop)).await;
+                // Until the next poll, a stop, or a hint that the log grew.
+                let _ = tokio::time::timeout(wait, async {
+                    tokio::select! {
+                        _ = stop.wait_for(|stop| *stop) => {}
+                        () = shared.log_grew.notified() => {}
+                    }
+                })
+                .await;
             }
             Err(LogError::Truncated { floor, .. }) => {
                 tracing::info!(%floor, applied = %shared.applied_end(), "the log was truncated past this standby; restoring the newest snapshot");
