@@ -180,9 +180,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     request_timeout_secs: u64,
 
-    /// Most connections served at once; more wait in the listen backlog.
-    /// Never more than half the open-file limit (`ulimit -n`), so the
-    /// stores keep descriptors [default: 4096, or half that limit].
+    /// Most connections served at once on each listener; more wait in the
+    /// listen backlog. Never more than half the open-file limit (`ulimit
+    /// -n`) on the HTTP listener and a quarter on etcd's, so the stores
+    /// keep descriptors [default: 4096, or that share of the limit].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     max_connections: Option<u64>,
 
@@ -369,6 +370,7 @@ struct EtcdSettings {
     max_txn_ops: usize,
     watch: WatchConfig,
     quota_backend_bytes: usize,
+    max_connections: usize,
 }
 
 /// The runtime settings `serve` takes from its flags.
@@ -408,6 +410,7 @@ impl Resolved {
         config.max_txn_ops = self.etcd.max_txn_ops;
         config.watch = self.etcd.watch.clone();
         config.quota_backend_bytes = self.etcd.quota_backend_bytes;
+        config.max_connections = self.etcd.max_connections;
         config.peer_tls = self.peer_tls();
         config.client_urls = bound
             .map(|bound| default_advertise_url(self.scheme(), bound, &hostname()))
@@ -550,6 +553,11 @@ impl ServeArgs {
                     stall_timeout: Duration::from_secs(self.etcd_watch_stall_timeout_secs),
                 },
                 quota_backend_bytes: to_usize(self.quota_backend_bytes),
+                // Half of what is left after the HTTP listener's share.
+                max_connections: listener::connection_cap(
+                    requested,
+                    listener::descriptor_limit().map(|limit| limit / 2),
+                ),
             },
             data_dir: self.store.data_dir.clone(),
             tls: self.tls()?,
@@ -714,6 +722,7 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
     // Beside the rest: one json! of every field exceeds its macro's
     // recursion limit.
     let watch = &resolved.etcd.watch;
+    config["etcd_max_connections"] = json!(resolved.etcd.max_connections);
     config["etcd_watch_send_buffer_bytes"] = json!(watch.send_buffer_bytes);
     config["etcd_watch_stall_timeout_secs"] = json!(watch.stall_timeout.as_secs());
     config["etcd_watch_progress_notify_interval_ms"] =

@@ -383,6 +383,13 @@ fn print_config_shows_the_merged_configuration_with_secrets_redacted() {
     assert_eq!(config["holder"], "http://127.0.0.1:7171");
     assert_eq!(config["lease_ttl_secs"], 20);
     assert_eq!(config["replica_latency_ms"], 10);
+    // The etcd listener's cap leaves the HTTP listener's share of the
+    // descriptors alone.
+    let etcd_cap = config["etcd_max_connections"].as_u64().unwrap();
+    assert!(
+        etcd_cap <= config["max_connections"].as_u64().unwrap(),
+        "{config}"
+    );
     assert_eq!(config["snapshot_payload_timeout_secs"], 300);
     assert_eq!(config["replicas"].as_array().unwrap().len(), 3);
     assert!(

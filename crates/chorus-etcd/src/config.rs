@@ -9,6 +9,8 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 3 << 19;
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
 /// etcd's default `--quota-backend-bytes`: 2 GiB.
 pub const DEFAULT_QUOTA_BACKEND_BYTES: usize = 2 << 30;
+/// The default of [`EtcdConfig::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// What etcd's gRPC server accepts beyond `--max-request-bytes` before it
 /// refuses a message outright (etcd's `grpcOverheadBytes`): a message between
 /// the two reaches the request check and gets "request is too large".
@@ -39,6 +41,9 @@ pub struct EtcdConfig {
     /// How a standby reaches an `https://` primary when it forwards to it;
     /// `None`: it cannot, and answers `Unavailable` saying so.
     pub peer_tls: Option<PeerTls>,
+    /// Most client connections served at once; further clients wait in the
+    /// listen backlog until one closes (see [`incoming`](crate::incoming)).
+    pub max_connections: usize,
 }
 
 /// What a standby trusts and presents when it forwards to the primary's
@@ -76,6 +81,7 @@ impl EtcdConfig {
             watch: WatchConfig::default(),
             quota_backend_bytes: DEFAULT_QUOTA_BACKEND_BYTES,
             peer_tls: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 

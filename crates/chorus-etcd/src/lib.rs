@@ -27,6 +27,7 @@ pub mod convert;
 pub mod error;
 pub mod forward;
 pub mod identity;
+pub mod incoming;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;

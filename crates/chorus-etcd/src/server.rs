@@ -13,7 +13,6 @@ use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::service::{Routes, RoutesBuilder};
 use tonic::transport::ServerTlsConfig;
-use tonic::transport::server::TcpIncoming;
 use tonic::{Code, Response, Status};
 use tower::util::MapResponseLayer;
 
@@ -22,6 +21,7 @@ use crate::config::EtcdConfig;
 use crate::error;
 use crate::forward::Forwarder;
 use crate::identity::{Identity, raft_term};
+use crate::incoming::admitted;
 use crate::kv::KvService;
 use crate::lease::{LeaseClock, LeaseService, expire_leases};
 use crate::maintenance::{MaintenanceService, state_size_bytes};
@@ -383,24 +383,17 @@ async fn serve_with(
     };
     let expiry = tokio::spawn(service.expire_leases(until_stopped()));
     let shared = Arc::clone(&service.shared);
+    let incoming = admitted(listener, shared.config.max_connections);
     let announcing = tokio::spawn(announce(Arc::clone(&shared), until_stopped()));
     let following = tokio::spawn(crate::tail_hint::follow_primary(shared, until_stopped()));
     let served = builder
         .layer(oversize_layer())
         .add_routes(service.routes())
-        .serve_with_incoming_shutdown(incoming(listener), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await;
     let _ = stopped.send(true);
     let _ = tokio::join!(expiry, announcing, following);
     served
-}
-
-/// The connections accepted on `listener`, with Nagle's algorithm off, as
-/// etcd's (Go's) are: otherwise a small response (a put's answer, a watch
-/// event) written while an earlier one is unacknowledged waits for the
-/// client's delayed ACK, up to 40 ms on Linux.
-fn incoming(listener: TcpListener) -> TcpIncoming {
-    TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// The layer that answers a message over the decoding limit as etcd's gRPC
@@ -443,17 +436,6 @@ fn answer_oversize_as_etcd(mut response: http::Response<Body>) -> http::Response
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test]
-    async fn accepted_connections_have_nagles_algorithm_off() {
-        use tonic::codegen::tokio_stream::StreamExt;
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let mut accepted = incoming(listener);
-        let _client = tokio::net::TcpStream::connect(address).await.unwrap();
-        let connection = accepted.next().await.unwrap().unwrap();
-        assert!(connection.nodelay().unwrap());
-    }
 
     #[test]
     fn an_oversize_message_is_answered_as_etcds_grpc_server_does() {
