@@ -82,7 +82,9 @@ impl Forwarder {
         *cached = Some((holder.to_owned(), channel));
     }
 
-    fn forget(&self) {
+    /// Drops the cached channel: the next call connects afresh (the
+    /// primary may have moved to another endpoint).
+    pub(crate) fn forget(&self) {
         *self.primary.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 }

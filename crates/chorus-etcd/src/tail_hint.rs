@@ -49,6 +49,9 @@ async fn follow(shared: &Shared) {
             && let Err(status) = hint_from(shared, channel).await
         {
             tracing::debug!(%status, "standby: watching the primary for new writes failed");
+            // The next attempt connects afresh, should the primary's
+            // endpoint have moved.
+            shared.forwarder.forget();
         }
         tokio::time::sleep(RETRY).await;
     }
