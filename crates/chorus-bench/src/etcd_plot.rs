@@ -13,11 +13,8 @@ use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
 use serde::Deserialize;
 
-use crate::plot::{Spread, color, decades, plot_error, read_lines, tick};
+use crate::plot::{SIZE, Spread, color, decades, draw_legend, plot_error, read_lines, tick};
 use crate::systems::Error;
-
-/// Chart size in pixels.
-const SIZE: (u32, u32) = (960, 540);
 
 /// Arguments of `plot-etcd`.
 #[derive(Debug, Clone, clap::Args)]
@@ -257,12 +254,12 @@ fn draw(path: &Path, chart: &WorkloadChart, runs: usize) -> Result<(), Error> {
             .map_err(plot_error)?;
         mesh(&mut context, chart, segments, &label_of)?;
         bars(&mut context, chart, lo)?;
-        legend(&mut context)
+        draw_legend(&mut context, SeriesLabelPosition::UpperRight)
     } else {
         let mut context = builder.build_cartesian_2d(x, lo..hi).map_err(plot_error)?;
         mesh(&mut context, chart, segments, &label_of)?;
         bars(&mut context, chart, lo)?;
-        legend(&mut context)
+        draw_legend(&mut context, SeriesLabelPosition::UpperRight)
     }?;
     root.present().map_err(plot_error)
 }
@@ -343,19 +340,6 @@ where
             .map_err(plot_error)?;
     }
     Ok(())
-}
-
-fn legend<Y>(context: &mut Segmented<'_, Y>) -> Result<(), Error>
-where
-    Y: Ranged<ValueType = f64>,
-{
-    context
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(plot_error)
 }
 
 #[cfg(test)]

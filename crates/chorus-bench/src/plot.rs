@@ -10,15 +10,15 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use plotters::coord::Shift;
 use plotters::coord::ranged1d::SegmentValue;
+use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 use serde::Deserialize;
 
 use crate::systems::Error;
 
 /// Chart size in pixels.
-const SIZE: (u32, u32) = (960, 540);
+pub(crate) const SIZE: (u32, u32) = (960, 540);
 
 /// Arguments of `plot`.
 #[derive(Debug, Clone, clap::Args)]
@@ -450,9 +450,17 @@ fn log_lines(
             .label(name)
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
     }
+    draw_legend(&mut chart, legend.clone())
+}
+
+/// The legend of `chart`'s labelled series at `position`, on a pale box.
+pub(crate) fn draw_legend<'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+    position: SeriesLabelPosition,
+) -> Result<(), Error> {
     chart
         .configure_series_labels()
-        .position(legend.clone())
+        .position(position)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
@@ -565,13 +573,7 @@ fn recovery_chart(path: &Path, series: &[Series<Spread>]) -> Result<(), Error> {
             }))
             .map_err(plot_error)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(plot_error)?;
+    draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     root.present().map_err(plot_error)
 }
 

@@ -497,8 +497,9 @@ impl ServeArgs {
         let requested = self
             .max_connections
             .map_or(listener::DEFAULT_MAX_CONNECTIONS, to_usize);
+        let descriptors = listener::descriptor_limit();
         let connections = ConnectionLimits {
-            max_connections: listener::connection_cap(requested, listener::descriptor_limit()),
+            max_connections: listener::connection_cap(requested, descriptors),
             header_read_timeout: Duration::from_secs(self.header_read_timeout_secs),
             send_timeout: Duration::from_secs(self.send_timeout_secs),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
@@ -556,7 +557,7 @@ impl ServeArgs {
                 // Half of what is left after the HTTP listener's share.
                 max_connections: listener::connection_cap(
                     requested,
-                    listener::descriptor_limit().map(|limit| limit / 2),
+                    descriptors.map(|limit| limit / 2),
                 ),
             },
             data_dir: self.store.data_dir.clone(),

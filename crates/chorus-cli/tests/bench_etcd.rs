@@ -46,6 +46,15 @@ fn assert_measured(row: &Value) {
     );
     assert!(0.0 < p50 && p50 <= p99, "{row}");
     assert!(row["cpu_us_per_op"].as_f64().unwrap() > 0.0, "{row}");
+    // Every system runs in processes of its own, whose CPU is counted.
+    assert!(row["server_cpu_us_per_op"].as_f64().unwrap() > 0.0, "{row}");
+}
+
+/// Asserts a measured row of `workload` on `system`.
+fn assert_cell(row: &Value, system: &str, workload: &str) {
+    assert_eq!(row["system"], system, "{row}");
+    assert_eq!(row["workload"], workload, "{row}");
+    assert_measured(row);
 }
 
 #[test]
@@ -63,11 +72,7 @@ fn quick_puts_on_chorus_at_10ms_print_one_row_per_client_count() {
         .collect();
     assert_eq!(clients, [1, 64, 1000], "{rows:?}");
     for row in &rows {
-        assert_eq!(row["system"], "chorus-3-10ms", "{row}");
-        assert_eq!(row["workload"], "put", "{row}");
-        assert_measured(row);
-        // Chorus runs in processes of its own, whose CPU is counted.
-        assert!(row["server_cpu_us_per_op"].as_f64().unwrap() > 0.0, "{row}");
+        assert_cell(row, "chorus-3-10ms", "put");
         // Every put waits for a quorum of replicas 10 ms away.
         assert!(row["p50_ms"].as_f64().unwrap() >= 10.0, "{row}");
     }
@@ -101,10 +106,7 @@ fn assert_ranges(rows: &[Value], system: &str, workload: &str) {
         .collect();
     assert_eq!(cells, [(1, 1000), (1000, 64)], "{rows:?}");
     for row in rows {
-        assert_eq!(row["system"], system, "{row}");
-        assert_eq!(row["workload"], workload, "{row}");
-        assert_measured(row);
-        assert!(row["server_cpu_us_per_op"].as_f64().unwrap() > 0.0, "{row}");
+        assert_cell(row, system, workload);
     }
 }
 

@@ -117,11 +117,22 @@ mod tests {
 
     use super::*;
 
-    #[tokio::test]
-    async fn accepted_connections_have_nagles_algorithm_off() {
+    /// A listener on a free loopback port, its address and its admitted
+    /// connections (at most `max`).
+    async fn capped(
+        max: usize,
+    ) -> (
+        std::net::SocketAddr,
+        Pin<Box<impl Stream<Item = io::Result<Admitted>>>>,
+    ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        let mut accepted = Box::pin(admitted(listener, 4));
+        (address, Box::pin(admitted(listener, max)))
+    }
+
+    #[tokio::test]
+    async fn accepted_connections_have_nagles_algorithm_off() {
+        let (address, mut accepted) = capped(4).await;
         let _client = TcpStream::connect(address).await.unwrap();
         let connection = accepted.next().await.unwrap().unwrap();
         assert!(connection.stream.nodelay().unwrap());
@@ -129,9 +140,7 @@ mod tests {
 
     #[tokio::test]
     async fn past_the_cap_a_connection_waits_until_one_closes() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let mut accepted = Box::pin(admitted(listener, 1));
+        let (address, mut accepted) = capped(1).await;
         let _first_client = TcpStream::connect(address).await.unwrap();
         let first = accepted.next().await.unwrap().unwrap();
         // The second client's connect completes in the kernel's backlog,

@@ -401,7 +401,7 @@ impl Running {
         let cpu = self.cpu().since(&before, &before);
         let mut row = summarize(name, kind.workload(), clients, &outcomes, elapsed, cpu);
         if let Kind::Range { prefix, .. } = kind {
-            row.keys = Some(if prefix { PREFIX_KEYS } else { 1 });
+            row.keys = Some(keys_read(prefix));
         }
         Ok(row)
     }
@@ -606,7 +606,7 @@ impl Pool {
             })
             .await?;
         }
-        let expected = if prefix { PREFIX_KEYS } else { 1 };
+        let expected = keys_read(prefix);
         let deadline = Instant::now() + PRELOAD_TIMEOUT;
         for endpoint in 0..self.endpoints() {
             let mut kv = self.client(endpoint, 0);
@@ -646,6 +646,11 @@ fn range_request(prefix: bool, serializable: bool) -> RangeRequest {
             ..RangeRequest::default()
         }
     }
+}
+
+/// The keys a range cell's answer holds.
+fn keys_read(prefix: bool) -> usize {
+    if prefix { PREFIX_KEYS } else { 1 }
 }
 
 /// Key `n` under [`PREFIX`] (8 bytes).
@@ -781,7 +786,7 @@ impl ClientState {
                     .range(range_request(prefix, serializable))
                     .await?
                     .into_inner();
-                let expected = if prefix { PREFIX_KEYS } else { 1 };
+                let expected = keys_read(prefix);
                 if answer.kvs.len() != expected {
                     return Err(format!(
                         "a range answered {} keys, not {expected}",
