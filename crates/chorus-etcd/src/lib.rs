@@ -25,6 +25,7 @@ pub mod cluster;
 pub mod config;
 pub mod convert;
 pub mod error;
+mod follow;
 pub mod forward;
 pub mod identity;
 pub mod incoming;
@@ -33,7 +34,6 @@ pub mod lease;
 pub mod maintenance;
 pub mod proto;
 mod server;
-mod tail_hint;
 pub mod unserved;
 pub mod watch;
 

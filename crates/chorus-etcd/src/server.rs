@@ -19,12 +19,14 @@ use tower::util::MapResponseLayer;
 use crate::cluster::{ClusterService, announce};
 use crate::config::EtcdConfig;
 use crate::error;
+use crate::follow::{FollowService, follow_primary};
 use crate::forward::Forwarder;
 use crate::identity::{Identity, raft_term};
 use crate::incoming::admitted;
 use crate::kv::KvService;
 use crate::lease::{LeaseClock, LeaseService, expire_leases};
 use crate::maintenance::{MaintenanceService, state_size_bytes};
+use crate::proto::chorusfollowpb::follow_server::FollowServer;
 use crate::proto::etcdserverpb::{
     ResponseHeader, auth_server, cluster_server, kv_server, lease_server, maintenance_server,
     watch_server,
@@ -284,8 +286,10 @@ impl EtcdService {
                 lease_server::LeaseServer::new(LeaseService::new(Arc::clone(shared)))
                     .max_decoding_message_size(limit),
             )
+            .add_service(auth_server::AuthServer::new(AuthService).max_decoding_message_size(limit))
             .add_service(
-                auth_server::AuthServer::new(AuthService).max_decoding_message_size(limit),
+                FollowServer::new(FollowService::new(Arc::clone(shared)))
+                    .max_decoding_message_size(limit),
             );
         routes.routes()
     }
@@ -362,7 +366,7 @@ pub async fn serve_tls(
 
 /// Serves `service` with `builder`'s transport; beside it, until the
 /// server stops, expires leases, announces this node and, on a standby,
-/// follows the primary's writes ([`tail_hint`](crate::tail_hint)).
+/// takes the primary's records ([`follow`](crate::follow)).
 async fn serve_with(
     builder: tonic::transport::Server,
     listener: TcpListener,
@@ -385,7 +389,7 @@ async fn serve_with(
     let shared = Arc::clone(&service.shared);
     let incoming = admitted(listener, shared.config.max_connections);
     let announcing = tokio::spawn(announce(Arc::clone(&shared), until_stopped()));
-    let following = tokio::spawn(crate::tail_hint::follow_primary(shared, until_stopped()));
+    let following = tokio::spawn(follow_primary(shared, until_stopped()));
     let served = builder
         .layer(oversize_layer())
         .add_routes(service.routes())

@@ -547,13 +547,13 @@ async fn a_standby_serves_watches_from_the_records_it_applied() {
 }
 
 /// A standby that polls the log hourly still delivers a put to its
-/// watchers at once: the primary's writes reach it as a hint to read the
-/// log (its watch of the primary may start after the first puts, so puts
-/// go on until one arrives).
+/// watchers at once: it takes the primary's records from the primary's
+/// Follow stream (which may start after the first puts, so puts go on
+/// until one arrives).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_standby_hears_of_the_primarys_writes_between_its_polls() {
+async fn a_standby_takes_the_primarys_writes_between_its_polls() {
     let hour = Duration::from_secs(3600);
-    let (primary, standby) = support::primary_and_standby_with("watch-hint", |config| {
+    let (primary, standby) = support::primary_and_standby_with("watch-follow", |config| {
         config.standby_poll_interval = hour;
         config.lease_check_interval = hour;
     })

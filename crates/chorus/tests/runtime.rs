@@ -664,6 +664,100 @@ async fn standby_tails_the_primary_refuses_writes_and_takes_over_warm_after_shut
     standby.shutdown().await.unwrap();
 }
 
+/// A standby that would not read the log again for an hour.
+fn sleepy_standby(holder_id: &str) -> RuntimeConfig {
+    let hour = Duration::from_secs(3600);
+    RuntimeConfig {
+        standby_poll_interval: hour,
+        lease_check_interval: hour,
+        ..config(holder_id, 1000)
+    }
+}
+
+/// The records `runtime` applied from `from` on, as another node hands
+/// them over.
+fn applied_records(runtime: &Kv, from: RecordIndex) -> Vec<(RecordIndex, Bytes)> {
+    runtime
+        .changes_since(from, usize::MAX)
+        .expect("held in the history")
+        .into_iter()
+        .map(|change| (change.index, change.record))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_applies_committed_records_handed_over_without_waiting_for_the_log() {
+    let db = Db::new().await;
+    let primary = db.node(1).start(config("a", 1000));
+    wait_primary(&primary).await;
+    put(&primary, "early", "v").await;
+    let standby = db.node(2).start(sleepy_standby("b"));
+    wait_role(&standby, Role::Standby).await;
+    wait_same_state(&standby, &primary).await;
+    let (_, caught_up) = state_of(&standby);
+
+    // Written now, while the standby polls the log only hourly.
+    for sequence in 0..3 {
+        put(&primary, &format!("late-{sequence}"), "w").await;
+    }
+    let records = applied_records(&primary, caught_up);
+    assert_eq!(records.len(), 3);
+    // Ahead of the standby's state: held, not applied.
+    standby.offer_committed(records[1..].to_vec());
+    assert_eq!(state_of(&standby).1, caught_up);
+    // The next record, with the rest again: all applied, in order, once.
+    standby.offer_committed(records.clone());
+    assert_eq!(state_of(&standby), state_of(&primary));
+    standby.offer_committed(records);
+    assert_eq!(state_of(&standby), state_of(&primary));
+
+    // A primary takes nothing handed over, not even a record at its end.
+    let (before, end) = state_of(&primary);
+    let forged = put_command("forged", "x", Condition::None)
+        .encode()
+        .unwrap();
+    primary.offer_committed([(end, forged)]);
+    assert_eq!(state_of(&primary), (before, end));
+
+    standby.shutdown().await.unwrap();
+    primary.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_handed_a_record_the_log_does_not_hold_stops_when_it_reads_the_log() {
+    let db = Db::new().await;
+    let primary = db.node(1).start(config("a", 1000));
+    wait_primary(&primary).await;
+    put(&primary, "early", "v").await;
+    let standby = db.node(2).start(config("b", 1000));
+    wait_role(&standby, Role::Standby).await;
+    wait_same_state(&standby, &primary).await;
+
+    // A forged record at the standby's next index (no correct node ever
+    // hands one over): applied, as only the replicas can tell.
+    let (_, end) = state_of(&standby);
+    let forged = put_command("forged", "x", Condition::None)
+        .encode()
+        .unwrap();
+    standby.offer_committed([(end, forged)]);
+    let (state, _) = state_of(&standby);
+    assert!(state.get(b"forged").is_some());
+
+    // The log's record at that index differs: the standby stops on it.
+    assert_eq!(put(&primary, "real", "v").await, end);
+    let error = tokio::time::timeout(PATIENCE, standby.finished())
+        .await
+        .expect("the standby stops")
+        .expect_err("on an error");
+    let message = error.to_string();
+    assert!(
+        message.contains(&format!("committed record at index {end} differs")),
+        "{message}"
+    );
+    assert_eq!(standby.status().role, Role::Stopped);
+    primary.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lagging_standby_restores_the_newest_snapshot_after_the_log_was_truncated_under_it() {
     let db = Db::new().await;

@@ -17,3 +17,9 @@ pub mod mvccpb {
 pub mod etcdserverpb {
     include!("etcdserverpb.rs");
 }
+
+/// `chorusfollowpb`: Chorus's own Follow service, by which a standby takes
+/// the records its primary applied (not part of etcd's API).
+pub mod chorusfollowpb {
+    include!("chorusfollowpb.rs");
+}

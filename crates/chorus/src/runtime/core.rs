@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
+use super::held::HeldRun;
 use super::machine::StateMachine;
 use crate::ids::RecordIndex;
 
@@ -41,6 +42,15 @@ pub struct RevisionGap {
     pub oldest: u64,
 }
 
+/// A committed record that differs from the record applied at its index:
+/// the state here is not the log's prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the committed record at index {index} differs from the record applied there")]
+pub(super) struct Divergence {
+    /// The index where the two differ.
+    pub(super) index: RecordIndex,
+}
+
 /// The machine and what it reflects. Guarded by one lock in the runtime; every
 /// method is quick and does no I/O.
 #[derive(Debug)]
@@ -62,6 +72,14 @@ pub(super) struct Core<M: StateMachine> {
     floor_revision: u64,
     /// The revision of an empty machine, which no change is at.
     initial_revision: u64,
+    /// Whether committed records handed over by another node are taken
+    /// ([`offer`](Self::offer)): only while a standby tails the log.
+    following: bool,
+    /// Such records ahead of the applied end.
+    held: HeldRun,
+    /// Set when a handed-over record turned out to differ from the log's;
+    /// the standby stops on it.
+    diverged: Option<Divergence>,
 }
 
 /// How much of the recent past the history keeps: it drops its oldest
@@ -108,6 +126,9 @@ impl<M: StateMachine> Core<M> {
             budget,
             floor_revision: initial_revision,
             initial_revision,
+            following: false,
+            held: HeldRun::default(),
+            diverged: None,
         }
     }
 
@@ -160,6 +181,85 @@ impl<M: StateMachine> Core<M> {
             self.floor_revision = dropped.revision;
         }
         output
+    }
+
+    /// Starts or stops taking records handed over by another node; stopping
+    /// drops those held.
+    pub(super) fn set_following(&mut self, following: bool) {
+        self.following = following;
+        if !following {
+            self.held.clear();
+        }
+    }
+
+    /// The divergence a handed-over record caused, once.
+    pub(super) fn take_divergence(&mut self) -> Option<Divergence> {
+        self.diverged.take()
+    }
+
+    /// Takes a committed record another node handed over, while following
+    /// (else ignores it): see [`take_committed`](Self::take_committed). A
+    /// divergence stops the following and is kept for the standby to stop
+    /// on. Returns how many records were applied.
+    pub(super) fn offer(&mut self, index: RecordIndex, record: Bytes) -> usize {
+        if !self.following {
+            return 0;
+        }
+        match self.take_committed(index, record) {
+            Ok(applied) => applied,
+            Err(divergence) => {
+                self.diverged = Some(divergence);
+                self.set_following(false);
+                0
+            }
+        }
+    }
+
+    /// Takes a committed record (read from the replicas, or handed over by
+    /// another node that applied it): applies it if it is the next, checks
+    /// it against the one applied if it is behind, holds it if it is ahead;
+    /// then does the same with the held records the state has reached.
+    /// Returns how many records were applied.
+    pub(super) fn take_committed(
+        &mut self,
+        index: RecordIndex,
+        record: Bytes,
+    ) -> Result<usize, Divergence> {
+        let mut applied = self.place(index, record)?;
+        while let Some((index, record)) = self.held.take_reached(self.applied_end) {
+            applied += self.place(index, record)?;
+        }
+        Ok(applied)
+    }
+
+    fn place(&mut self, index: RecordIndex, record: Bytes) -> Result<usize, Divergence> {
+        match index.0.cmp(&self.applied_end.0) {
+            std::cmp::Ordering::Less => self.check_applied(index, &record).map(|()| 0),
+            std::cmp::Ordering::Equal => {
+                self.apply(index, record);
+                Ok(1)
+            }
+            std::cmp::Ordering::Greater => {
+                self.held.hold(index, record);
+                Ok(0)
+            }
+        }
+    }
+
+    /// Whether `record` is the record applied at `index` (below the applied
+    /// end), as far as the history still holds it: one it dropped, or
+    /// never held (below a restored snapshot), cannot be checked.
+    fn check_applied(&self, index: RecordIndex, record: &Bytes) -> Result<(), Divergence> {
+        let Some(oldest) = self.history.front().map(|change| change.index) else {
+            return Ok(());
+        };
+        let Some(position) = index.0.checked_sub(oldest.0) else {
+            return Ok(());
+        };
+        match self.history.get(position as usize) {
+            Some(change) if change.record != *record => Err(Divergence { index }),
+            _ => Ok(()),
+        }
     }
 
     /// Changes from the first that left the machine at revision `from` or
@@ -308,6 +408,71 @@ mod tests {
 
     fn indices(changes: Vec<Change<u64>>) -> Vec<u64> {
         changes.iter().map(|change| change.index.0).collect()
+    }
+
+    fn byte(value: u8) -> Bytes {
+        Bytes::from(vec![value])
+    }
+
+    #[test]
+    fn committed_records_apply_in_order_whichever_source_comes_first() {
+        let mut core = Core::<Sum>::new(records_only(100));
+        core.set_following(true);
+        // Handed over ahead of the state: held, nothing applied.
+        assert_eq!(core.offer(RecordIndex(2), byte(4)), 0);
+        assert_eq!(core.offer(RecordIndex(3), byte(8)), 0);
+        assert_eq!(core.applied_end(), RecordIndex(0));
+        // The replicas supply 0 and 1; at 1 the held run follows.
+        assert_eq!(core.take_committed(RecordIndex(0), byte(1)), Ok(1));
+        assert_eq!(core.take_committed(RecordIndex(1), byte(2)), Ok(3));
+        assert_eq!((core.applied_end(), core.machine.0), (RecordIndex(4), 15));
+        // The replicas' copies of records already applied are checked.
+        assert_eq!(core.take_committed(RecordIndex(2), byte(4)), Ok(0));
+        assert_eq!(core.offer(RecordIndex(4), byte(16)), 1);
+        assert_eq!(core.take_divergence(), None);
+        assert_eq!(core.machine.0, 31);
+    }
+
+    #[test]
+    fn a_record_unlike_the_one_applied_is_a_divergence() {
+        let mut core = Core::<Sum>::new(records_only(100));
+        core.set_following(true);
+        assert_eq!(core.offer(RecordIndex(0), byte(1)), 1);
+        // Read from the replicas: reported at once.
+        assert_eq!(
+            core.take_committed(RecordIndex(0), byte(2)),
+            Err(Divergence {
+                index: RecordIndex(0)
+            })
+        );
+        // Handed over: kept for the standby, and following stops.
+        assert_eq!(core.offer(RecordIndex(0), byte(3)), 0);
+        assert_eq!(
+            core.take_divergence(),
+            Some(Divergence {
+                index: RecordIndex(0)
+            })
+        );
+        assert_eq!(core.take_divergence(), None);
+        assert_eq!(core.offer(RecordIndex(1), byte(1)), 0);
+        assert_eq!(core.applied_end(), RecordIndex(1));
+    }
+
+    #[test]
+    fn offers_are_ignored_unless_following_and_records_the_history_dropped_pass() {
+        let mut core = Core::<Sum>::new(records_only(1));
+        assert_eq!(core.offer(RecordIndex(0), byte(1)), 0);
+        core.set_following(true);
+        core.offer(RecordIndex(2), byte(1));
+        core.set_following(false);
+        // Stopping dropped the held record: the state does not jump to it.
+        for index in 0..2 {
+            assert_eq!(core.take_committed(RecordIndex(index), byte(1)), Ok(1));
+        }
+        assert_eq!(core.applied_end(), RecordIndex(2));
+        // Record 0 left the one-record history: it can no longer be checked.
+        assert_eq!(core.take_committed(RecordIndex(0), byte(9)), Ok(0));
+        assert!(core.take_committed(RecordIndex(1), byte(9)).is_err());
     }
 
     #[test]

@@ -23,6 +23,7 @@
 mod config;
 mod core;
 mod error;
+mod held;
 mod log_view;
 mod machine;
 mod primary;
@@ -34,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 pub use self::core::{Change, HistoryGap, RevisionGap};
 pub use config::{DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_RECORDS, RuntimeConfig, RuntimeStores};
@@ -46,7 +47,7 @@ pub use log_view::{
 pub use machine::{Checkpoint, RestoreError, StateMachine};
 pub use status::RuntimeStatus;
 
-use self::core::{Core, HistoryBudget};
+use self::core::{Core, Divergence, HistoryBudget};
 use crate::ids::RecordIndex;
 use crate::lease::{Contender, Incarnation, LeaseHolder};
 use crate::log::{Completion, LogError, StopReason, Writer};
@@ -97,9 +98,6 @@ struct Shared<M: StateMachine> {
     finished: watch::Sender<Option<Result<(), RuntimeError>>>,
     /// The newest view of the register and replicas, for status pages.
     log_view: Arc<log_view::LogViewCache>,
-    /// Notified by [`Runtime::hint_log_grew`]: a standby waiting for the
-    /// next poll reads the log at once.
-    log_grew: Notify,
 }
 
 impl<M: StateMachine> Shared<M> {
@@ -128,9 +126,28 @@ impl<M: StateMachine> Shared<M> {
     /// Applies the next record and tells waiters.
     fn apply(&self, index: RecordIndex, record: Bytes) -> M::Output {
         let output = self.core().apply(index, record);
-        self.applied.send_replace(RecordIndex(index.0 + 1));
-        metrics::gauge!("chorus_runtime_applied_index").set(index.0 as f64 + 1.0);
+        self.applied_to(RecordIndex(index.0 + 1));
         output
+    }
+
+    /// Takes a committed record read from the replicas (a standby's):
+    /// applies it, or checks it against the one applied
+    /// ([`Core::take_committed`](self::core::Core::take_committed)).
+    fn take_committed(&self, index: RecordIndex, record: Bytes) -> Result<(), Divergence> {
+        let (applied, end) = {
+            let mut core = self.core();
+            (core.take_committed(index, record)?, core.applied_end())
+        };
+        if applied > 0 {
+            self.applied_to(end);
+        }
+        Ok(())
+    }
+
+    /// Tells waiters the state now reflects every record below `end`.
+    fn applied_to(&self, end: RecordIndex) {
+        self.applied.send_replace(end);
+        metrics::gauge!("chorus_runtime_applied_index").set(end.0 as f64);
     }
 
     /// Replaces the state with a restored snapshot taken at `at`.
@@ -192,7 +209,6 @@ impl<M: StateMachine> Runtime<M> {
             stop: watch::Sender::new(false),
             finished: watch::Sender::new(None),
             log_view: Arc::default(),
-            log_grew: Notify::new(),
             stores,
             config,
         });
@@ -379,14 +395,33 @@ impl<M: StateMachine> Runtime<M> {
         )
     }
 
-    /// A hint that the log has grown (another node saw the primary apply
-    /// more): a standby waiting for its next poll reads the log now. Only a
-    /// hint: what the standby applies it still reads from the replicas, as
-    /// committed, so a wrong or late hint costs one read or some latency,
-    /// never correctness. Remembered until the next wait of a standby (at
-    /// most one), in any role.
-    pub fn hint_log_grew(&self) {
-        self.shared.log_grew.notify_one();
+    /// Hands this runtime committed records another node applied (its
+    /// [`changes_since`](Runtime::changes_since)), so a standby need not
+    /// wait for the replicas to serve them: while it tails the log, it
+    /// applies each that is its next record at once and holds those ahead
+    /// (bounded) until the replicas supply the records before them. In any
+    /// other role the records are ignored.
+    ///
+    /// Only records that are committed may be handed over: every record a
+    /// runtime applied is (a primary applies a record once a quorum holds
+    /// it; a standby, once it read it as committed). The standby still
+    /// reads every record from the replicas and checks each against the
+    /// one it applied; a record that differs stops it with an error rather
+    /// than let it serve a state the log does not hold.
+    pub fn offer_committed(&self, records: impl IntoIterator<Item = (RecordIndex, Bytes)>) {
+        let (applied, end) = {
+            let mut core = self.shared.core();
+            let applied: usize = records
+                .into_iter()
+                .map(|(index, record)| core.offer(index, record))
+                .sum();
+            (applied, core.applied_end())
+        };
+        if applied > 0 {
+            self.shared.applied_to(end);
+            metrics::counter!("chorus_runtime_records_taken_from_peer_total")
+                .increment(applied as u64);
+        }
     }
 
     /// The configuration it runs with.
@@ -483,7 +518,7 @@ async fn supervise_loop<M: StateMachine>(shared: &Arc<Shared<M>>) -> Result<(), 
                     tracing::warn!(%reason, "the log writer stopped; recovering the log again");
                 }
             },
-            Ok(primary::Boot::Held) => standby::run(shared).await,
+            Ok(primary::Boot::Held) => standby::run(shared).await?,
             Err(error) if error.transient => {
                 let backoff = boot_backoff(shared.config.retry_backoff, failed_boots);
                 failed_boots = failed_boots.saturating_add(1);

@@ -1,17 +1,24 @@
 //! The standby: tails the log to keep a warm copy of the state, and returns
 //! to the boot once the primary's lease is free (expired or released).
+//!
+//! While it tails, it also takes the committed records another node hands
+//! it ([`Runtime::offer_committed`](super::Runtime::offer_committed)); the
+//! records it reads from the replicas then only confirm those.
 
 use std::sync::Arc;
 
+use super::core::Divergence;
 use super::error::{Phase, Role, RuntimeError};
 use super::machine::StateMachine;
 use super::primary::hydrate;
 use super::{Shared, boot_backoff, pause};
 use crate::log::{LogError, Reader};
 
-/// Tails the log until the lease is free or a shutdown is asked for.
-pub(super) async fn run<M: StateMachine>(shared: &Arc<Shared<M>>) {
+/// Tails the log until the lease is free or a shutdown is asked for; fails
+/// only when the state here turns out not to be the log's.
+pub(super) async fn run<M: StateMachine>(shared: &Arc<Shared<M>>) -> Result<(), RuntimeError> {
     shared.set_role(Role::Standby);
+    let _following = Following::start(shared);
     let config = &shared.config;
     let mut reader = reader_at_applied_end(shared);
     let mut next_check = tokio::time::Instant::now() + config.lease_check_interval;
@@ -19,30 +26,26 @@ pub(super) async fn run<M: StateMachine>(shared: &Arc<Shared<M>>) {
     // Consecutive rounds that could not get this standby past the floor.
     let mut stuck = 0u32;
     while !shared.stop_requested() {
+        if let Some(divergence) = shared.core().take_divergence() {
+            return Err(diverged(divergence));
+        }
         if tokio::time::Instant::now() >= next_check {
             if lease_is_free(shared).await {
-                return;
+                return Ok(());
             }
             next_check = tokio::time::Instant::now() + config.lease_check_interval;
         }
         match reader.try_next().await {
             Ok(Some((index, record))) => {
                 shared.info().caught_up = false;
-                shared.apply(index, record);
+                shared.take_committed(index, record).map_err(diverged)?;
             }
             Ok(None) => {
                 shared.info().caught_up = true;
                 let wait = config
                     .standby_poll_interval
                     .min(config.lease_check_interval);
-                // Until the next poll, a stop, or a hint that the log grew.
-                let _ = tokio::time::timeout(wait, async {
-                    tokio::select! {
-                        _ = stop.wait_for(|stop| *stop) => {}
-                        () = shared.log_grew.notified() => {}
-                    }
-                })
-                .await;
+                let _ = tokio::time::timeout(wait, stop.wait_for(|stop| *stop)).await;
             }
             Err(LogError::Truncated { floor, .. }) => {
                 tracing::info!(%floor, applied = %shared.applied_end(), "the log was truncated past this standby; restoring the newest snapshot");
@@ -77,6 +80,36 @@ pub(super) async fn run<M: StateMachine>(shared: &Arc<Shared<M>>) {
             }
         }
     }
+    Ok(())
+}
+
+/// Records handed over by other nodes are taken while this lives.
+struct Following<'a, M: StateMachine>(&'a Shared<M>);
+
+impl<'a, M: StateMachine> Following<'a, M> {
+    fn start(shared: &'a Shared<M>) -> Following<'a, M> {
+        shared.core().set_following(true);
+        Following(shared)
+    }
+}
+
+impl<M: StateMachine> Drop for Following<'_, M> {
+    fn drop(&mut self) {
+        self.0.core().set_following(false);
+    }
+}
+
+/// The standby's end when its state is found not to be the log's: serving
+/// it further would answer with records no quorum holds.
+fn diverged(divergence: Divergence) -> RuntimeError {
+    RuntimeError::new(
+        Phase::Standby,
+        format!(
+            "{divergence}: the state here is not the log's prefix, so this standby stops rather \
+             than serve it; a restart rebuilds it from the newest snapshot and the log"
+        ),
+        false,
+    )
 }
 
 /// A reader from the applied end, which is committed: every applied record
