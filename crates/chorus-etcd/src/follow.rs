@@ -43,6 +43,9 @@ use crate::server::Shared;
 /// while following.
 const RETRY: Duration = Duration::from_millis(250);
 
+/// Between checks of the role while not a standby.
+const ROLE_POLL: Duration = Duration::from_millis(20);
+
 /// Most records in one response.
 const BATCH_RECORDS: usize = 1024;
 
@@ -157,8 +160,13 @@ pub(crate) async fn follow_primary(shared: Arc<Shared>, stop: impl Future<Output
 
 async fn follow(shared: &Shared) {
     loop {
-        if is_standby(shared)
-            && let Ok(channel) = shared.primary_channel().await
+        // A node that just became a standby starts following within a
+        // role poll: until it does, its watchers wait for the replicas.
+        if !is_standby(shared) {
+            tokio::time::sleep(ROLE_POLL).await;
+            continue;
+        }
+        if let Ok(channel) = shared.primary_channel().await
             && let Err(status) = take_from(shared, channel).await
         {
             tracing::debug!(%status, "standby: following the primary's records failed");

@@ -18,6 +18,9 @@
 //! the requests of an etcd lease client: grants, puts naming a lease,
 //! revokes; its keep-alives and every process's lease expiry tick run
 //! after every step, `leases.rs`),
+//! one process's applied records handed to another as a standby's Follow
+//! stream hands them over (`Runtime::offer_committed`: from any process, a
+//! deposed primary's too, behind or ahead of the receiver, in two parts),
 //! crashes (`Runtime::abort`) and fresh processes (a new holder id, the
 //! crashed one's: a restart, or the holder id of a process alive on another
 //! node: two processes that share one, told apart only by the random
@@ -448,6 +451,12 @@ enum Action {
     Sleep(Duration),
     /// One action of the lease client (`leases.rs`).
     Lease,
+    /// `from`'s applied records handed to `to` as a standby's Follow
+    /// stream hands them over (`Runtime::offer_committed`).
+    Follow {
+        from: usize,
+        to: usize,
+    },
 }
 
 /// The state of the runtime phase.
@@ -691,6 +700,16 @@ impl<'a> RuntimePhase<'a> {
         let sleep = self.settings.timing.draw_sleep(&mut self.rng);
         options.push((5, Action::Sleep(sleep)));
         options.push((6, Action::Lease));
+        let other = self.rng.random_range(0..nodes);
+        if other != node && alive && self.nodes[other].process.is_some() {
+            options.push((
+                6,
+                Action::Follow {
+                    from: other,
+                    to: node,
+                },
+            ));
+        }
         // Graceful shutdowns go to the primary half the time: its way out
         // (drain, final snapshot, release) is the one worth exercising.
         let stopping = primary
@@ -775,7 +794,43 @@ impl<'a> RuntimePhase<'a> {
             Action::Clear => self.clear(),
             Action::Sleep(duration) => tokio::time::sleep(duration).await,
             Action::Lease => self.lease_action(),
+            Action::Follow { from, to } => self.follow(from, to),
         }
+    }
+
+    /// Hands `to` records `from` applied, as a Follow stream would: from
+    /// a few records before `to`'s applied end (which it checks against
+    /// what it applied) or a few after it (which it holds), all at once
+    /// or the later part first. `from` may be any process, a deposed
+    /// primary too: every record a process applied is committed, so R1
+    /// and R8 must hold whatever is handed over.
+    fn follow(&mut self, from: usize, to: usize) {
+        let (Some(source), Some(target)) = (&self.nodes[from].process, &self.nodes[to].process)
+        else {
+            return;
+        };
+        let end = *target.runtime.applied().borrow();
+        let start = if self.rng.random_bool(0.3) {
+            end.0 + self.rng.random_range(1..=5)
+        } else {
+            end.0.saturating_sub(self.rng.random_range(0..=3))
+        };
+        let changes = match source.runtime.changes_since(RecordIndex(start), 64) {
+            Ok(changes) => changes,
+            Err(gap) => source
+                .runtime
+                .changes_since(gap.oldest, 64)
+                .unwrap_or_default(),
+        };
+        let records: Vec<(RecordIndex, Bytes)> = changes
+            .into_iter()
+            .map(|change| (change.index, change.record))
+            .collect();
+        if records.len() > 1 && self.rng.random_bool(0.3) {
+            let split = self.rng.random_range(1..records.len());
+            target.runtime.offer_committed(records[split..].to_vec());
+        }
+        target.runtime.offer_committed(records);
     }
 
     /// The holder of the lease document as it last landed.
