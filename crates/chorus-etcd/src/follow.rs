@@ -195,7 +195,9 @@ async fn take_from(shared: &Shared, channel: Channel) -> Result<(), Status> {
     loop {
         tokio::select! {
             response = responses.message() => match response? {
-                Some(response) => shared.runtime.offer_committed(checked(response)?),
+                Some(response) => {
+                    shared.runtime.offer_committed(checked(response)?);
+                }
                 None => return Ok(()),
             },
             _ = role_check.tick() => {

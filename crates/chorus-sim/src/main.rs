@@ -142,6 +142,10 @@ fn finish(summary: &BatchSummary, steps: u64) -> ExitCode {
         summary.runtime_lease_revokes,
         summary.runtime_lease_keys_deleted
     );
+    eprintln!(
+        "records handed between processes: {}, applied by their receivers: {}",
+        summary.runtime_records_handed_over, summary.runtime_records_applied_from_peers
+    );
     let violations = summary.failures.len() as u64;
     print_summary(summary.seeds, summary.steps, violations, summary.wall_time);
     exit_code(violations)

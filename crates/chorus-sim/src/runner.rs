@@ -198,6 +198,10 @@ pub struct BatchSummary {
     pub runtime_lease_keep_alives: u64,
     /// Leases kept alive across a takeover, over all seeds.
     pub runtime_lease_kept_across: u64,
+    /// Records handed between processes (the Follow action), over all seeds.
+    pub runtime_records_handed_over: u64,
+    /// Records applied from those, over all seeds.
+    pub runtime_records_applied_from_peers: u64,
     /// Leases revoked by their expiry, over all seeds.
     pub runtime_lease_expiries: u64,
     /// Leases revoked by the client, over all seeds.
@@ -267,6 +271,8 @@ pub fn run_batch(
             summary.runtime_lease_grants += runtime.lease_grants;
             summary.runtime_lease_keep_alives += runtime.lease_keep_alives_acked;
             summary.runtime_lease_kept_across += runtime.lease_kept_across_takeovers;
+            summary.runtime_records_handed_over += runtime.records_handed_over;
+            summary.runtime_records_applied_from_peers += runtime.records_applied_from_peers;
             summary.runtime_lease_expiries += runtime.lease_expiries;
             summary.runtime_lease_revokes += runtime.lease_revokes;
             summary.runtime_lease_keys_deleted += runtime.lease_keys_deleted;

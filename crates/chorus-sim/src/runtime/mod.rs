@@ -245,6 +245,10 @@ pub struct RuntimeStats {
     /// Leases whose keep-alives were acknowledged by two primacies (kept
     /// alive across a takeover).
     pub lease_kept_across_takeovers: u64,
+    /// Records handed from one process to another (the Follow action).
+    pub records_handed_over: u64,
+    /// Records the receivers applied from them (held ones included).
+    pub records_applied_from_peers: u64,
     /// Leases revoked by their expiry (expiry revokes acknowledged).
     pub lease_expiries: u64,
     /// Leases revoked by the client (its revokes acknowledged).
@@ -700,15 +704,15 @@ impl<'a> RuntimePhase<'a> {
         let sleep = self.settings.timing.draw_sleep(&mut self.rng);
         options.push((5, Action::Sleep(sleep)));
         options.push((6, Action::Lease));
-        let other = self.rng.random_range(0..nodes);
-        if other != node && alive && self.nodes[other].process.is_some() {
-            options.push((
-                6,
-                Action::Follow {
-                    from: other,
-                    to: node,
-                },
-            ));
+        let living: Vec<usize> = (0..nodes)
+            .filter(|node| self.nodes[*node].process.is_some())
+            .collect();
+        if living.len() >= 2 {
+            let from = living[self.rng.random_range(0..living.len())];
+            let to = living[self.rng.random_range(0..living.len())];
+            if from != to {
+                options.push((8, Action::Follow { from, to }));
+            }
         }
         // Graceful shutdowns go to the primary half the time: its way out
         // (drain, final snapshot, release) is the one worth exercising.
@@ -826,11 +830,14 @@ impl<'a> RuntimePhase<'a> {
             .into_iter()
             .map(|change| (change.index, change.record))
             .collect();
+        self.stats.records_handed_over += records.len() as u64;
+        let mut applied = 0;
         if records.len() > 1 && self.rng.random_bool(0.3) {
             let split = self.rng.random_range(1..records.len());
-            target.runtime.offer_committed(records[split..].to_vec());
+            applied += target.runtime.offer_committed(records[split..].to_vec());
         }
-        target.runtime.offer_committed(records);
+        applied += target.runtime.offer_committed(records);
+        self.stats.records_applied_from_peers += applied as u64;
     }
 
     /// The holder of the lease document as it last landed.

@@ -501,6 +501,31 @@ fn a_short_run_grants_keeps_alive_across_a_takeover_expires_and_revokes_leases()
     assert!(counts.iter().all(|count| *count > 0), "{stats:?}");
 }
 
+/// Short runs: processes hand each other records, the receivers apply
+/// some at once, and R1 and R8 hold.
+#[test]
+fn short_runs_hand_records_between_processes() {
+    let (mut handed, mut applied) = (0, 0);
+    for seed in 0..6 {
+        let report = crate::run_once(crate::SimOptions {
+            seed,
+            steps: 600,
+            verbose: false,
+        });
+        assert!(
+            report.failure.is_none(),
+            "seed {seed}: {:?}",
+            report.failure
+        );
+        handed += report.stats.runtime.records_handed_over;
+        applied += report.stats.runtime.records_applied_from_peers;
+    }
+    assert!(
+        handed > 0 && applied > 0,
+        "handed {handed}, applied {applied}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_lease_ended_before_its_ttl_passed_is_caught_unless_the_client_revoked_it() {
     let mut trace = Trace::new(false);

@@ -407,8 +407,12 @@ impl<M: StateMachine> Runtime<M> {
     /// it; a standby, once it read it as committed). The standby still
     /// reads every record from the replicas and checks each against the
     /// one it applied; a record that differs stops it with an error rather
-    /// than let it serve a state the log does not hold.
-    pub fn offer_committed(&self, records: impl IntoIterator<Item = (RecordIndex, Bytes)>) {
+    /// than let it serve a state the log does not hold. Returns how many
+    /// records it applied now (held ones included).
+    pub fn offer_committed(
+        &self,
+        records: impl IntoIterator<Item = (RecordIndex, Bytes)>,
+    ) -> usize {
         let (applied, end) = {
             let mut core = self.shared.core();
             let applied: usize = records
@@ -422,6 +426,7 @@ impl<M: StateMachine> Runtime<M> {
             metrics::counter!("chorus_runtime_records_taken_from_peer_total")
                 .increment(applied as u64);
         }
+        applied
     }
 
     /// The configuration it runs with.
