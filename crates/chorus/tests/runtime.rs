@@ -664,6 +664,48 @@ async fn standby_tails_the_primary_refuses_writes_and_takes_over_warm_after_shut
     standby.shutdown().await.unwrap();
 }
 
+/// A publication that fails at once is retried after a pause that
+/// doubles, not as fast as the store answers; once the store is healthy
+/// again, the snapshot is published. Found by the simulator (seed 884):
+/// a HEAD write that landed but reported failure makes every later attempt
+/// conflict and read HEAD back, and while those reads come back damaged
+/// each attempt failed at once; the busy retry stopped its virtual clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_that_fails_at_once_is_retried_after_a_pause() {
+    let db = Db::new().await;
+    let node = db.node(1);
+    let primary = node.start(config("a", 1));
+    wait_primary(&primary).await;
+    let published = db.head().await.expect("the boot's HEAD").wal_index;
+    let head_key = || KeyMatch::Exact("runtime-test/HEAD.json".to_owned());
+    let lost_answer = node.meta_faults.add(
+        FaultRule::new(Fault::FailAfter)
+            .ops(OpSet::of(&[Op::Update]))
+            .keys(head_key())
+            .times(1),
+    );
+    let damaged = node.meta_faults.add(
+        FaultRule::new(Fault::Corrupt)
+            .ops(OpSet::of(&[Op::Get]))
+            .keys(head_key()),
+    );
+    put(&primary, "k", "v").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Pauses of 50, 100, 200, 400, 800 ms: a handful of attempts, each
+    // reading HEAD once, where a busy retry makes thousands.
+    let injected = node.meta_faults.injected();
+    assert!((2..=20).contains(&injected), "{injected} faults in 1.5 s");
+    node.meta_faults.remove(lost_answer);
+    node.meta_faults.remove(damaged);
+    wait_until("a snapshot past the damage", PATIENCE, || async {
+        db.head()
+            .await
+            .is_some_and(|head| head.wal_index > published)
+    })
+    .await;
+    primary.shutdown().await.unwrap();
+}
+
 /// A standby that would not read the log again for an hour.
 fn sleepy_standby(holder_id: &str) -> RuntimeConfig {
     let hour = Duration::from_secs(3600);

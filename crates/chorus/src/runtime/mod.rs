@@ -537,10 +537,11 @@ async fn supervise_loop<M: StateMachine>(shared: &Arc<Shared<M>>) -> Result<(), 
     Ok(())
 }
 
-/// The pause after `failed` consecutive failed boots: `base`, doubling per
-/// failure up to [`MAX_BOOT_BACKOFF`] (or `base`, if that is larger), so a
-/// lasting problem (a damaged HEAD, an unreachable quorum) neither spins nor
-/// rewrites the lease and HEAD on every attempt.
+/// The pause after `failed` consecutive failed boots (or snapshot
+/// publications): `base`, doubling per failure up to [`MAX_BOOT_BACKOFF`]
+/// (or `base`, if that is larger), so a lasting problem (a damaged HEAD, an
+/// unreachable quorum) neither spins nor rewrites the lease and HEAD on
+/// every attempt.
 fn boot_backoff(base: Duration, failed: u32) -> Duration {
     let doubled = base.saturating_mul(1 << failed.min(16));
     doubled.min(MAX_BOOT_BACKOFF.max(base))

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 
 use super::error::{Phase, Role, RuntimeError};
 use super::machine::{Checkpoint, StateMachine, check_restored};
-use super::{InFlight, Shared, WritePath, Written, timed};
+use super::{InFlight, Shared, WritePath, Written, boot_backoff, timed};
 use crate::ids::RecordIndex;
 use crate::lease::{LeaseError, LeaseHolder, LeaseRecord};
 use crate::log::{LogError, Recovery, StopReason, Writer};
@@ -335,6 +335,11 @@ pub(super) async fn serve<M: StateMachine>(shared: &Arc<Shared<M>>, primary: Box
     // The publication store while no publication runs; one that runs owns it.
     let mut idle = Some(publication);
     let mut publishing = None;
+    // After a failed publication the next waits (doubling per failure):
+    // one that fails at once (a damaged HEAD read, a store refusing) must
+    // not be retried as fast as the store answers.
+    let mut failed_publications = 0u32;
+    let mut next_publication = tokio::time::Instant::now();
     let exit = loop {
         // `biased`: a shutdown wins over a tick that is ready at the same
         // time, so a run replays exactly under the deterministic simulator.
@@ -355,13 +360,22 @@ pub(super) async fn serve<M: StateMachine>(shared: &Arc<Shared<M>>, primary: Box
                     if fenced {
                         break Exit::LeaseLost;
                     }
+                    let pause = boot_backoff(shared.config.retry_backoff, failed_publications);
+                    next_publication = tokio::time::Instant::now() + pause;
+                    failed_publications = failed_publications.saturating_add(1);
+                } else {
+                    failed_publications = 0;
                 }
             }
             _ = tokio::time::sleep(SNAPSHOT_CHECK_INTERVAL) => {}
         }
         // A publication needs the lease to vouch for it; while a refresh is
         // overdue, wait rather than have the publication store fence itself.
-        if publishing.is_some() || !snapshot_due(shared, since) || !lease.may_write_now() {
+        if publishing.is_some()
+            || tokio::time::Instant::now() < next_publication
+            || !snapshot_due(shared, since)
+            || !lease.may_write_now()
+        {
             continue;
         }
         since = tokio::time::Instant::now();
