@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use chorus::register::MAX_WINDOW;
+use chorus::timer::Timer;
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 
@@ -323,6 +324,7 @@ async fn measure(group: &Group, rate: f64, context: &Context) -> Result<CellRow,
         warmup: warmup(records),
         max_outstanding: context.max_outstanding,
         drain: context.drain,
+        timer: Timer::Precise,
     };
     let counters = Arc::new(Counters::default());
     let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use chorus::timer::Timer;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::time::Instant;
@@ -27,6 +28,10 @@ pub struct Load {
     /// How long after the last record is due the driver waits for stragglers;
     /// records still outstanding then count as failed.
     pub drain: Duration,
+    /// What the driver waits for the next due record by: a record sent late
+    /// counts its lateness as latency, so [`Timer::Precise`] in a benchmark
+    /// (tokio's timer sends up to a millisecond late).
+    pub timer: Timer,
 }
 
 /// What happened in one cell.
@@ -128,7 +133,7 @@ pub async fn run(system: &dyn System, load: &Load, record: &Bytes) -> Run {
                     }
                 }
             }
-            () = tokio::time::sleep_until(wake) => {
+            () = load.timer.sleep_until(wake) => {
                 if next == load.records {
                     // The drain deadline passed with records outstanding.
                     outcome.failed += outstanding.len() as u64;
@@ -190,6 +195,7 @@ mod tests {
             warmup: 0,
             max_outstanding: 1000,
             drain: Duration::from_secs(1),
+            timer: Timer::Tokio,
         }
     }
 

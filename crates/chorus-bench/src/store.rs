@@ -2,6 +2,10 @@
 //! in-memory store behind [`InjectedStore`], which delays each request by a
 //! draw from a [`Latency`] model and counts it by price class.
 //!
+//! The delays end by [`Timer::Precise`] (within tens of microseconds of
+//! their deadline, where tokio's millisecond timer adds up to a
+//! millisecond), so a light-load figure measures the system, not the timer.
+//!
 //! Latency is injected at the `object_store` level, not with
 //! [`chorus::blob::LatencyStore`], because SlateDB speaks `object_store`
 //! directly: Chorus (through [`chorus::blob::ObjectStoreBlobs`]), SlateDB and
@@ -14,6 +18,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chorus::blob::Latency;
+use chorus::timer::Timer;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use object_store::memory::InMemory;
@@ -76,6 +81,7 @@ struct Charger {
     latency: Latency,
     rng: Arc<Mutex<StdRng>>,
     counters: Arc<Counters>,
+    timer: Timer,
 }
 
 impl Charger {
@@ -87,13 +93,7 @@ impl Charger {
     }
 
     async fn wait(&self, class: Class, bytes: u64) {
-        sleep(self.charge(class, bytes)).await;
-    }
-}
-
-async fn sleep(delay: Duration) {
-    if !delay.is_zero() {
-        tokio::time::sleep(delay).await;
+        self.timer.sleep(self.charge(class, bytes)).await;
     }
 }
 
@@ -109,12 +109,24 @@ impl InjectedStore {
     /// A fresh, empty in-memory store with `latency` on every request; delays
     /// follow `seed`.
     pub fn memory(latency: Latency, seed: u64, counters: Arc<Counters>) -> Arc<InjectedStore> {
+        InjectedStore::memory_with_timer(latency, seed, counters, Timer::Precise)
+    }
+
+    /// [`memory`](InjectedStore::memory), waiting by `timer`
+    /// ([`Timer::Tokio`] on a paused test clock).
+    pub fn memory_with_timer(
+        latency: Latency,
+        seed: u64,
+        counters: Arc<Counters>,
+        timer: Timer,
+    ) -> Arc<InjectedStore> {
         Arc::new(InjectedStore {
             inner: Arc::new(InMemory::new()),
             charger: Charger {
                 latency,
                 rng: Arc::new(Mutex::new(StdRng::seed_from_u64(seed))),
                 counters,
+                timer,
             },
         })
     }
@@ -168,8 +180,9 @@ impl ObjectStore for InjectedStore {
         let charger = self.charger.clone();
         let delayed = locations.then(move |location| {
             let delay = charger.charge(Class::Delete, 0);
+            let timer = charger.timer;
             async move {
-                sleep(delay).await;
+                timer.sleep(delay).await;
                 location
             }
         });
@@ -180,7 +193,7 @@ impl ObjectStore for InjectedStore {
         let delay = self.charger.charge(Class::Put, 0);
         let inner = Arc::clone(&self.inner);
         let prefix = prefix.cloned();
-        futures::stream::once(sleep(delay))
+        futures::stream::once(self.charger.timer.sleep(delay))
             .flat_map(move |()| inner.list(prefix.as_ref()))
             .boxed()
     }
@@ -216,8 +229,9 @@ impl MultipartUpload for InjectedUpload {
             .charger
             .charge(Class::Put, data.content_length() as u64);
         let part = self.inner.put_part(data);
+        let timer = self.charger.timer;
         Box::pin(async move {
-            sleep(delay).await;
+            timer.sleep(delay).await;
             part.await
         })
     }
@@ -244,7 +258,12 @@ mod tests {
 
     fn store() -> (Arc<InjectedStore>, Arc<Counters>) {
         let counters = Arc::new(Counters::default());
-        let store = InjectedStore::memory(Latency::Fixed(DELAY), 1, Arc::clone(&counters));
+        let store = InjectedStore::memory_with_timer(
+            Latency::Fixed(DELAY),
+            1,
+            Arc::clone(&counters),
+            Timer::Tokio,
+        );
         (store, counters)
     }
 

@@ -5,7 +5,8 @@
 //! The modules are layered; each depends only on those listed before it:
 //!
 //! 1. [`ids`] and [`codec`]: identifiers and the byte formats of stored objects;
-//!    [`clock`]: injectable wall-clock and monotonic time.
+//!    [`clock`]: injectable wall-clock and monotonic time; [`timer`]: sleeps
+//!    that end on time, for injected latency.
 //! 2. [`blob`]: object stores named by URL, with create-if-absent and CAS update.
 //! 3. [`register`]: the manifest register, its record type and its backends.
 //! 4. [`log`]: the replicated write-ahead log: write path, recovery, replay, readers.
@@ -30,3 +31,4 @@ pub mod members;
 pub mod register;
 pub mod runtime;
 pub mod snapshot;
+pub mod timer;

@@ -1,7 +1,8 @@
 //! A latency-injecting wrapper around any [`BlobStore`], for benchmarks and the
-//! simulator: each operation waits a fixed or randomly drawn time first. The
-//! distributions ([`Latency`]) are also sampled on their own, by benchmarks
-//! that inject latency below other clients of the same stores.
+//! simulator: each operation waits a fixed or randomly drawn time first, by
+//! the precise [`Timer`] unless told otherwise. The distributions
+//! ([`Latency`]) are also sampled on their own, by benchmarks that inject
+//! latency below other clients of the same stores.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,6 +15,7 @@ use futures::future::BoxFuture;
 
 use super::layer::Layer;
 use super::{BlobError, DynBlobStore, Op};
+use crate::timer::Timer;
 
 /// A latency distribution.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -157,6 +159,7 @@ pub struct LatencyStore {
     inner: DynBlobStore,
     profile: LatencyProfile,
     rng: Arc<Mutex<StdRng>>,
+    timer: Timer,
 }
 
 impl LatencyStore {
@@ -166,7 +169,14 @@ impl LatencyStore {
             inner,
             profile,
             rng: Arc::new(Mutex::new(StdRng::seed_from_u64(seed))),
+            timer: Timer::Precise,
         }
+    }
+
+    /// Waits by `timer` instead ([`Timer::Tokio`] on a paused test clock).
+    pub fn with_timer(mut self, timer: Timer) -> LatencyStore {
+        self.timer = timer;
+        self
     }
 
     /// Wraps `inner` so that every operation first waits `delay`: the
@@ -180,9 +190,7 @@ impl LatencyStore {
             let mut rng = self.rng.lock().expect("latency rng poisoned");
             self.profile.of(op).sample(&mut rng)
         };
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
-        }
+        self.timer.sleep(delay).await;
     }
 }
 
@@ -248,7 +256,7 @@ mod tests {
                 "memory",
             ));
             inner.create("a", Bytes::from_static(b"old")).await.unwrap();
-            let store = LatencyStore::new(inner, profile, 1);
+            let store = LatencyStore::new(inner, profile, 1).with_timer(Timer::Tokio);
             for op in Op::ALL {
                 let expected = if op == slow { delay } else { Duration::ZERO };
                 assert_eq!(timed(&store, op).await, expected, "slow={slow} op={op}");
