@@ -480,11 +480,12 @@ fn an_etcd_answer_or_revision_the_model_does_not_expect_is_caught() {
 }
 
 /// A short run: leases are granted, kept alive across a takeover,
-/// expired and revoked, and R14 and R13 check them.
+/// expired and revoked, and R14 and R13 check them. (A seed whose
+/// schedule does all of that; a new action in the schedule changes which.)
 #[test]
 fn a_short_run_grants_keeps_alive_across_a_takeover_expires_and_revokes_leases() {
     let report = crate::run_once(crate::SimOptions {
-        seed: 14,
+        seed: 11,
         steps: 600,
         verbose: false,
     });
