@@ -114,24 +114,17 @@ impl Cursor {
             return None;
         }
         loop {
-            let batch = match self
+            let batch = self
                 .runtime
-                .changes_within(self.next, BATCH_RECORDS, BATCH_BYTES)
-            {
-                Ok(batch) => batch,
-                Err(gap) => {
-                    self.next = gap.oldest;
-                    continue;
-                }
-            };
-            if let Some(last) = batch.last() {
-                self.next = RecordIndex(last.index.0 + 1);
+                .committed_records(self.next, BATCH_RECORDS, BATCH_BYTES);
+            if let Some((last, _)) = batch.last() {
+                self.next = RecordIndex(last.0 + 1);
                 let records = batch
                     .into_iter()
-                    .map(|change| Record {
-                        index: change.index.0,
-                        crc32c: crc32c::crc32c(&change.record),
-                        data: change.record,
+                    .map(|(index, data)| Record {
+                        index: index.0,
+                        crc32c: crc32c::crc32c(&data),
+                        data,
                     })
                     .collect();
                 return Some((Ok(RecordsResponse { records }), self));

@@ -716,34 +716,38 @@ fn sleepy_standby(holder_id: &str) -> RuntimeConfig {
     }
 }
 
-/// The records `runtime` applied from `from` on, as another node hands
-/// them over.
-fn applied_records(runtime: &Kv, from: RecordIndex) -> Vec<(RecordIndex, Bytes)> {
-    runtime
-        .changes_since(from, usize::MAX)
-        .expect("held in the history")
-        .into_iter()
-        .map(|change| (change.index, change.record))
-        .collect()
+/// A primary "a" with one put, and a standby "b" started with
+/// `standby_config` that has caught up with it.
+async fn primary_and_caught_up_standby(db: &Db, standby_config: RuntimeConfig) -> (Kv, Kv) {
+    let primary = db.node(1).start(config("a", 1000));
+    wait_primary(&primary).await;
+    put(&primary, "early", "v").await;
+    let standby = db.node(2).start(standby_config);
+    wait_role(&standby, Role::Standby).await;
+    wait_same_state(&standby, &primary).await;
+    (primary, standby)
+}
+
+/// A record no correct node ever hands over: a put the log never held.
+fn forged_record() -> Bytes {
+    put_command("forged", "x", Condition::None)
+        .encode()
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_applies_committed_records_handed_over_without_waiting_for_the_log() {
     let db = Db::new().await;
-    let primary = db.node(1).start(config("a", 1000));
-    wait_primary(&primary).await;
-    put(&primary, "early", "v").await;
-    let standby = db.node(2).start(sleepy_standby("b"));
-    wait_role(&standby, Role::Standby).await;
-    wait_same_state(&standby, &primary).await;
+    let (primary, standby) = primary_and_caught_up_standby(&db, sleepy_standby("b")).await;
     let (_, caught_up) = state_of(&standby);
 
     // Written now, while the standby polls the log only hourly.
     for sequence in 0..3 {
         put(&primary, &format!("late-{sequence}"), "w").await;
     }
-    let records = applied_records(&primary, caught_up);
+    let records = primary.committed_records(caught_up, usize::MAX, usize::MAX);
     assert_eq!(records.len(), 3);
+    assert_eq!(records[0].0, caught_up, "held in the history");
     // Ahead of the standby's state: held, not applied.
     standby.offer_committed(records[1..].to_vec());
     assert_eq!(state_of(&standby).1, caught_up);
@@ -755,10 +759,7 @@ async fn a_standby_applies_committed_records_handed_over_without_waiting_for_the
 
     // A primary takes nothing handed over, not even a record at its end.
     let (before, end) = state_of(&primary);
-    let forged = put_command("forged", "x", Condition::None)
-        .encode()
-        .unwrap();
-    primary.offer_committed([(end, forged)]);
+    primary.offer_committed([(end, forged_record())]);
     assert_eq!(state_of(&primary), (before, end));
 
     standby.shutdown().await.unwrap();
@@ -768,20 +769,12 @@ async fn a_standby_applies_committed_records_handed_over_without_waiting_for_the
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_handed_a_record_the_log_does_not_hold_stops_when_it_reads_the_log() {
     let db = Db::new().await;
-    let primary = db.node(1).start(config("a", 1000));
-    wait_primary(&primary).await;
-    put(&primary, "early", "v").await;
-    let standby = db.node(2).start(config("b", 1000));
-    wait_role(&standby, Role::Standby).await;
-    wait_same_state(&standby, &primary).await;
+    let (primary, standby) = primary_and_caught_up_standby(&db, config("b", 1000)).await;
 
-    // A forged record at the standby's next index (no correct node ever
-    // hands one over): applied, as only the replicas can tell.
+    // A forged record at the standby's next index: applied, as only the
+    // replicas can tell.
     let (_, end) = state_of(&standby);
-    let forged = put_command("forged", "x", Condition::None)
-        .encode()
-        .unwrap();
-    standby.offer_committed([(end, forged)]);
+    standby.offer_committed([(end, forged_record())]);
     let (state, _) = state_of(&standby);
     assert!(state.get(b"forged").is_some());
 

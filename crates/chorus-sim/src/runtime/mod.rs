@@ -819,17 +819,9 @@ impl<'a> RuntimePhase<'a> {
         } else {
             end.0.saturating_sub(self.rng.random_range(0..=3))
         };
-        let changes = match source.runtime.changes_since(RecordIndex(start), 64) {
-            Ok(changes) => changes,
-            Err(gap) => source
-                .runtime
-                .changes_since(gap.oldest, 64)
-                .unwrap_or_default(),
-        };
-        let records: Vec<(RecordIndex, Bytes)> = changes
-            .into_iter()
-            .map(|change| (change.index, change.record))
-            .collect();
+        let records = source
+            .runtime
+            .committed_records(RecordIndex(start), 64, usize::MAX);
         self.stats.records_handed_over += records.len() as u64;
         let mut applied = 0;
         if records.len() > 1 && self.rng.random_bool(0.3) {

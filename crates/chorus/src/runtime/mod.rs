@@ -125,23 +125,29 @@ impl<M: StateMachine> Shared<M> {
 
     /// Applies the next record and tells waiters.
     fn apply(&self, index: RecordIndex, record: Bytes) -> M::Output {
-        let output = self.core().apply(index, record);
-        self.applied_to(RecordIndex(index.0 + 1));
-        output
+        self.advance(|core| core.apply(index, record))
     }
 
     /// Takes a committed record read from the replicas (a standby's):
     /// applies it, or checks it against the one applied
     /// ([`Core::take_committed`](self::core::Core::take_committed)).
     fn take_committed(&self, index: RecordIndex, record: Bytes) -> Result<(), Divergence> {
-        let (applied, end) = {
+        self.advance(|core| core.take_committed(index, record))
+            .map(drop)
+    }
+
+    /// Runs `step` on the state under its lock, then tells waiters if the
+    /// applied end moved.
+    fn advance<T>(&self, step: impl FnOnce(&mut Core<M>) -> T) -> T {
+        let (outcome, before, end) = {
             let mut core = self.core();
-            (core.take_committed(index, record)?, core.applied_end())
+            let before = core.applied_end();
+            (step(&mut core), before, core.applied_end())
         };
-        if applied > 0 {
+        if end != before {
             self.applied_to(end);
         }
-        Ok(())
+        outcome
     }
 
     /// Tells waiters the state now reflects every record below `end`.
@@ -153,8 +159,7 @@ impl<M: StateMachine> Shared<M> {
     /// Replaces the state with a restored snapshot taken at `at`.
     fn restore(&self, machine: M, at: RecordIndex) {
         self.core().restore(machine, at);
-        self.applied.send_replace(at);
-        metrics::gauge!("chorus_runtime_applied_index").set(at.0 as f64);
+        self.applied_to(at);
     }
 
     fn set_role(&self, role: Role) {
@@ -413,20 +418,38 @@ impl<M: StateMachine> Runtime<M> {
         &self,
         records: impl IntoIterator<Item = (RecordIndex, Bytes)>,
     ) -> usize {
-        let (applied, end) = {
-            let mut core = self.shared.core();
-            let applied: usize = records
+        let applied: usize = self.shared.advance(|core| {
+            records
                 .into_iter()
                 .map(|(index, record)| core.offer(index, record))
-                .sum();
-            (applied, core.applied_end())
-        };
+                .sum()
+        });
         if applied > 0 {
-            self.shared.applied_to(end);
             metrics::counter!("chorus_runtime_records_taken_from_peer_total")
                 .increment(applied as u64);
         }
         applied
+    }
+
+    /// Applied records from `from` on, as another runtime's
+    /// [`offer_committed`](Runtime::offer_committed) takes them: within
+    /// the bounds of [`changes_within`](Runtime::changes_within), and from
+    /// the oldest the history holds when it no longer holds `from` (the
+    /// receiver reads the gap from the replicas). Empty until `from` is
+    /// applied.
+    pub fn committed_records(
+        &self,
+        from: RecordIndex,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Vec<(RecordIndex, Bytes)> {
+        let core = self.shared.core();
+        core.changes_since(from, max_records, max_bytes)
+            .or_else(|gap| core.changes_since(gap.oldest, max_records, max_bytes))
+            .unwrap_or_default()
+            .into_iter()
+            .map(|change| (change.index, change.record))
+            .collect()
     }
 
     /// The configuration it runs with.
