@@ -17,7 +17,7 @@ use serde_json::json;
 
 use crate::CommandError;
 use crate::config::{Location, StoreArgs, ensure_data_dir};
-use crate::open::{Access, open_existing_register, open_log, read_manifest};
+use crate::open::{Access, StoredManifest, open_existing_register, open_log, read_manifest};
 use crate::output::{out, outln};
 
 /// The `log` subcommands.
@@ -195,26 +195,28 @@ pub(crate) async fn open_register_for_init(
 async fn inspect(args: InspectArgs) -> Result<(), CommandError> {
     let location = args.store.resolve()?;
     let register = open_existing_register(&location, Access::Read).await?;
-    let (manifest, version) = read_manifest(register.as_ref(), &location).await?;
+    let stored = read_manifest(register.as_ref(), &location).await?;
+    let manifest = &stored.manifest;
     if manifest.trunc > manifest.tail_base {
         // A floor in the active segment must not pass its committed end;
         // checking that reads the replicas (which opening the log does).
         open_log(&location, Access::Read).await?;
     }
     let text = if args.json {
-        format!("{}\n", inspect_json(&manifest, &version, &location))
+        format!("{}\n", inspect_json(&stored, &location))
     } else {
-        inspect_text(&manifest, &version, &location)
+        inspect_text(&stored, &location)
     };
     out!("{text}")
 }
 
-fn inspect_json(manifest: &Manifest, version: &str, location: &Location) -> serde_json::Value {
+fn inspect_json(stored: &StoredManifest, location: &Location) -> serde_json::Value {
+    let manifest = &stored.manifest;
     let seal = manifest.seal.map(|seal| {
         json!({
             "id": seal.id.to_string(),
             "base": seal.base.0,
-            "digest": seal.digest_hex(),
+            "digest": seal.digest.to_string(),
         })
     });
     let segments: Vec<_> = manifest
@@ -232,8 +234,8 @@ fn inspect_json(manifest: &Manifest, version: &str, location: &Location) -> serd
         .collect();
     json!({
         "register": location.register.to_string(),
-        "version": version,
-        "format": chorus::register::FORMAT,
+        "version": stored.version,
+        "format": stored.format,
         "epoch": manifest.epoch.0,
         "owner": owner(manifest),
         "replicas": manifest.replicas,
@@ -247,14 +249,15 @@ fn inspect_json(manifest: &Manifest, version: &str, location: &Location) -> serd
     })
 }
 
-fn inspect_text(manifest: &Manifest, version: &str, location: &Location) -> String {
+fn inspect_text(stored: &StoredManifest, location: &Location) -> String {
+    let manifest = &stored.manifest;
     let mut out = String::new();
     let mut line = |key: &str, value: String| out.push_str(&format!("{key:<10} {value}\n"));
     line(
         "register",
-        format!("{} (version {version})", location.register),
+        format!("{} (version {})", location.register, stored.version),
     );
-    line("format", chorus::register::FORMAT.to_string());
+    line("format", stored.format.to_string());
     line(
         "epoch",
         format!(
@@ -286,12 +289,7 @@ fn inspect_text(manifest: &Manifest, version: &str, location: &Location) -> Stri
     line(
         "seal",
         manifest.seal.map_or("none".into(), |seal| {
-            format!(
-                "{} base {} sha256 {}",
-                seal.id,
-                seal.base,
-                seal.digest_hex()
-            )
+            format!("{} base {} digest {}", seal.id, seal.base, seal.digest)
         }),
     );
     line("floor", manifest.trunc.to_string());

@@ -53,11 +53,22 @@ pub async fn open_existing_register(
     }
 }
 
-/// Reads and decodes the register; returns the manifest and its version.
+/// A decoded register as stored.
+pub struct StoredManifest {
+    /// The decoded record.
+    pub manifest: Manifest,
+    /// The register's version, as text.
+    pub version: String,
+    /// The register format it is stored in (a build reads older ones and
+    /// writes its own on the next change).
+    pub format: u32,
+}
+
+/// Reads and decodes the register.
 pub async fn read_manifest(
     register: &dyn ManifestStore,
     location: &Location,
-) -> Result<(Manifest, String), CommandError> {
+) -> Result<StoredManifest, CommandError> {
     let current = match register.read().await {
         Ok(current) => current,
         Err(e) if e.is_transient() => {
@@ -75,9 +86,14 @@ pub async fn read_manifest(
         let hint = missing_log_hint(location).await;
         return Err(format!("no log at register {}; {hint}", location.register).into());
     };
-    let manifest = Manifest::from_fields(&current.fields)
-        .map_err(|e| format!("malformed register {}: {e}", location.register))?;
-    Ok((manifest, current.version.to_string()))
+    let malformed = |e| format!("malformed register {}: {e}", location.register);
+    let manifest = Manifest::from_fields(&current.fields).map_err(malformed)?;
+    let format = Manifest::stored_format(&current.fields).map_err(malformed)?;
+    Ok(StoredManifest {
+        manifest,
+        version: current.version.to_string(),
+        format,
+    })
 }
 
 /// What to do about a register that holds no log: create one, unless the
@@ -125,7 +141,7 @@ async fn lost_register_hint(location: &Location) -> Option<String> {
 /// conditional writes is always refused.
 pub async fn open_log(location: &Location, access: Access) -> Result<OpenedLog, CommandError> {
     let register = open_existing_register(location, access).await?;
-    let (manifest, _) = read_manifest(register.as_ref(), location).await?;
+    let manifest = read_manifest(register.as_ref(), location).await?.manifest;
     let identities = location.replica_identities();
     check_binding(&manifest.replicas, &identities)
         .map_err(|e| format!("replicas do not match register {}: {e}", location.register))?;

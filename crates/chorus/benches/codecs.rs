@@ -11,6 +11,7 @@ use std::hint::black_box;
 use bytes::Bytes;
 use chorus::codec::{FRAME_HEADER_BYTES, Fragment, SealedSegment, object_crc32c};
 use chorus::ids::{Epoch, FragmentIndex, RecordIndex, SegmentId};
+use chorus::register::SealDigest;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use sha2::{Digest, Sha256};
 
@@ -78,8 +79,9 @@ fn sealed(c: &mut Criterion) {
     group.finish();
 }
 
-/// CRC32C (every object's payload and every sealed object whole) and
-/// SHA-256 (every sealed object, for the directory's digest).
+/// CRC32C (every object's payload and every sealed object whole), BLAKE3
+/// (every sealed object, for the register's seal digest) and SHA-256 (the
+/// seal digest of register format 1).
 fn checksums(c: &mut Criterion) {
     let mut group = c.benchmark_group("checksum");
     for (label, bytes) in [("4 KiB", RECORD_BYTES), ("4 MiB", 4 * MIB)] {
@@ -87,6 +89,9 @@ fn checksums(c: &mut Criterion) {
         group.throughput(Throughput::Bytes(bytes as u64));
         group.bench_with_input(BenchmarkId::new("crc32c", label), &data, |b, d| {
             b.iter(|| crc32c::crc32c(black_box(d)))
+        });
+        group.bench_with_input(BenchmarkId::new("blake3", label), &data, |b, d| {
+            b.iter(|| SealDigest::of(black_box(d)))
         });
         group.bench_with_input(BenchmarkId::new("sha256", label), &data, |b, d| {
             b.iter(|| Sha256::digest(black_box(d)))

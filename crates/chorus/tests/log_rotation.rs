@@ -383,3 +383,68 @@ async fn a_stream_of_empty_records_fills_and_rotates_its_segment() {
     writer.shutdown(Duration::from_secs(5)).await.unwrap();
     assert_eq!(cluster.verify_acked(&acked).await.len(), 60);
 }
+
+/// A log whose register a build before register format 2 wrote (its newest
+/// seal's digest as bare SHA-256 hex) opens and reads as before; the first
+/// change writes the register back as format 2, keeping the old seal's
+/// SHA-256 (named as such), and the next seal records BLAKE3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_with_a_format_one_register_opens_and_seals_in_format_two() {
+    use sha2::{Digest, Sha256};
+
+    let cluster = Cluster::new(3, 4).await;
+    let (writer, _) = cluster.open(small_segments()).await.unwrap();
+    let mut acked = BTreeMap::new();
+    // Exactly one segment's records: the tail it switched to stays empty, so
+    // the recovery below has nothing to seal.
+    append_acked(&writer, "full", RECORDS_PER_SEGMENT, &mut acked).await;
+    wait_until("the first seal folds", Duration::from_secs(10), || async {
+        cluster.manifest().await.segments.len() == 1
+    })
+    .await;
+    writer.shutdown(Duration::from_secs(5)).await.unwrap();
+
+    // Rewrite the register as format 1 spelled it: the seal's SHA-256, bare.
+    let sealed_key = cluster.sealed_on(0).await.pop().expect("one sealed object");
+    let sealed = cluster.raw[0].get(&sealed_key).await.unwrap().bytes;
+    let sha256 = hex::encode(Sha256::digest(&sealed));
+    let register = cluster.stores.register.clone();
+    let current = register.read().await.unwrap().unwrap();
+    assert_eq!(current.fields["chorus.format"], "2");
+    assert!(current.fields["chorus.seal_digest"].starts_with("blake3:"));
+    let mut format_one = current.fields.clone();
+    format_one.insert("chorus.format".into(), "1".into());
+    format_one.insert("chorus.seal_digest".into(), sha256.clone());
+    register
+        .update(&current.version, &format_one)
+        .await
+        .unwrap();
+    assert_eq!(
+        cluster.manifest().await.seal.unwrap().digest.algorithm(),
+        "sha256"
+    );
+
+    // A new writer recovers from it (its claim rewrites the register) and
+    // every acknowledged record reads back.
+    let (writer, replayed) = cluster.open(small_segments()).await.unwrap();
+    assert_eq!(replayed.len(), acked.len());
+    let rewritten = register.read().await.unwrap().unwrap().fields;
+    assert_eq!(rewritten["chorus.format"], "2");
+    let manifest = Manifest::from_fields(&rewritten).unwrap();
+    let seal = manifest.seal.unwrap();
+    assert_eq!(manifest.segments.len(), 1, "nothing sealed since");
+    // The old seal keeps the digest it had.
+    assert_eq!(rewritten["chorus.seal_digest"], format!("sha256:{sha256}"));
+    // The next seal is this build's.
+    let sealed_before = manifest.segments.len();
+    append_acked(&writer, "after", RECORDS_PER_SEGMENT, &mut acked).await;
+    wait_until("the next seal folds", Duration::from_secs(10), || async {
+        cluster.manifest().await.segments.len() > sealed_before
+    })
+    .await;
+    let newest = cluster.manifest().await.seal.unwrap();
+    assert_ne!(newest.id, seal.id);
+    assert_eq!(newest.digest.algorithm(), "blake3");
+    writer.shutdown(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(cluster.verify_acked(&acked).await.len(), acked.len());
+}

@@ -517,9 +517,9 @@ mod cases {
         fields.insert("chorus.window".into(), "0".into());
         let version = store.create(&fields).await.unwrap();
         let mut planted = vec![(fields, "chorus.window")];
-        let mut format_two = doc(1, 0);
-        format_two.insert("chorus.format".into(), "2".into());
-        planted.push((format_two, "chorus.format"));
+        let mut newer_format = doc(1, 0);
+        newer_format.insert("chorus.format".into(), "3".into());
+        planted.push((newer_format, "chorus.format"));
         let mut unknown = doc(1, 0);
         unknown.insert("chorus.colour".into(), "red".into());
         planted.push((unknown, "chorus.colour"));

@@ -5,6 +5,7 @@
 //! alone would accept.
 
 use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 
 use serde::Serialize;
 
@@ -27,6 +28,15 @@ pub fn checksum_failure(
             "unsupported format: field={field} value={found} supported={supported}, or {reason}"
         ),
         _ => reason,
+    }
+}
+
+/// The formats a build reads, as error messages spell them: `1`, or `1-2`.
+pub fn formats_text(formats: &RangeInclusive<u64>) -> String {
+    if formats.start() == formats.end() {
+        formats.start().to_string()
+    } else {
+        format!("{}-{}", formats.start(), formats.end())
     }
 }
 

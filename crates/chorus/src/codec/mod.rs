@@ -34,7 +34,7 @@ pub mod sealed;
 mod testing;
 mod version;
 
-pub use document::{DOCUMENT_CHECKSUM_FIELD, checksum_failure, document_checksum};
+pub use document::{DOCUMENT_CHECKSUM_FIELD, checksum_failure, document_checksum, formats_text};
 pub use error::{CodecError, Format};
 pub use fragment::{FRAGMENT_HEADER_BYTES, Fragment, MAX_FRAGMENT_PAYLOAD_BYTES};
 pub use frame::{FRAME_HEADER_BYTES, MAX_RECORD_BYTES, decode_frames, encode_frames};

@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 
 use crate::codec::{
     DOCUMENT_CHECKSUM_FIELD as CHECKSUM_FIELD, NewerFormat, checksum_failure, document_checksum,
+    formats_text,
 };
 
 /// Largest lease or HEAD document accepted, in bytes; real ones are < 1 KiB.
@@ -238,14 +239,6 @@ impl Fields {
 }
 
 /// `1`, or `1-2` for a range of formats.
-fn formats_text(formats: &RangeInclusive<u64>) -> String {
-    if formats.start() == formats.end() {
-        formats.start().to_string()
-    } else {
-        format!("{}-{}", formats.start(), formats.end())
-    }
-}
-
 /// Encodes a document (a JSON object) for storage, adding its checksum.
 /// Panics if `document` is not an object.
 pub fn encode(document: Value) -> Bytes {

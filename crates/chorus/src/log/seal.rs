@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use sha2::{Digest, Sha256};
 
 use super::error::LogError;
 use super::gather::gather;
@@ -13,7 +12,7 @@ use super::retry::retrying;
 use super::transitions::SealedEntry;
 use crate::codec::{SealedSegment, object_crc32c};
 use crate::ids::{RecordIndex, SegmentId};
-use crate::register::DirectoryEntry;
+use crate::register::{DirectoryEntry, SealDigest};
 
 /// Attempts per replica for one sealed object before that replica counts as failed.
 const MAX_SEAL_ATTEMPTS: u32 = 6;
@@ -48,7 +47,7 @@ impl PreparedSeal {
             base,
             crc32c: object_crc32c(&bytes),
         };
-        let digest = Sha256::digest(&bytes).into();
+        let digest = SealDigest::of(&bytes);
         Ok(PreparedSeal {
             bytes,
             sealed: SealedEntry { entry, digest },

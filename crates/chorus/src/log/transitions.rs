@@ -5,7 +5,7 @@
 //! exists.
 
 use crate::ids::{Epoch, OwnerId, RecordIndex, SegmentId};
-use crate::register::{DirectoryEntry, Manifest, Seal, Step};
+use crate::register::{DirectoryEntry, Manifest, Seal, SealDigest, Step};
 
 /// A newer writer holds the register.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -45,8 +45,8 @@ impl Ownership {
 pub struct SealedEntry {
     /// The directory entry.
     pub entry: DirectoryEntry,
-    /// SHA-256 of the sealed object.
-    pub digest: [u8; 32],
+    /// The sealed object's digest.
+    pub digest: SealDigest,
 }
 
 impl SealedEntry {
@@ -235,7 +235,7 @@ mod tests {
                 base: RecordIndex(base),
                 crc32c: 0xabcd,
             },
-            digest: [1; 32],
+            digest: SealDigest::Blake3([1; 32]),
         }
     }
 

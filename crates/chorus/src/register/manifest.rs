@@ -4,7 +4,7 @@
 //!
 //! | field                 | value                                                   |
 //! |-----------------------|---------------------------------------------------------|
-//! | `chorus.format`       | `1`                                                     |
+//! | `chorus.format`       | `2` (this build writes); `1` is still read              |
 //! | `chorus.epoch`        | decimal                                                 |
 //! | `chorus.owner`        | 32 hex digits (all zero: no owner)                      |
 //! | `chorus.tail_id`      | segment id `<16 hex>-<8 hex>`                           |
@@ -12,7 +12,7 @@
 //! | `chorus.pending_id`   | segment id, or empty                                    |
 //! | `chorus.seal_id`      | segment id, or empty (then `seal_base`/`seal_digest` too) |
 //! | `chorus.seal_base`    | decimal record index, or empty                          |
-//! | `chorus.seal_digest`  | 64 hex digits (SHA-256 of the sealed object), or empty  |
+//! | `chorus.seal_digest`  | `blake3:<64 hex>` or `sha256:<64 hex>` (format 1: bare SHA-256 hex), or empty |
 //! | `chorus.trunc`        | decimal record index                                    |
 //! | `chorus.segments`     | space-separated `id:base:crc32c` (crc as 8 hex), base order |
 //! | `chorus.replicas`     | JSON array of replica identities, in replica order      |
@@ -20,11 +20,17 @@
 
 use std::str::FromStr;
 
+use super::seal_digest::{self, SealDigest};
 use super::{Fields, ManifestError, validate};
 use crate::ids::{Epoch, OwnerId, RecordIndex, SegmentId};
 
-/// The register format this build reads and writes.
-pub const FORMAT: u32 = 1;
+/// The register format this build writes. It reads this one and format 1,
+/// which differs only in spelling `chorus.seal_digest` as bare SHA-256 hex
+/// (see [`SealDigest`]); any write turns a format-1 register into format 2.
+pub const FORMAT: u32 = 2;
+
+/// The oldest register format this build reads.
+pub const OLDEST_READABLE_FORMAT: u32 = 1;
 
 /// The register field naming the document's format.
 pub(crate) const F_FORMAT: &str = "chorus.format";
@@ -35,7 +41,7 @@ const F_TAIL_BASE: &str = "chorus.tail_base";
 const F_PENDING_ID: &str = "chorus.pending_id";
 const F_SEAL_ID: &str = "chorus.seal_id";
 const F_SEAL_BASE: &str = "chorus.seal_base";
-const F_SEAL_DIGEST: &str = "chorus.seal_digest";
+const F_SEAL_DIGEST: &str = seal_digest::FIELD;
 const F_TRUNC: &str = "chorus.trunc";
 const F_SEGMENTS: &str = "chorus.segments";
 const F_REPLICAS: &str = "chorus.replicas";
@@ -70,7 +76,7 @@ pub struct DirectoryEntry {
     pub crc32c: u32,
 }
 
-/// The newest seal: which segment, where it starts, and the SHA-256 of its
+/// The newest seal: which segment, where it starts, and the digest of its
 /// sealed object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Seal {
@@ -78,15 +84,8 @@ pub struct Seal {
     pub id: SegmentId,
     /// Its first record index.
     pub base: RecordIndex,
-    /// SHA-256 of the sealed object's bytes.
-    pub digest: [u8; 32],
-}
-
-impl Seal {
-    /// The digest as 64 lowercase hex digits.
-    pub fn digest_hex(&self) -> String {
-        hex::encode(self.digest)
-    }
+    /// The digest of the sealed object's bytes.
+    pub digest: SealDigest,
 }
 
 /// The decoded register record. Construct through [`Manifest::initial`] or
@@ -171,7 +170,7 @@ impl Manifest {
             (F_PENDING_ID, opt(self.pending.map(|id| id.to_string()))),
             (F_SEAL_ID, opt(seal.map(|s| s.id.to_string()))),
             (F_SEAL_BASE, opt(seal.map(|s| s.base.0.to_string()))),
-            (F_SEAL_DIGEST, opt(seal.map(Seal::digest_hex))),
+            (F_SEAL_DIGEST, opt(seal.map(|s| s.digest.encode()))),
             (F_TRUNC, self.trunc.0.to_string()),
             (F_SEGMENTS, encode_segments(&self.segments)),
             (
@@ -183,16 +182,21 @@ impl Manifest {
         Ok(pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
     }
 
+    /// The format register fields are in, if this build reads it.
+    pub fn stored_format(fields: &Fields) -> Result<u32, ManifestError> {
+        let found = required(fields, F_FORMAT)?;
+        (OLDEST_READABLE_FORMAT..=FORMAT)
+            .find(|format| format.to_string() == found)
+            .ok_or_else(|| ManifestError::UnsupportedFormat {
+                found: found.to_owned(),
+                supported: FORMAT,
+            })
+    }
+
     /// Decodes register fields, refusing unknown formats and fields, malformed
     /// values and any invariant violation.
     pub fn from_fields(fields: &Fields) -> Result<Manifest, ManifestError> {
-        let format = required(fields, F_FORMAT)?;
-        if format != FORMAT.to_string() {
-            return Err(ManifestError::UnsupportedFormat {
-                found: format.to_owned(),
-                supported: FORMAT,
-            });
-        }
+        let format = Manifest::stored_format(fields)?;
         if let Some(unknown) = fields.keys().find(|k| !ALL_FIELDS.contains(&k.as_str())) {
             return Err(ManifestError::UnknownField {
                 field: unknown.clone(),
@@ -204,7 +208,7 @@ impl Manifest {
             tail: parse(fields, F_TAIL_ID)?,
             tail_base: RecordIndex(parse(fields, F_TAIL_BASE)?),
             pending: parse_optional(fields, F_PENDING_ID)?,
-            seal: decode_seal(fields)?,
+            seal: decode_seal(fields, format)?,
             trunc: RecordIndex(parse(fields, F_TRUNC)?),
             segments: decode_segments(required(fields, F_SEGMENTS)?)?,
             replicas: serde_json::from_str(required(fields, F_REPLICAS)?).map_err(|e| {
@@ -266,29 +270,17 @@ where
     }
 }
 
-fn decode_seal(fields: &Fields) -> Result<Option<Seal>, ManifestError> {
+fn decode_seal(fields: &Fields, format: u32) -> Result<Option<Seal>, ManifestError> {
     let id: Option<SegmentId> = parse_optional(fields, F_SEAL_ID)?;
     let base: Option<u64> = parse_optional(fields, F_SEAL_BASE)?;
     let digest = required(fields, F_SEAL_DIGEST)?;
     match (id, base, digest) {
         (None, None, "") => Ok(None),
-        (Some(id), Some(base), digest) => {
-            let mut bytes = [0u8; 32];
-            hex::decode_to_slice(digest, &mut bytes).map_err(|_| {
-                ManifestError::invalid(F_SEAL_DIGEST, "expected 64 lowercase hex digits")
-            })?;
-            if hex::encode(bytes) != digest {
-                return Err(ManifestError::invalid(
-                    F_SEAL_DIGEST,
-                    "expected lowercase hex",
-                ));
-            }
-            Ok(Some(Seal {
-                id,
-                base: RecordIndex(base),
-                digest: bytes,
-            }))
-        }
+        (Some(id), Some(base), digest) => Ok(Some(Seal {
+            id,
+            base: RecordIndex(base),
+            digest: SealDigest::decode(format, digest)?,
+        })),
         (None, _, _) => Err(ManifestError::invalid(
             F_SEAL_ID,
             "empty while seal_base or seal_digest is set",
@@ -385,10 +377,9 @@ pub(crate) mod tests {
     /// three directory entries (the first a tombstone below `trunc`), a seal
     /// naming the last entry, and a pending successor.
     pub(crate) fn rich() -> Manifest {
-        let mut digest = [0u8; 32];
-        for (i, byte) in digest.iter_mut().enumerate() {
-            *byte = (i as u8).wrapping_mul(37).wrapping_add(5);
-        }
+        let digest = SealDigest::Blake3(std::array::from_fn(|i| {
+            (i as u8).wrapping_mul(37).wrapping_add(5)
+        }));
         Manifest {
             epoch: Epoch(7),
             owner: OwnerId(0x0123_4567_89ab_cdef_fedc_ba98_7654_3210),
@@ -479,7 +470,7 @@ pub(crate) mod tests {
             .to_fields()
             .unwrap();
         let expected: Fields = [
-            ("chorus.format", "1"),
+            ("chorus.format", "2"),
             ("chorus.epoch", "0"),
             ("chorus.owner", "00000000000000000000000000000000"),
             ("chorus.tail_id", "0000000000000000-00000000"),
@@ -514,9 +505,8 @@ pub(crate) mod tests {
         assert_eq!(get("chorus.seal_base"), "250");
         assert_eq!(
             get("chorus.seal_digest"),
-            manifest.seal.unwrap().digest_hex()
+            "blake3:052a4f7499bee3082d52779cc1e60b30557a9fc4e90e33587da2c7ec11365b80"
         );
-        assert_eq!(get("chorus.seal_digest").len(), 64);
         assert_eq!(get("chorus.trunc"), "120");
         assert_eq!(
             get("chorus.segments"),
@@ -567,7 +557,7 @@ pub(crate) mod tests {
 
     #[test]
     fn unknown_format_is_refused() {
-        for found in ["2", "0", "01", "1.0", "", "one"] {
+        for found in ["3", "0", "01", "1.0", "2.0", "", "one"] {
             let error = assert_field(decode_with("chorus.format", found), "chorus.format");
             assert_eq!(
                 error,
@@ -578,26 +568,77 @@ pub(crate) mod tests {
             );
         }
         // A newer build's register is said to be one, in one line.
-        let newer = decode_with("chorus.format", "2").unwrap_err();
+        let newer = decode_with("chorus.format", "3").unwrap_err();
         assert_eq!(
             newer.to_string(),
-            "register written by a newer Chorus: format 2; this build reads up to 1: \
+            "register written by a newer Chorus: format 3; this build reads up to 2: \
              field=chorus.format"
         );
         let never = decode_with("chorus.format", "0").unwrap_err();
         assert_eq!(
             never.to_string(),
-            "unsupported register format: field=chorus.format value=\"0\" supported=1"
+            "unsupported register format: field=chorus.format value=\"0\" supported=2"
         );
         // A future format may add fields: the format check comes first.
         let mut fields = rich_fields();
-        fields.insert("chorus.format".into(), "2".into());
+        fields.insert("chorus.format".into(), "3".into());
         fields.insert("chorus.novelty".into(), "x".into());
         fields.remove("chorus.window");
         assert!(matches!(
             Manifest::from_fields(&fields),
             Err(ManifestError::UnsupportedFormat { .. })
         ));
+    }
+
+    /// A register written by a build before format 2, byte for byte as it
+    /// stored it, still decodes (its seal digest as SHA-256) and is written
+    /// back as format 2 with the digest it had.
+    #[test]
+    fn a_format_one_register_is_read_and_rewritten_as_format_two() {
+        let sha256 = "0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9";
+        let format_one: Fields = [
+            ("chorus.format", "1"),
+            ("chorus.epoch", "7"),
+            ("chorus.owner", "0123456789abcdeffedcba9876543210"),
+            ("chorus.tail_id", "0000000000000007-00000001"),
+            ("chorus.tail_base", "300"),
+            ("chorus.pending_id", "0000000000000007-00000002"),
+            ("chorus.seal_id", "0000000000000007-00000000"),
+            ("chorus.seal_base", "250"),
+            ("chorus.seal_digest", sha256),
+            ("chorus.trunc", "120"),
+            (
+                "chorus.segments",
+                "0000000000000002-00000000:0:deadbeef 0000000000000007-00000000:250:00000000",
+            ),
+            ("chorus.replicas", r#"["a","b","c"]"#),
+            ("chorus.window", "8"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let manifest = Manifest::from_fields(&format_one).expect("format 1 decodes");
+        let seal = manifest.seal.unwrap();
+        assert_eq!(seal.digest.algorithm(), "sha256");
+        assert_eq!(hex::encode(seal.digest.bytes()), sha256);
+        let rewritten = manifest.to_fields().unwrap();
+        assert_eq!(rewritten["chorus.format"], "2");
+        assert_eq!(rewritten["chorus.seal_digest"], format!("sha256:{sha256}"));
+        let mut others = rewritten.clone();
+        others.insert("chorus.format".into(), "1".into());
+        others.insert("chorus.seal_digest".into(), sha256.into());
+        assert_eq!(
+            others, format_one,
+            "only the format and the digest's spelling change"
+        );
+        assert_eq!(Manifest::from_fields(&rewritten).unwrap(), manifest);
+        // Each format's spelling belongs to it alone.
+        let mut tagged_in_one = format_one.clone();
+        tagged_in_one.insert("chorus.seal_digest".into(), format!("sha256:{sha256}"));
+        assert_field(Manifest::from_fields(&tagged_in_one), "chorus.seal_digest");
+        let mut bare_in_two = rewritten;
+        bare_in_two.insert("chorus.seal_digest".into(), sha256.into());
+        assert_field(Manifest::from_fields(&bare_in_two), "chorus.seal_digest");
     }
 
     #[test]
@@ -686,11 +727,12 @@ pub(crate) mod tests {
         }
         let digest = rich_fields()["chorus.seal_digest"].clone();
         let digest_cases = [
-            digest[..62].to_owned(),
+            digest[..69].to_owned(),
             format!("{digest}00"),
             digest.to_uppercase(),
-            format!("{}zz", &digest[..62]),
-            format!("0x{}", &digest[2..]),
+            format!("{}zz", &digest[..69]),
+            digest.replacen("blake3:", "blake3:0x", 1),
+            digest.replacen("blake3:", "", 1),
         ];
         for value in digest_cases {
             assert_field(
@@ -916,7 +958,7 @@ pub(crate) mod tests {
                     let seal = segments.last().map(|last| Seal {
                         id: last.id,
                         base: last.base,
-                        digest,
+                        digest: SealDigest::Blake3(digest),
                     });
                     let lowest = segments.first().map_or(tail_base, |first| first.base.0);
                     Manifest {

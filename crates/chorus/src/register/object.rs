@@ -6,11 +6,13 @@ use bytes::Bytes;
 
 use super::manifest::F_FORMAT;
 use super::{
-    DEFAULT_MAX_DIRECTORY_BYTES, FORMAT, Fields, ManifestStore, RegisterError, RegisterVersion,
-    VersionToken, VersionedManifest,
+    DEFAULT_MAX_DIRECTORY_BYTES, FORMAT, Fields, ManifestStore, OLDEST_READABLE_FORMAT,
+    RegisterError, RegisterVersion, VersionToken, VersionedManifest,
 };
 use crate::blob::{BlobError, DynBlobStore};
-use crate::codec::{DOCUMENT_CHECKSUM_FIELD, NewerFormat, checksum_failure, document_checksum};
+use crate::codec::{
+    DOCUMENT_CHECKSUM_FIELD, NewerFormat, checksum_failure, document_checksum, formats_text,
+};
 
 /// The register document's key in its store.
 pub const REGISTER_KEY: &str = "manifest.json";
@@ -63,8 +65,14 @@ pub fn encode_document(fields: &Fields) -> Bytes {
 pub fn decode_document(bytes: &[u8]) -> Result<Fields, String> {
     let mut fields: Fields = serde_json::from_slice(bytes)
         .map_err(|e| format!("register document is not a JSON object of strings: {e}"))?;
-    let claimed = fields.get(F_FORMAT).cloned();
-    let supported = FORMAT.to_string();
+    let readable = u64::from(OLDEST_READABLE_FORMAT)..=u64::from(FORMAT);
+    // Another claimed format is worth naming only when this build cannot
+    // read it.
+    let claimed = fields
+        .get(F_FORMAT)
+        .filter(|found| !readable.clone().any(|format| format.to_string() == **found))
+        .cloned();
+    let supported = formats_text(&readable);
     // A newer build's register may checksum differently: say that first.
     let newer = claimed
         .as_deref()
@@ -175,12 +183,12 @@ mod tests {
     #[test]
     fn a_newer_format_is_named_when_its_checksum_does_not_fit() {
         let mut newer = fields();
-        newer.insert("chorus.format".into(), "2".into());
+        newer.insert("chorus.format".into(), "3".into());
         let unsigned = serde_json::to_vec(&newer).unwrap();
         let error = decode_document(&unsigned).unwrap_err();
         assert!(
             error.starts_with(
-                "register written by a newer Chorus: format 2; this build reads up to 1 \
+                "register written by a newer Chorus: format 3; this build reads up to 2 \
                  (unless it is damaged: register document has no"
             ),
             "{error}"
@@ -190,12 +198,26 @@ mod tests {
         let error = decode_document(damaged.as_bytes()).unwrap_err();
         assert!(
             error.contains(
-                "reads up to 1 (unless it is damaged: register document checksum mismatch"
+                "reads up to 2 (unless it is damaged: register document checksum mismatch"
             ),
             "{error}"
         );
         // Intact, it decodes here; the manifest refuses its format in one line.
         assert_eq!(decode_document(text.as_bytes()).unwrap(), newer);
+    }
+
+    #[test]
+    fn a_readable_older_format_is_not_blamed_for_damage() {
+        let mut older = fields();
+        older.insert("chorus.format".into(), "1".into());
+        let text = String::from_utf8(encode_document(&older).to_vec()).unwrap();
+        assert_eq!(decode_document(text.as_bytes()).unwrap(), older);
+        let damaged = text.replace("\"120\"", "\"130\"");
+        let error = decode_document(damaged.as_bytes()).unwrap_err();
+        assert!(
+            error.starts_with("register document checksum mismatch"),
+            "{error}"
+        );
     }
 
     #[test]
@@ -205,7 +227,7 @@ mod tests {
         let unsigned = serde_json::to_vec(&other).unwrap();
         let error = decode_document(&unsigned).unwrap_err();
         assert!(
-            error.starts_with("unsupported format: field=chorus.format value=one supported=1, or register document has no"),
+            error.starts_with("unsupported format: field=chorus.format value=one supported=1-2, or register document has no"),
             "{error}"
         );
     }

@@ -235,7 +235,7 @@ mod tests {
 
     use super::*;
     use crate::register::manifest::tests::{assert_field, entry, replicas, rich, seg};
-    use crate::register::{DirectoryEntry, Seal};
+    use crate::register::{DirectoryEntry, Seal, SealDigest};
 
     /// Asserts `manifest` violates an invariant about `field`, both when
     /// validated and when encoded for a write.
@@ -407,7 +407,7 @@ mod tests {
         let seal = Seal {
             id: seg(0, 0),
             base: RecordIndex(0),
-            digest: [1; 32],
+            digest: SealDigest::Blake3([1; 32]),
         };
         let message = refused(&initial_with(|m| m.seal = Some(seal)), "chorus.seal_id");
         assert!(message.contains("directory is empty"), "{message}");
@@ -471,7 +471,7 @@ mod tests {
             seal: Some(Seal {
                 id: one[0].id,
                 base: one[0].base,
-                digest: [0; 32],
+                digest: SealDigest::Blake3([0; 32]),
             }),
             segments: one,
             tail: seg(0, 1),

@@ -101,7 +101,7 @@ mod tests {
     use crate::ids::FragmentIndex;
     use crate::ids::{Epoch, OwnerId, RecordIndex};
     use crate::log::layout::{fragment_key, sealed_key};
-    use crate::register::{DirectoryEntry, Seal};
+    use crate::register::{DirectoryEntry, Seal, SealDigest};
 
     fn manifest() -> Manifest {
         let mut m = Manifest::initial(vec!["a".into(), "b".into(), "c".into()], 4);
@@ -116,7 +116,7 @@ mod tests {
         m.seal = Some(Seal {
             id: m.segments[1].id,
             base: RecordIndex(10),
-            digest: [0; 32],
+            digest: SealDigest::Blake3([0; 32]),
         });
         m.tail = SegmentId::new(Epoch(4), 0);
         m.pending = Some(SegmentId::new(Epoch(4), 1));

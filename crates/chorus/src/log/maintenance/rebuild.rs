@@ -19,7 +19,7 @@ use crate::blob::{BlobError, DynBlobStore};
 use crate::codec::{Fragment, SealedSegment, object_crc32c, parse_sealed_key_name};
 use crate::ids::{Epoch, OwnerId, RecordIndex, SegmentId};
 use crate::log::layout::{SEALED_PREFIX, SEGMENTS_PREFIX};
-use crate::register::{DirectoryEntry, Manifest, Seal};
+use crate::register::{DirectoryEntry, Manifest, Seal, SealDigest};
 
 /// A valid sealed object found on some replicas.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,8 +28,8 @@ pub struct SealedFound {
     pub base: RecordIndex,
     /// Its record count.
     pub records: u64,
-    /// SHA-256 of the object's bytes.
-    pub digest: [u8; 32],
+    /// The object's seal digest.
+    pub digest: SealDigest,
     /// Replicas holding a valid copy.
     pub copies: usize,
 }
@@ -267,7 +267,7 @@ fn sealed_evidence(evidence: &mut Evidence, key: &str, bytes: &Bytes) {
     let found = SealedFound {
         base: sealed.base,
         records: sealed.records.len() as u64,
-        digest: <sha2::Sha256 as sha2::Digest>::digest(bytes.as_ref()).into(),
+        digest: SealDigest::of(bytes),
         copies: 0,
     };
     let contents = evidence.sealed.entry(sealed.id).or_default();
@@ -312,7 +312,7 @@ mod tests {
             SealedFound {
                 base: RecordIndex(base),
                 records,
-                digest: [crc as u8; 32],
+                digest: SealDigest::Blake3([crc as u8; 32]),
                 copies: 3,
             },
         );
