@@ -29,6 +29,11 @@ use chorus::log::{ErrorKind, LogConfig, Writer};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use log_support::Cluster;
 
+/// The allocator the `chorus` binary ships with: with the system allocator
+/// every sealed segment's buffer is mapped fresh and page-faulted in.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const RECORD_BYTES: usize = 4096;
 /// Records per iteration (one segment): 16 MiB, within the default 64 MiB
 /// in-flight budget.

@@ -85,6 +85,16 @@ impl SealedSegment {
     /// With a record above [`MAX_RECORD_BYTES`](super::MAX_RECORD_BYTES),
     /// which no decoded fragment and no admitted append holds.
     pub fn encode(&self) -> Result<Bytes, CodecError> {
+        self.encode_keyed().map(|(bytes, _)| bytes)
+    }
+
+    /// The object bytes and their [`object_crc32c`], which names the key.
+    /// The whole object's checksum is combined from the header's and the
+    /// payload's rather than read from the bytes a second time: sealing
+    /// encodes every record of a segment on the write path.
+    ///
+    /// Refuses and panics as [`SealedSegment::encode`] does.
+    pub fn encode_keyed(&self) -> Result<(Bytes, u32), CodecError> {
         let mut header = Header::of(self)?;
         let payload_len =
             usize::try_from(header.payload_len).map_err(|_| CodecError::PayloadTooLarge {
@@ -98,7 +108,12 @@ impl SealedSegment {
         assert_eq!(out.len(), SEALED_HEADER_BYTES + payload_len);
         header.payload_crc = crc32c::crc32c(&out[SEALED_HEADER_BYTES..]);
         header.write(&mut out[..SEALED_HEADER_BYTES]);
-        Ok(out.freeze())
+        let object_crc = crc32c::crc32c_combine(
+            crc32c::crc32c(&out[..SEALED_HEADER_BYTES]),
+            header.payload_crc,
+            payload_len,
+        );
+        Ok((out.freeze(), object_crc))
     }
 
     /// Decodes and fully validates a sealed object, in the order: length, magic,

@@ -10,7 +10,7 @@ use super::gather::gather;
 use super::replica::{Replica, SealWriteError};
 use super::retry::retrying;
 use super::transitions::SealedEntry;
-use crate::codec::{SealedSegment, object_crc32c};
+use crate::codec::SealedSegment;
 use crate::ids::{RecordIndex, SegmentId};
 use crate::register::{DirectoryEntry, SealDigest};
 
@@ -35,17 +35,17 @@ impl PreparedSeal {
         base: RecordIndex,
         records: Vec<Bytes>,
     ) -> Result<PreparedSeal, LogError> {
-        let bytes = SealedSegment {
+        let (bytes, crc32c) = SealedSegment {
             id: segment,
             base,
             records,
         }
-        .encode()
+        .encode_keyed()
         .map_err(|error| LogError::corrupt(format!("cannot seal segment={segment}"), error))?;
         let entry = DirectoryEntry {
             id: segment,
             base,
-            crc32c: object_crc32c(&bytes),
+            crc32c,
         };
         let digest = SealDigest::of(&bytes);
         Ok(PreparedSeal {
