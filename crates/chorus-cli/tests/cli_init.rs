@@ -42,7 +42,7 @@ fn init_then_inspect_on_the_embedded_default() {
     let dir = tempfile::TempDir::new().unwrap();
     let init = chorus(dir.path(), &["log", "init"]);
     assert!(init.status.success(), "{}", stderr(&init));
-    assert!(stdout(&init).starts_with("initialized log: 3 replicas (quorum 2), window 8"));
+    assert!(stdout(&init).starts_with("initialized log: 3 replicas (quorum 2), window 16"));
     for replica in 0..3 {
         assert!(
             dir.path()
@@ -62,7 +62,8 @@ fn init_then_inspect_on_the_embedded_default() {
     assert!(inspect.status.success(), "{}", stderr(&inspect));
     let json: serde_json::Value = serde_json::from_str(&stdout(&inspect)).unwrap();
     assert_eq!(json["epoch"], 0);
-    assert_eq!(json["window"], 8);
+    assert_eq!(json["format"], 2);
+    assert_eq!(json["window"], 16);
     assert_eq!(json["quorum"], 2);
     assert_eq!(json["floor"], 0);
     assert_eq!(json["tail"]["base"], 0);
@@ -350,7 +351,7 @@ fn a_malformed_register_is_reported_and_left_alone() {
     let fields: String = connection
         .query_row("SELECT fields FROM chorus_register", [], |row| row.get(0))
         .unwrap();
-    let broken = fields.replace("\"chorus.window\":\"8\"", "\"chorus.window\":\"0\"");
+    let broken = fields.replace("\"chorus.window\":\"16\"", "\"chorus.window\":\"0\"");
     assert_ne!(broken, fields);
     connection
         .execute("UPDATE chorus_register SET fields = ?1", [&broken])
