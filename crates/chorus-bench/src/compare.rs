@@ -96,6 +96,10 @@ pub struct CompareArgs {
     /// off), to see what pacing costs or saves.
     #[arg(long)]
     pub no_pace: bool,
+    /// Hedge Chorus's fragment writes after this percentage of the smoothed
+    /// round trip (`LogConfig::hedge_after_percent`; default: never).
+    #[arg(long, value_name = "PERCENT")]
+    pub hedge_after_percent: Option<u32>,
     /// Chorus's window (fragments in flight per replica) instead of the
     /// default of new logs.
     #[arg(long)]
@@ -204,11 +208,12 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
 }
 
 /// Chorus's settings: the defaults of a new log, changed by `--segment-mib`,
-/// `--no-pace` and `--window`.
+/// `--no-pace`, `--hedge-after-percent` and `--window`.
 fn chorus_settings(args: &CompareArgs) -> Result<ChorusSettings, Error> {
     let mut settings = ChorusSettings::default();
     let config = &mut settings.config;
     config.pace_fragments = !args.no_pace;
+    config.hedge_after_percent = args.hedge_after_percent;
     if let Some(mib) = args.segment_mib {
         config.max_segment_bytes = mib << 20;
         config.max_active_segment_bytes = config
@@ -243,6 +248,7 @@ fn config(args: &CompareArgs, chorus: &ChorusSettings) -> ConfigRow {
         chorus_window: chorus.window,
         chorus_max_segment_bytes: chorus.config.max_segment_bytes,
         chorus_pace_fragments: chorus.config.pace_fragments,
+        chorus_hedge_after_percent: chorus.config.hedge_after_percent,
         max_outstanding: args.max_outstanding,
         warm_heap_mib: warm_heap_mib(args),
         peak_rss_per_cell: reset_peak_rss(),

@@ -61,6 +61,11 @@ impl Params {
             retry_backoff_min,
             retry_backoff_max,
             register_rounds: if rng.random_bool(0.8) { 16 } else { 4 },
+            // Hedged fragment writes in about half the runs, decided by
+            // values already drawn, so the runs without them keep the
+            // schedules their seeds had.
+            hedge_after_percent: (retry_backoff_min.as_millis() % 2 == 1)
+                .then_some(100 + (max_segment_bytes % 101) as u32),
             repair_interval: if rng.random_bool(0.5) {
                 None
             } else {
@@ -94,7 +99,7 @@ impl std::fmt::Display for Params {
             "replicas={} window={} max_fragment_bytes={} max_segment_bytes={} \
              max_active_segment_bytes={} max_inflight_bytes={} max_inflight_records={} \
              max_replica_lag_bytes={} lane_stall_timeout={:?} linger={:?} backoff={:?}..{:?} \
-             register_rounds={} max_payload_bytes={} fault_intensity={}",
+             register_rounds={} hedge_after_percent={:?} max_payload_bytes={} fault_intensity={}",
             self.replicas,
             self.window,
             c.max_fragment_bytes,
@@ -108,6 +113,7 @@ impl std::fmt::Display for Params {
             c.retry_backoff_min,
             c.retry_backoff_max,
             c.register_rounds,
+            c.hedge_after_percent,
             self.max_payload_bytes,
             self.fault_intensity,
         )

@@ -54,6 +54,14 @@ pub struct LogConfig {
     /// tiny fragments, and records wait most of a round trip for the next
     /// slot; with it, about 1/window of one. Default true.
     pub pace_fragments: bool,
+    /// Hedge fragment writes: one that has not answered after this
+    /// percentage of the smoothed cut-to-commit time is sent again to the
+    /// same replica, beside the first, and the first answer counts. Under
+    /// heavy-tailed store latency it trims the slow requests that hold back
+    /// every record behind them, at the price of the extra requests (under
+    /// fixed latency none is sent: nothing outlasts the round trip). `None`
+    /// never hedges. At least 100. Default `None`.
+    pub hedge_after_percent: Option<u32>,
     /// First delay before retrying a failed store request; doubles per attempt.
     pub retry_backoff_min: Duration,
     /// Longest delay between retries of one store request.
@@ -81,6 +89,7 @@ impl Default for LogConfig {
             max_active_segment_bytes: 1024 * MIB,
             linger: Duration::ZERO,
             pace_fragments: true,
+            hedge_after_percent: None,
             retry_backoff_min: Duration::from_millis(10),
             retry_backoff_max: Duration::from_secs(1),
             register_rounds: crate::register::DEFAULT_MAX_ROUNDS,
@@ -172,6 +181,17 @@ impl LogConfig {
             },
         )?;
         check(
+            self.hedge_after_percent
+                .is_none_or(|percent| percent >= 100),
+            "hedge_after_percent",
+            || {
+                format!(
+                    "{:?} is below 100 (a hedge before a typical answer doubles every write)",
+                    self.hedge_after_percent
+                )
+            },
+        )?;
+        check(
             !self.lane_stall_timeout.is_zero(),
             "lane_stall_timeout",
             || "must be positive".into(),
@@ -247,6 +267,7 @@ mod tests {
         assert_eq!(config.max_segment_bytes, 64 * 1024 * 1024);
         assert_eq!(config.max_active_segment_bytes, 1024 * 1024 * 1024);
         assert_eq!(config.linger, Duration::ZERO);
+        assert_eq!(config.hedge_after_percent, None);
         assert_eq!(config.repair_interval, Some(Duration::from_secs(5 * 60)));
     }
 
@@ -273,6 +294,10 @@ mod tests {
                 Box::new(|c| c.lane_stall_timeout = Duration::ZERO),
             ),
             ("max_segment_bytes", Box::new(|c| c.max_segment_bytes = 0)),
+            (
+                "hedge_after_percent",
+                Box::new(|c| c.hedge_after_percent = Some(99)),
+            ),
             (
                 "max_active_segment_bytes",
                 Box::new(|c| c.max_active_segment_bytes = 1),

@@ -34,6 +34,11 @@ pub fn lane_retry(replica: usize) {
     counter!("chorus_lane_retries_total", "replica" => replica.to_string()).increment(1);
 }
 
+/// A lane sent a fragment write again beside one that had not answered.
+pub fn lane_hedge(replica: usize) {
+    counter!("chorus_lane_hedges_total", "replica" => replica.to_string()).increment(1);
+}
+
 /// A lane was shed for the rest of its segment.
 pub fn lane_shed(replica: usize, reason: &'static str) {
     counter!("chorus_lane_sheds_total", "replica" => replica.to_string(), "reason" => reason)

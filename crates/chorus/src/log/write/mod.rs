@@ -3,6 +3,7 @@
 
 mod admission;
 mod background;
+mod hedge;
 mod lane;
 mod pacer;
 mod pipeline;

@@ -54,6 +54,12 @@ impl Pacer {
         });
     }
 
+    /// The smoothed time from cutting a fragment to its quorum commit, once
+    /// a fragment has committed.
+    pub fn round_trip(&self) -> Option<Duration> {
+        self.round_trip
+    }
+
     /// The earliest time the next fragment may be cut, or `None` for at once:
     /// always at once when nothing is in flight (an idle log adds no delay)
     /// or a full fragment is queued (waiting would not make it bigger).

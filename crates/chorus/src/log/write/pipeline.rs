@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::admission::{Admitted, framed_bytes};
+use super::hedge::hedged;
 use super::lane::Lane;
 use super::pacer::Pacer;
 use super::rotation::{Rotated, seal_and_fold};
@@ -487,14 +488,23 @@ impl Pipeline {
         let events = self.events.clone();
         let epoch = self.ownership.epoch;
         let (min, max) = (self.config.retry_backoff_min, self.config.retry_backoff_max);
+        let hedge_after = self.config.hedge_after_percent.and_then(|percent| {
+            let round_trip = self.pacer.round_trip()?;
+            Some(round_trip * percent / 100)
+        });
+        let settles = |outcome: &Result<(), FragmentWriteError>| !matches!(outcome, Err(FragmentWriteError::Store(error)) if error.is_transient());
         let task = tokio::spawn(async move {
             let mut attempt = 0;
             let outcome = loop {
                 attempt += 1;
-                match replica
-                    .write_fragment(segment, FragmentIndex(fragment), encoded.clone())
-                    .await
-                {
+                let (outcome, hedged) = hedged(hedge_after, settles, || {
+                    replica.write_fragment(segment, FragmentIndex(fragment), encoded.clone())
+                })
+                .await;
+                if hedged {
+                    metrics::lane_hedge(lane);
+                }
+                match outcome {
                     Ok(()) => break Ok(()),
                     Err(FragmentWriteError::Fenced { by }) => {
                         break Err(LaneFailure::Fenced(Fenced {
