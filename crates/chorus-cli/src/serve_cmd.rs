@@ -135,6 +135,14 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     replica_latency_ms: u64,
 
+    /// Hedge log writes: a fragment write to a replica that has not
+    /// answered after this percentage of the smoothed write round trip is
+    /// sent again beside the first (at least 100). Trims heavy-tailed store
+    /// latency at the price of the extra requests; under steady latency
+    /// none is sent [default: never].
+    #[arg(long, env = "CHORUS_HEDGE_AFTER_PERCENT", value_parser = clap::value_parser!(u32).range(100..=100_000))]
+    hedge_after_percent: Option<u32>,
+
     /// Lease time to live. Bounds the takeover time after a crash (about
     /// ttl + 1 s); shorter means more lease writes (one every ttl / 3).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..=3600))]
@@ -382,6 +390,7 @@ struct Schedule {
     lease_check_interval: Duration,
     history_records: usize,
     history_bytes: usize,
+    hedge_after_percent: Option<u32>,
 }
 
 impl Resolved {
@@ -394,6 +403,7 @@ impl Resolved {
         runtime.lease_check_interval = self.schedule.lease_check_interval;
         runtime.history_records = self.schedule.history_records;
         runtime.history_bytes = self.schedule.history_bytes;
+        runtime.log.hedge_after_percent = self.schedule.hedge_after_percent;
         runtime
     }
 
@@ -488,6 +498,7 @@ impl ServeArgs {
                 .clamp(Duration::from_millis(100), Duration::from_secs(1)),
             history_records: to_usize(self.history_records),
             history_bytes: to_usize(self.history_bytes),
+            hedge_after_percent: self.hedge_after_percent,
         };
         let token = match (&self.token, &self.token_file) {
             (Some(token), _) => Some(token.clone()),
@@ -723,6 +734,7 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
     // Beside the rest: one json! of every field exceeds its macro's
     // recursion limit.
     let watch = &resolved.etcd.watch;
+    config["hedge_after_percent"] = json!(schedule.hedge_after_percent);
     config["etcd_max_connections"] = json!(resolved.etcd.max_connections);
     config["etcd_watch_send_buffer_bytes"] = json!(watch.send_buffer_bytes);
     config["etcd_watch_stall_timeout_secs"] = json!(watch.stall_timeout.as_secs());
@@ -1014,6 +1026,33 @@ async fn wait_for_signals(first: tokio::sync::oneshot::Sender<()>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--hedge-after-percent` reaches the log writer's settings; without it
+    /// nothing is hedged, and below 100 it is refused naming the flag.
+    #[test]
+    fn hedge_after_percent_reaches_the_log_settings() {
+        let holder = HolderId::new("http://127.0.0.1:7070").unwrap();
+        #[derive(clap::Parser)]
+        struct Command {
+            #[command(flatten)]
+            serve: ServeArgs,
+        }
+        let parse = |args: &[&str]| {
+            let mut argv = vec!["serve"];
+            argv.extend_from_slice(args);
+            <Command as clap::Parser>::try_parse_from(argv).map(|command| command.serve)
+        };
+        let hedged = parse(&["--hedge-after-percent", "150"]).unwrap();
+        let runtime = hedged.resolve().unwrap().runtime(holder.clone());
+        assert_eq!(runtime.log.hedge_after_percent, Some(150));
+        let plain = parse(&[]).unwrap().resolve().unwrap().runtime(holder);
+        assert_eq!(plain.log.hedge_after_percent, None);
+        let error = parse(&["--hedge-after-percent", "99"]).unwrap_err();
+        assert!(
+            error.to_string().contains("--hedge-after-percent"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn etcd_listen_is_an_address_or_off() {
