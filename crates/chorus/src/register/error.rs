@@ -1,7 +1,8 @@
 //! Errors of the register layer.
 
+use super::OLDEST_READABLE_FORMAT;
 use crate::blob::Source;
-use crate::codec::NewerFormat;
+use crate::codec::{NewerFormat, formats_text};
 
 /// A register store call failed.
 #[derive(Debug, thiserror::Error)]
@@ -80,7 +81,8 @@ pub enum ManifestError {
     UnsupportedFormat {
         /// The format found.
         found: String,
-        /// The format this build reads.
+        /// The newest format this build reads (it reads every format from
+        /// [`OLDEST_READABLE_FORMAT`] up to this one).
         supported: u32,
     },
     /// A field is missing, malformed or violates an invariant.
@@ -104,7 +106,8 @@ fn unsupported_format(found: &str, supported: u32) -> String {
     match NewerFormat::check_text("register", found, supported.into()) {
         Some(newer) => format!("{newer}: field=chorus.format"),
         None => format!(
-            "unsupported register format: field=chorus.format value={found:?} supported={supported}"
+            "unsupported register format: field=chorus.format value={found:?} supported={}",
+            formats_text(&(u64::from(OLDEST_READABLE_FORMAT)..=u64::from(supported)))
         ),
     }
 }
