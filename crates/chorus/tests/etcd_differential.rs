@@ -42,17 +42,41 @@ const DEFAULT_SEEDS: u64 = 3;
 
 /// The harness itself: two real etcds given the same workload answer the
 /// same, field for field (else the suite would report noise as differences).
+/// A seed whose two etcds differ runs once more on fresh ones and fails if
+/// they differ again: once in a CI run (2026-12-06, seed 2) a real etcd
+/// delivered a catching-up watch's event without its prev_kv while the other
+/// had it, under the workload's compactions; a timing of etcd's own, which
+/// a second run does not repeat, while a difference the harness makes
+/// (noise in what it sends or compares) repeats with the seed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_real_etcds_answer_every_seed_identically() {
     let ops = ops_per_seed();
     for seed in seeds(DEFAULT_SEEDS) {
-        let Some(mut left) = RealEtcd::start("left").await else {
-            return;
-        };
-        let mut right = RealEtcd::start("right").await.expect("etcd is there");
-        match run_seed(seed, ops, &mut left, &mut right).await {
-            Ok(tally) => check_coverage(seed, ops, &tally),
-            Err(difference) => panic!("{difference}"),
+        let mut first_difference = None;
+        for attempt in 1..=2 {
+            let Some(mut left) = RealEtcd::start("left").await else {
+                return;
+            };
+            let mut right = RealEtcd::start("right").await.expect("etcd is there");
+            match run_seed(seed, ops, &mut left, &mut right).await {
+                Ok(tally) => {
+                    check_coverage(seed, ops, &tally);
+                    if let Some(difference) = first_difference.take() {
+                        eprintln!(
+                            "seed {seed}: the two etcds agreed on attempt {attempt}; \
+                             the first attempt differed: {difference}"
+                        );
+                    }
+                    break;
+                }
+                Err(difference) if attempt == 1 => first_difference = Some(difference),
+                Err(difference) => panic!(
+                    "{difference}\n  (the first attempt differed too: {})",
+                    first_difference
+                        .map(|first| first.to_string())
+                        .unwrap_or_default()
+                ),
+            }
         }
     }
 }
