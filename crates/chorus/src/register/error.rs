@@ -1,8 +1,8 @@
 //! Errors of the register layer.
 
-use super::OLDEST_READABLE_FORMAT;
+use super::manifest::readable_formats_text;
 use crate::blob::Source;
-use crate::codec::{NewerFormat, formats_text};
+use crate::codec::NewerFormat;
 
 /// A register store call failed.
 #[derive(Debug, thiserror::Error)]
@@ -82,7 +82,7 @@ pub enum ManifestError {
         /// The format found.
         found: String,
         /// The newest format this build reads (it reads every format from
-        /// [`OLDEST_READABLE_FORMAT`] up to this one).
+        /// [`OLDEST_READABLE_FORMAT`](super::OLDEST_READABLE_FORMAT) up to this one).
         supported: u32,
     },
     /// A field is missing, malformed or violates an invariant.
@@ -107,7 +107,7 @@ fn unsupported_format(found: &str, supported: u32) -> String {
         Some(newer) => format!("{newer}: field=chorus.format"),
         None => format!(
             "unsupported register format: field=chorus.format value={found:?} supported={}",
-            formats_text(&(u64::from(OLDEST_READABLE_FORMAT)..=u64::from(supported)))
+            readable_formats_text()
         ),
     }
 }

@@ -22,6 +22,7 @@ use std::str::FromStr;
 
 use super::seal_digest::{self, SealDigest};
 use super::{Fields, ManifestError, validate};
+use crate::codec::formats_text;
 use crate::ids::{Epoch, OwnerId, RecordIndex, SegmentId};
 
 /// The register format this build writes. It reads this one and format 1,
@@ -31,6 +32,11 @@ pub const FORMAT: u32 = 2;
 
 /// The oldest register format this build reads.
 pub const OLDEST_READABLE_FORMAT: u32 = 1;
+
+/// The formats this build reads, as error messages spell them (`1-2`).
+pub(crate) fn readable_formats_text() -> String {
+    formats_text(&(u64::from(OLDEST_READABLE_FORMAT)..=u64::from(FORMAT)))
+}
 
 /// The register field naming the document's format.
 pub(crate) const F_FORMAT: &str = "chorus.format";
@@ -170,7 +176,7 @@ impl Manifest {
             (F_PENDING_ID, opt(self.pending.map(|id| id.to_string()))),
             (F_SEAL_ID, opt(seal.map(|s| s.id.to_string()))),
             (F_SEAL_BASE, opt(seal.map(|s| s.base.0.to_string()))),
-            (F_SEAL_DIGEST, opt(seal.map(|s| s.digest.encode()))),
+            (F_SEAL_DIGEST, opt(seal.map(|s| s.digest.to_string()))),
             (F_TRUNC, self.trunc.0.to_string()),
             (F_SEGMENTS, encode_segments(&self.segments)),
             (

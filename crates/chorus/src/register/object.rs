@@ -4,15 +4,13 @@
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::manifest::F_FORMAT;
+use super::manifest::{F_FORMAT, readable_formats_text};
 use super::{
-    DEFAULT_MAX_DIRECTORY_BYTES, FORMAT, Fields, ManifestStore, OLDEST_READABLE_FORMAT,
-    RegisterError, RegisterVersion, VersionToken, VersionedManifest,
+    DEFAULT_MAX_DIRECTORY_BYTES, FORMAT, Fields, Manifest, ManifestStore, RegisterError,
+    RegisterVersion, VersionToken, VersionedManifest,
 };
 use crate::blob::{BlobError, DynBlobStore};
-use crate::codec::{
-    DOCUMENT_CHECKSUM_FIELD, NewerFormat, checksum_failure, document_checksum, formats_text,
-};
+use crate::codec::{DOCUMENT_CHECKSUM_FIELD, NewerFormat, checksum_failure, document_checksum};
 
 /// The register document's key in its store.
 pub const REGISTER_KEY: &str = "manifest.json";
@@ -65,14 +63,13 @@ pub fn encode_document(fields: &Fields) -> Bytes {
 pub fn decode_document(bytes: &[u8]) -> Result<Fields, String> {
     let mut fields: Fields = serde_json::from_slice(bytes)
         .map_err(|e| format!("register document is not a JSON object of strings: {e}"))?;
-    let readable = u64::from(OLDEST_READABLE_FORMAT)..=u64::from(FORMAT);
     // Another claimed format is worth naming only when this build cannot
     // read it.
     let claimed = fields
         .get(F_FORMAT)
-        .filter(|found| !readable.clone().any(|format| format.to_string() == **found))
+        .filter(|_| Manifest::stored_format(&fields).is_err())
         .cloned();
-    let supported = formats_text(&readable);
+    let supported = readable_formats_text();
     // A newer build's register may checksum differently: say that first.
     let newer = claimed
         .as_deref()

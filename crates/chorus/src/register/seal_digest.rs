@@ -46,11 +46,6 @@ impl SealDigest {
         }
     }
 
-    /// The field's value in register format 2: `<algorithm>:<64 hex>`.
-    pub(crate) fn encode(&self) -> String {
-        self.to_string()
-    }
-
     /// Parses the field's value as register `format` (1 or 2) spells it;
     /// anything else, including the other format's spelling, is refused
     /// naming the field.
@@ -75,6 +70,7 @@ impl SealDigest {
     }
 }
 
+/// The field's value in register format 2: `<algorithm>:<64 hex>`.
 impl fmt::Display for SealDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.algorithm(), hex::encode(self.bytes()))
@@ -121,7 +117,7 @@ mod tests {
     #[test]
     fn format_two_names_the_algorithm() {
         for digest in [SealDigest::Blake3(bytes()), SealDigest::Sha256(bytes())] {
-            let value = digest.encode();
+            let value = digest.to_string();
             assert_eq!(value, format!("{}:{HEX}", digest.algorithm()));
             assert_eq!(SealDigest::decode(2, &value), Ok(digest));
         }
@@ -160,7 +156,7 @@ mod tests {
         #[test]
         fn prop_every_digest_round_trips(raw: [u8; 32], blake3: bool) {
             let digest = if blake3 { SealDigest::Blake3(raw) } else { SealDigest::Sha256(raw) };
-            prop_assert_eq!(SealDigest::decode(2, &digest.encode()), Ok(digest));
+            prop_assert_eq!(SealDigest::decode(2, &digest.to_string()), Ok(digest));
         }
 
         #[test]
