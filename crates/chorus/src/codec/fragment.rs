@@ -22,6 +22,7 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use super::check;
+use super::crc::CrcRun;
 use super::error::{CodecError, Format};
 use super::frame::{decode_frames, framed_len, put_frames};
 use crate::ids::{Epoch, FragmentIndex, RecordIndex};
@@ -104,6 +105,13 @@ impl Fragment {
     /// [`MAX_FRAGMENT_PAYLOAD_BYTES`], or whose record indices overflow `u64`:
     /// the writer must never build one, and no reader would accept it.
     pub fn encode(&self) -> Bytes {
+        self.encode_with_payload().0
+    }
+
+    /// The object bytes and the checksum run of its payload (the frames),
+    /// from which a seal computes its own payload checksum without reading
+    /// the records again.
+    pub fn encode_with_payload(&self) -> (Bytes, CrcRun) {
         let mut header = Header::of(self);
         let records = self.records();
         let payload_len = usize::try_from(header.payload_len).expect("checked by Header::of");
@@ -111,9 +119,10 @@ impl Fragment {
         out.resize(FRAGMENT_HEADER_BYTES, 0);
         put_frames(&mut out, records);
         assert_eq!(out.len(), FRAGMENT_HEADER_BYTES + payload_len);
-        header.payload_crc = crc32c::crc32c(&out[FRAGMENT_HEADER_BYTES..]);
+        let payload = CrcRun::of(&out[FRAGMENT_HEADER_BYTES..]);
+        header.payload_crc = payload.crc();
         header.write(&mut out[..FRAGMENT_HEADER_BYTES]);
-        out.freeze()
+        (out.freeze(), payload)
     }
 
     /// Decodes and fully validates a fragment object, in the order: length,

@@ -25,6 +25,7 @@
 //! Encoders assert the same limits, so nothing written can be refused on read.
 
 mod check;
+mod crc;
 mod document;
 mod error;
 pub mod fragment;
@@ -34,6 +35,7 @@ pub mod sealed;
 mod testing;
 mod version;
 
+pub use crc::CrcRun;
 pub use document::{DOCUMENT_CHECKSUM_FIELD, checksum_failure, document_checksum, formats_text};
 pub use error::{CodecError, Format};
 pub use fragment::{FRAGMENT_HEADER_BYTES, Fragment, MAX_FRAGMENT_PAYLOAD_BYTES};

@@ -25,6 +25,7 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use super::check;
+use super::crc::CrcRun;
 use super::error::{CodecError, Format};
 use super::frame::{decode_frames, framed_len, put_frames};
 use crate::ids::{Epoch, RecordIndex, SegmentId};
@@ -85,16 +86,21 @@ impl SealedSegment {
     /// With a record above [`MAX_RECORD_BYTES`](super::MAX_RECORD_BYTES),
     /// which no decoded fragment and no admitted append holds.
     pub fn encode(&self) -> Result<Bytes, CodecError> {
-        self.encode_keyed().map(|(bytes, _)| bytes)
+        self.encode_keyed(None).map(|(bytes, _)| bytes)
     }
 
     /// The object bytes and their [`object_crc32c`], which names the key.
     /// The whole object's checksum is combined from the header's and the
-    /// payload's rather than read from the bytes a second time: sealing
-    /// encodes every record of a segment on the write path.
+    /// payload's rather than read from the bytes a second time; the
+    /// payload's own checksum is `payload`'s where the caller has it (a
+    /// writer sealing the fragments it cut knows each one's), else computed.
     ///
     /// Refuses and panics as [`SealedSegment::encode`] does.
-    pub fn encode_keyed(&self) -> Result<(Bytes, u32), CodecError> {
+    ///
+    /// # Panics
+    /// If `payload` is not as long as the records' frames: it describes
+    /// other bytes.
+    pub fn encode_keyed(&self, payload: Option<CrcRun>) -> Result<(Bytes, u32), CodecError> {
         let mut header = Header::of(self)?;
         let payload_len =
             usize::try_from(header.payload_len).map_err(|_| CodecError::PayloadTooLarge {
@@ -106,14 +112,18 @@ impl SealedSegment {
         out.resize(SEALED_HEADER_BYTES, 0);
         put_frames(&mut out, &self.records);
         assert_eq!(out.len(), SEALED_HEADER_BYTES + payload_len);
-        header.payload_crc = crc32c::crc32c(&out[SEALED_HEADER_BYTES..]);
+        let payload = match payload {
+            Some(run) => {
+                assert_eq!(run.len(), header.payload_len, "a checksum of other bytes");
+                debug_assert_eq!(run, CrcRun::of(&out[SEALED_HEADER_BYTES..]));
+                run
+            }
+            None => CrcRun::of(&out[SEALED_HEADER_BYTES..]),
+        };
+        header.payload_crc = payload.crc();
         header.write(&mut out[..SEALED_HEADER_BYTES]);
-        let object_crc = crc32c::crc32c_combine(
-            crc32c::crc32c(&out[..SEALED_HEADER_BYTES]),
-            header.payload_crc,
-            payload_len,
-        );
-        Ok((out.freeze(), object_crc))
+        let object = CrcRun::of(&out[..SEALED_HEADER_BYTES]).then(payload);
+        Ok((out.freeze(), object.crc()))
     }
 
     /// Decodes and fully validates a sealed object, in the order: length, magic,

@@ -10,7 +10,7 @@ use super::gather::gather;
 use super::replica::{Replica, SealWriteError};
 use super::retry::retrying;
 use super::transitions::SealedEntry;
-use crate::codec::SealedSegment;
+use crate::codec::{CrcRun, SealedSegment};
 use crate::ids::{RecordIndex, SegmentId};
 use crate::register::{DirectoryEntry, SealDigest};
 
@@ -30,17 +30,20 @@ impl PreparedSeal {
     /// Encodes `records` as the sealed object of `segment` at `base`; refused
     /// (`Corrupt`) where the sealed format cannot hold them (no records, over
     /// its size limit), which no validated configuration produces.
+    /// `payload` is the checksum of the records' frames where the caller
+    /// already has it (see [`SealedSegment::encode_keyed`]).
     pub fn new(
         segment: SegmentId,
         base: RecordIndex,
         records: Vec<Bytes>,
+        payload: Option<CrcRun>,
     ) -> Result<PreparedSeal, LogError> {
         let (bytes, crc32c) = SealedSegment {
             id: segment,
             base,
             records,
         }
-        .encode_keyed()
+        .encode_keyed(payload)
         .map_err(|error| LogError::corrupt(format!("cannot seal segment={segment}"), error))?;
         let entry = DirectoryEntry {
             id: segment,

@@ -1,11 +1,12 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::codec::MAX_RECORD_BYTES;
 use crate::codec::testing::{
     every_bit_flip_rejected, every_truncation_rejected, patch_header, records_strategy,
     replace_payload, trailing_bytes_rejected,
 };
+use crate::codec::{CrcRun, Fragment, MAX_RECORD_BYTES};
+use crate::ids::FragmentIndex;
 
 const HEADER: usize = SEALED_HEADER_BYTES;
 
@@ -361,13 +362,42 @@ proptest! {
 
     #[test]
     fn prop_round_trips(sealed in segment_strategy()) {
-        let (encoded, crc) = sealed.encode_keyed().unwrap();
+        let (encoded, crc) = sealed.encode_keyed(None).unwrap();
         // The combined checksum is the one a reader computes from the bytes.
         prop_assert_eq!(crc, object_crc32c(&encoded));
         prop_assert_eq!(&sealed.encode().unwrap(), &encoded);
         prop_assert_eq!(&SealedSegment::decode(&encoded)?, &sealed);
         let verified = SealedSegment::decode_verified(&encoded, sealed.id, sealed.base, crc)?;
         prop_assert_eq!(verified, sealed);
+    }
+
+    /// A writer seals with the payload checksum combined from the fragments
+    /// it cut: the object is the one computed from the records alone.
+    #[test]
+    fn prop_sealing_with_the_fragments_checksums_is_the_same_object(
+        sealed in segment_strategy(),
+        cuts in prop::collection::vec(1usize..4, 1..32),
+    ) {
+        let mut payload = CrcRun::default();
+        let mut rest = &sealed.records[..];
+        for (index, cut) in cuts.iter().cycle().enumerate() {
+            if rest.is_empty() {
+                break;
+            }
+            let (records, after) = rest.split_at((*cut).min(rest.len()));
+            let fragment = Fragment::Data {
+                epoch: sealed.id.epoch,
+                index: FragmentIndex(index as u64),
+                first: sealed.base,
+                records: records.to_vec(),
+            };
+            payload = payload.then(fragment.encode_with_payload().1);
+            rest = after;
+        }
+        prop_assert_eq!(
+            sealed.encode_keyed(Some(payload)).unwrap(),
+            sealed.encode_keyed(None).unwrap()
+        );
     }
 
     #[test]

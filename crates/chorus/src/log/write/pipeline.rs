@@ -18,7 +18,7 @@ use super::lane::Lane;
 use super::pacer::Pacer;
 use super::rotation::{Rotated, seal_and_fold};
 use super::{Command, Receipt, Shared};
-use crate::codec::Fragment;
+use crate::codec::{CrcRun, Fragment};
 use crate::ids::{FragmentIndex, RecordIndex, SegmentId};
 use crate::log::config::LogConfig;
 use crate::log::error::{LogError, StopReason};
@@ -58,6 +58,9 @@ struct ActiveSegment {
     bytes: u64,
     /// Committed records, kept for the seal.
     committed: Vec<Bytes>,
+    /// The checksum of the committed records' frames, combined fragment by
+    /// fragment so the seal need not read them again.
+    committed_crc: CrcRun,
 }
 
 impl ActiveSegment {
@@ -69,6 +72,7 @@ impl ActiveSegment {
             next_record: base,
             bytes: 0,
             committed: Vec::new(),
+            committed_crc: CrcRun::default(),
         }
     }
 }
@@ -77,6 +81,8 @@ impl ActiveSegment {
 #[derive(Debug)]
 struct Slot {
     encoded: Bytes,
+    /// The checksum of the fragment's payload (its records' frames).
+    payload_crc: CrcRun,
     cut_at: Instant,
     records: Vec<Bytes>,
     payload_bytes: u64,
@@ -411,13 +417,13 @@ impl Pipeline {
             records.push(record.payload);
         }
         self.queued_bytes -= payload_bytes;
-        let encoded = Fragment::Data {
+        let (encoded, payload_crc) = Fragment::Data {
             epoch: self.ownership.epoch,
             index: FragmentIndex(index),
             first,
             records: records.clone(),
         }
-        .encode();
+        .encode_with_payload();
         self.segment.cut += 1;
         self.segment.next_record = RecordIndex(first.0 + records.len() as u64);
         self.segment.bytes += framed;
@@ -428,6 +434,7 @@ impl Pipeline {
             index,
             Slot {
                 encoded,
+                payload_crc,
                 cut_at: now,
                 records,
                 payload_bytes,
@@ -587,6 +594,7 @@ impl Pipeline {
                 }));
             }
             self.segment.committed.extend(records);
+            self.segment.committed_crc = self.segment.committed_crc.then(slot.payload_crc);
             self.committed += 1;
         }
     }
@@ -653,7 +661,7 @@ impl Pipeline {
             Arc::clone(&self.register),
             self.config.clone(),
             self.ownership,
-            (full.id, full.base, full.committed),
+            (full.id, full.base, full.committed, full.committed_crc),
             (base, new_pending),
             sender,
         ));

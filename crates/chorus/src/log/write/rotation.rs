@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
+use crate::codec::CrcRun;
 use crate::ids::{RecordIndex, SegmentId};
 use crate::log::config::LogConfig;
 use crate::log::error::LogError;
@@ -29,20 +30,22 @@ pub struct Rotated {
     pub degraded: bool,
 }
 
-/// Seals `(segment, base, records)` and folds it, making the active segment
-/// (starting at `new_base`) the tail and registering `new_pending`. Retries
-/// until it succeeds or is fenced; the outcome goes to `done`.
+/// Seals `(segment, base, records)` (`payload`: the checksum of their
+/// frames, combined from the fragments') and folds it, making the active
+/// segment (starting at `new_base`) the tail and registering `new_pending`.
+/// Retries until it succeeds or is fenced; the outcome goes to `done`.
 pub async fn seal_and_fold(
     replicas: Vec<Replica>,
     register: Arc<dyn ManifestStore>,
     config: LogConfig,
     ownership: Ownership,
-    (segment, base, records): (SegmentId, RecordIndex, Vec<Bytes>),
+    (segment, base, records, payload): (SegmentId, RecordIndex, Vec<Bytes>, CrcRun),
     (new_base, new_pending): (RecordIndex, SegmentId),
     done: oneshot::Sender<Result<Rotated, LogError>>,
 ) {
     let started = tokio::time::Instant::now();
-    let seal = match offload(move || PreparedSeal::new(segment, base, records)).await {
+    let seal = match offload(move || PreparedSeal::new(segment, base, records, Some(payload))).await
+    {
         Ok(seal) => seal,
         Err(error) => {
             let _ = done.send(Err(error));
