@@ -520,8 +520,7 @@ fn encode_times(keys: usize, value_bytes: usize) -> Result<Vec<f64>, CommandErro
     for _ in 0..ENCODE_REPETITIONS {
         let started = Instant::now();
         let checkpoint = StateMachine::checkpoint(&state);
-        let mut bytes = Vec::new();
-        checkpoint.write_to(&mut bytes)?;
+        let bytes = checkpoint.to_bytes()?;
         times.push(millis(started.elapsed()));
         drop((checkpoint, bytes));
     }

@@ -374,6 +374,10 @@ impl Checkpoint for KvState {
     fn write_to(&self, sink: &mut dyn std::io::Write) -> std::io::Result<()> {
         sink.write_all(&self.encode_snapshot())
     }
+
+    fn to_bytes(&self) -> std::io::Result<Bytes> {
+        Ok(self.encode_snapshot())
+    }
 }
 
 #[cfg(test)]
@@ -623,6 +627,36 @@ mod tests {
     fn stamped_put(key: &str, value: &str, condition: Condition, idempotency_key: &str) -> Bytes {
         let command = Command::decode(&put(key, value, condition)).unwrap();
         stamped(Body::Command(command), idempotency_key, 1000, RETAIN)
+    }
+
+    #[test]
+    fn a_snapshot_fits_the_room_reserved_for_it() {
+        let mut state = KvState::default();
+        let mut index = 0;
+        let mut apply = |state: &mut KvState, record: Bytes| {
+            state.apply(RecordIndex(index), &record);
+            index += 1;
+        };
+        for n in 0..2000 {
+            let key = format!("key/{}", n % 37);
+            let value = "v".repeat(n % 500);
+            apply(&mut state, put(&key, &value, Condition::None));
+            apply(
+                &mut state,
+                stamped_put(&key, &value, Condition::Absent, &format!("op-{n}")),
+            );
+            if n % 3 == 0 {
+                apply(&mut state, delete(&key, Condition::None));
+            }
+        }
+        assert!(!state.idempotency().is_empty() && !state.history.changes.is_empty());
+        let encoded = state.encode_snapshot();
+        let hint = snapshot::encoded_bytes_hint(&state);
+        assert!(
+            encoded.len() <= hint,
+            "{} bytes, {hint} reserved",
+            encoded.len()
+        );
     }
 
     #[test]

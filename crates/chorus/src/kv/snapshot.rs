@@ -73,7 +73,7 @@ fn fail(reason: &str) -> SnapshotError {
 
 /// The snapshot bytes of `state` (format 5).
 pub(super) fn encode(state: &KvState) -> Bytes {
-    let mut out = BytesMut::new();
+    let mut out = BytesMut::with_capacity(encoded_bytes_hint(state));
     out.put_slice(&SNAPSHOT_MAGIC);
     out.put_u8(FORMAT_LEASES);
     out.put_u64_le(state.applied_end.0);
@@ -353,6 +353,28 @@ fn take_history(
         changes,
         bytes,
     })
+}
+
+/// About as many bytes as [`encode`] writes, or more: reserving them up
+/// front spares the buffer's doublings, each a copy of everything so far
+/// onto fresh pages (a state of hundreds of MiB is copied several times
+/// over otherwise). Reserved pages that stay unwritten are never touched.
+pub(super) fn encoded_bytes_hint(state: &KvState) -> usize {
+    /// A key's length, an entry's five integers and its value's length.
+    const PER_ENTRY: usize = 4 + 40 + 4;
+    /// A remembered idempotency key with its outcome, generously.
+    const PER_REMEMBERED: usize = 320;
+    /// A lease or an alarm.
+    const PER_LEASE_OR_ALARM: usize = 16;
+    /// The header and the counts.
+    const FIXED: usize = 4096;
+    FIXED
+        + state.size_bytes
+        + state.entries.len() * PER_ENTRY
+        // Charged per change: more than a change encodes to.
+        + state.history.bytes
+        + state.idempotency.len() * PER_REMEMBERED
+        + (state.leases.len() + state.alarms.len()) * PER_LEASE_OR_ALARM
 }
 
 fn put_sized(out: &mut BytesMut, bytes: &[u8]) {

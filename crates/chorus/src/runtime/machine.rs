@@ -3,6 +3,8 @@
 
 use std::io;
 
+use bytes::Bytes;
+
 use crate::ids::RecordIndex;
 
 /// A deterministic state machine driven by the log.
@@ -69,6 +71,15 @@ pub(super) fn check_restored(
 pub trait Checkpoint: Send + 'static {
     /// Writes the snapshot bytes to `sink`.
     fn write_to(&self, sink: &mut dyn io::Write) -> io::Result<()>;
+
+    /// The snapshot bytes in one buffer, as [`write_to`](Self::write_to)
+    /// writes them. A machine that builds its snapshot in memory anyway
+    /// returns that buffer rather than having it copied into another.
+    fn to_bytes(&self) -> io::Result<Bytes> {
+        let mut bytes = Vec::new();
+        self.write_to(&mut bytes)?;
+        Ok(Bytes::from(bytes))
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 
@@ -494,17 +493,11 @@ async fn checkpoint<M: StateMachine>(shared: &Shared<M>) -> Result<NewSnapshot, 
         let core = shared.core();
         (core.machine.checkpoint(), core.applied_end())
     };
-    let bytes = tokio::task::spawn_blocking(move || {
-        let mut bytes = Vec::new();
-        checkpoint.write_to(&mut bytes).map(|()| bytes)
-    })
-    .await
-    .map_err(|e| format!("encoding the snapshot: {e}"))?
-    .map_err(|e| format!("encoding the snapshot: {e}"))?;
-    Ok(NewSnapshot {
-        bytes: Bytes::from(bytes),
-        wal_index,
-    })
+    let bytes = tokio::task::spawn_blocking(move || checkpoint.to_bytes())
+        .await
+        .map_err(|e| format!("encoding the snapshot: {e}"))?
+        .map_err(|e| format!("encoding the snapshot: {e}"))?;
+    Ok(NewSnapshot { bytes, wal_index })
 }
 
 /// A finished publication: the store it ran on, and how it went.
