@@ -95,7 +95,7 @@ fn rates(request: &Request, scenario: Scenario) -> Vec<f64> {
 }
 
 /// How long cells last: `cell` exactly if given, else 1 s for `--quick` and
-/// 3 to 10 s (aiming at [`TARGET_RECORDS`]) for the full run; at most
+/// 3 to 10 s (aiming at `TARGET_RECORDS`) for the full run; at most
 /// `max_bytes` of records either way.
 pub fn cell_length(quick: bool, cell: Option<Duration>, max_bytes: u64) -> CellLength {
     let (min, max) = match (cell, quick) {

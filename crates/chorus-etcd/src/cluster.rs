@@ -4,7 +4,7 @@
 //!
 //! Every node serving etcd announces itself in the database's member
 //! directory ([`chorus::members`]) with its etcd client URLs, every 10 s
-//! ([`announce`]). The list holds this node first (its name is its lease
+//! (`announce`). The list holds this node first (its name is its lease
 //! holder id, its client URLs the configured etcd URLs), then every other
 //! node announced within the last 30 s, and the lease holder if it is not
 //! among them (with no client URL: it announced none lately). A member's

@@ -19,7 +19,7 @@
 //!   deadlines; if it cannot, `Unavailable`.
 //! - LeaseLeases: the ids, ascending, as applied on this node.
 //!
-//! Expiry ([`expire_leases`]): twice a second the primary brings its
+//! Expiry (`expire_leases`): twice a second the primary brings its
 //! lessor up to the lease table and logs a revoke record for each lease
 //! past its deadline, at most [`MAX_REVOKES_IN_FLIGHT`] at a time. A
 //! standby expires nothing; a new primary starts every deadline afresh, so

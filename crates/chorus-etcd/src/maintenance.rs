@@ -8,7 +8,7 @@
 //! Alarms are etcd's: raised and cleared by log records, so every node
 //! lists the same ones. The primary raises NOSPACE itself when a write
 //! would take the state (keys, values and retained history) past the space
-//! quota (see [`Shared::write`](crate::server)); while it is raised, writes
+//! quota (see `Shared::write` in the server module); while it is raised, writes
 //! that add data are refused with etcd's "database space exceeded" until
 //! `etcdctl alarm disarm` clears it.
 //!

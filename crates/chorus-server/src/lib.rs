@@ -1,8 +1,8 @@
 //! The Chorus key-value service: an HTTP API (axum) over a
-//! [`Runtime`](chorus::runtime::Runtime) running the key-value machine.
+//! [`Runtime`] running the key-value machine.
 //!
 //! Handlers are thin: parse and validate, call the runtime once, map the
-//! result; every error is one [`ApiError`](error::ApiError) with a JSON body.
+//! result; every error is one [`ApiError`] with a JSON body.
 //! Every answer that reflects the state carries `X-Chorus-Index`: the index
 //! below which every record is reflected, so a client can read its own
 //! writes and resume a watch. See docs/api.md for the routes.

@@ -386,7 +386,7 @@ impl Follower {
 
 /// `POST /v1/log`: appends the body as one raw record → `{"index": N}`.
 /// The key-value machine applies records that are not its own as no-ops,
-/// and a body it would read as its own is refused ([`refuse_machine_record`]).
+/// and a body it would read as its own is refused (`refuse_machine_record`).
 /// With an `Idempotency-Key`, the body travels as the payload of a stamped
 /// key-value record (so the machine remembers the key), and a retry is
 /// answered the original index.

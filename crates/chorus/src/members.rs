@@ -39,7 +39,7 @@ const FORMAT: u32 = 1;
 /// One process's announcement.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
-    /// Always [`FORMAT`].
+    /// The announcement format: always 1.
     pub format: u32,
     /// The process's holder id (the name the writer lease knows it by).
     pub holder: String,

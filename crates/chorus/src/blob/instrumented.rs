@@ -10,7 +10,7 @@ use futures::future::BoxFuture;
 use super::layer::Layer;
 use super::{BlobError, DynBlobStore, Op};
 
-/// A [`BlobStore`] that traces and measures every call to the store it wraps.
+/// A [`BlobStore`](super::BlobStore) that traces and measures every call to the store it wraps.
 #[derive(Debug, Clone)]
 pub struct InstrumentedStore {
     inner: DynBlobStore,

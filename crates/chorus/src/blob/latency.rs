@@ -153,7 +153,7 @@ impl LatencyProfile {
     }
 }
 
-/// A [`BlobStore`] that delays each call according to a [`LatencyProfile`].
+/// A [`BlobStore`](super::BlobStore) that delays each call according to a [`LatencyProfile`].
 #[derive(Debug, Clone)]
 pub struct LatencyStore {
     inner: DynBlobStore,

@@ -7,7 +7,7 @@
 //! revision that rises by exactly 1 per record that changes something, and
 //! per key `create_revision`, `mod_revision`, `version` and `lease`. Both
 //! the HTTP commands ([`Command`]) and etcd's requests ([`EtcdCommand`],
-//! see [`txn`]) apply as transactions in that one revision space. etcd's
+//! their transactions included) apply as transactions in that one revision space. etcd's
 //! leases ([`lease`]) are part of the state: granted and revoked by
 //! records, a revoke deleting the lease's keys.
 //!
@@ -326,7 +326,7 @@ impl KvState {
         }
     }
 
-    /// The snapshot bytes (format 3, see [`snapshot`]).
+    /// The snapshot bytes, in the newest snapshot format (5).
     pub fn encode_snapshot(&self) -> Bytes {
         snapshot::encode(self)
     }

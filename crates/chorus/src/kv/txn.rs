@@ -646,9 +646,9 @@ pub const LEASE_OVERHEAD_BYTES: usize = 64;
 
 impl EtcdCommand {
     /// The bytes etcd's space quota charges this request: a put's key and
-    /// value plus [`PUT_OVERHEAD_BYTES`]; a transaction's larger branch by
+    /// value plus `PUT_OVERHEAD_BYTES`; a transaction's larger branch by
     /// its direct puts (nested transactions are not charged, as in etcd);
-    /// a grant [`LEASE_OVERHEAD_BYTES`]; anything else nothing. A request
+    /// a grant `LEASE_OVERHEAD_BYTES`; anything else nothing. A request
     /// that costs something is refused while NOSPACE is raised.
     pub fn quota_cost(&self) -> usize {
         let put = |put: &PutRequest| PUT_OVERHEAD_BYTES + put.key.len() + put.value.len();
