@@ -264,14 +264,16 @@ fn sealed_evidence(evidence: &mut Evidence, key: &str, bytes: &Bytes) {
         return;
     };
     evidence.max_epoch = evidence.max_epoch.max(sealed.id.epoch);
-    let found = SealedFound {
+    let contents = evidence.sealed.entry(sealed.id).or_default();
+    // Copies under one key count as one object (same segment, same object
+    // CRC): its digest is the first copy's, computed once, not per copy.
+    let found = contents.entry(crc).or_insert_with(|| SealedFound {
         base: sealed.base,
         records: sealed.records.len() as u64,
         digest: SealDigest::of(bytes),
         copies: 0,
-    };
-    let contents = evidence.sealed.entry(sealed.id).or_default();
-    contents.entry(crc).or_insert(found).copies += 1;
+    });
+    found.copies += 1;
 }
 
 fn fragment_evidence(evidence: &mut Evidence, key: &str, bytes: &Bytes) {
