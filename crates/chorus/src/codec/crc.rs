@@ -90,11 +90,6 @@ impl CrcRun {
         }
     }
 
-    /// A run whose checksum is already known.
-    pub fn known(crc: u32, len: u64) -> CrcRun {
-        CrcRun { crc, len }
-    }
-
     /// This run followed by `next`.
     pub fn then(self, next: CrcRun) -> CrcRun {
         CrcRun {
