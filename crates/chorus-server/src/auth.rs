@@ -1,36 +1,29 @@
 //! Bearer-token authentication.
 
-use std::sync::Arc;
+use axum::http::{Request, StatusCode, header};
 
-use axum::extract::{Request, State};
-use axum::http::{StatusCode, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-
-use crate::AppState;
 use crate::error::ApiError;
 
-/// Refuses a request without `Authorization: Bearer <token>` when a token is
-/// configured: `401` with a JSON body.
-pub async fn require_token(
-    State(app): State<Arc<AppState>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let Some(expected) = app.config.token.as_deref() else {
-        return next.run(request).await;
-    };
+/// Why a request is refused when `expected` is the configured token:
+/// `401` without `Authorization: Bearer <token>` or with another token;
+/// `None` when it may go on (or no token is configured).
+pub fn refusal<B>(expected: Option<&str>, request: &Request<B>) -> Option<ApiError> {
+    let expected = expected?;
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
         .and_then(bearer_token);
     match presented {
-        Some(token) if constant_time_eq(token.as_bytes(), expected.as_bytes()) => {
-            next.run(request).await
-        }
-        Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "invalid bearer token").into_response(),
-        None => ApiError::new(StatusCode::UNAUTHORIZED, "missing bearer token").into_response(),
+        Some(token) if constant_time_eq(token.as_bytes(), expected.as_bytes()) => None,
+        Some(_) => Some(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid bearer token",
+        )),
+        None => Some(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing bearer token",
+        )),
     }
 }
 

@@ -10,12 +10,12 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::AppState;
 use crate::error::ApiError;
 
 tokio::task_local! {
@@ -31,12 +31,11 @@ pub fn admitting<T>(record: T) -> T {
     record
 }
 
-/// Bounds a request until its answer starts by the configured request
-/// timeout. A timeout is `503` with `Retry-After`; for a method that may
-/// write, it says whether the write may have committed.
-pub async fn bound(State(app): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+/// Runs `request` bounded by `timeout` until its answer starts. A timeout
+/// is `503` with `Retry-After`; for a method that may write, it says
+/// whether the write may have committed.
+pub async fn bound(timeout: Duration, request: Request, next: Next) -> Response {
     let may_write = !request.method().is_safe();
-    let timeout = app.config.request_timeout;
     let admitted = Arc::new(AtomicBool::new(false));
     let answer = ADMITTED
         .scope(

@@ -3,27 +3,9 @@
 //! refused before it is read (so a client that sent `Expect: 100-continue`
 //! is answered 413 at once, never invited to upload it).
 
-use std::sync::Arc;
-
-use axum::extract::{Request, State};
 use axum::http::{Version, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 
-use crate::AppState;
 use crate::error::ApiError;
-
-/// Refuses what [`framing_error`] finds, else runs the request.
-pub async fn check_framing(
-    State(app): State<Arc<AppState>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    match framing_error(&request, app.config.max_body_bytes) {
-        Some(error) => error.into_response(),
-        None => next.run(request).await,
-    }
-}
 
 /// Why `request` is refused before its body is read, if it is: 400 for an
 /// HTTP/1.1 request without `Host` (RFC 9112 §3.2), 413 for a

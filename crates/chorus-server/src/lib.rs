@@ -12,6 +12,7 @@ pub mod auth;
 pub mod deadline;
 pub mod encoding;
 pub mod error;
+pub mod front;
 pub mod guard;
 pub mod kv;
 pub mod limits;
@@ -22,15 +23,14 @@ pub mod stream;
 pub mod tls;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
-use axum::http::{HeaderName, Method, StatusCode, header};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderName, StatusCode};
+use axum::middleware;
 use axum::routing::{any, get, post, put};
-use axum::{Json, Router};
 use bytes::Bytes;
 use chorus::kv::KvState;
 use chorus::runtime::Runtime;
@@ -121,23 +121,11 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/status", get(status::status))
         .route("/readyz", get(status::ready))
         .route("/metrics", get(status::metrics))
-        .route_layer(middleware::from_fn_with_state(
-            Arc::clone(&app),
-            auth::require_token,
-        ))
-        .route("/healthz", get(status::health))
-        // Inside the error and metrics layers, so that a timeout and a
-        // refused request are answered in JSON and counted.
+        .route(front::HEALTH_ROUTE, get(status::health))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&app),
-            deadline::bound,
+            front::front,
         ))
-        .layer(middleware::from_fn_with_state(
-            Arc::clone(&app),
-            guard::check_framing,
-        ))
-        .layer(middleware::from_fn(json_errors))
-        .layer(middleware::from_fn(observe))
         .layer(DefaultBodyLimit::max(body_limit))
         // 503 is an answer, not a fault (a standby, an uncertain lease,
         // backpressure): counted in metrics, logged only at debug level.
@@ -156,77 +144,6 @@ pub fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError
             ApiError::new(status, message)
         }
     })
-}
-
-/// Gives every error response a JSON body, including those no handler
-/// wrote: unknown routes, wrong methods, malformed queries, timeouts.
-async fn json_errors(request: Request, next: Next) -> Response {
-    let response = next.run(request).await;
-    let status = response.status();
-    let is_json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|value| value.as_bytes().starts_with(b"application/json"));
-    if !(status.is_client_error() || status.is_server_error()) || is_json {
-        return response;
-    }
-    let (parts, body) = response.into_parts();
-    let text = axum::body::to_bytes(body, 4096).await.unwrap_or_default();
-    let mut error = error::reason_body(status);
-    if !text.is_empty() {
-        error["error"] = String::from_utf8_lossy(&text).trim().to_owned().into();
-    }
-    let mut rebuilt = (status, Json(error)).into_response();
-    for (name, value) in parts.headers.iter() {
-        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
-            rebuilt.headers_mut().insert(name.clone(), value.clone());
-        }
-    }
-    rebuilt
-}
-
-/// Counts requests and their latency by route, method and status. Every
-/// label has a bounded set of values whatever clients send (this runs
-/// before auth): the route as registered, a known method or `other`, and a
-/// status this service answers.
-async fn observe(request: Request, next: Next) -> Response {
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
-    let method = method_label(request.method());
-    let started = Instant::now();
-    let response = next.run(request).await;
-    let status = response.status().as_u16().to_string();
-    let labels = [
-        ("route", route),
-        ("method", method.to_owned()),
-        ("status", status),
-    ];
-    metrics::counter!("chorus_http_requests_total", &labels).increment(1);
-    metrics::histogram!("chorus_http_request_seconds", &labels)
-        .record(started.elapsed().as_secs_f64());
-    response
-}
-
-/// The metric label of a request method: one of the methods HTTP defines,
-/// else `other`, so invented methods cannot create series without bound.
-pub fn method_label(method: &Method) -> &'static str {
-    const KNOWN: [Method; 9] = [
-        Method::GET,
-        Method::HEAD,
-        Method::POST,
-        Method::PUT,
-        Method::DELETE,
-        Method::PATCH,
-        Method::OPTIONS,
-        Method::TRACE,
-        Method::CONNECT,
-    ];
-    KNOWN
-        .iter()
-        .find(|known| *known == method)
-        .map_or("other", Method::as_str)
 }
 
 /// Serves `app` on `listener` within its connection limits until
@@ -270,21 +187,4 @@ pub fn install_metrics_recorder() -> Result<PrometheusHandle, String> {
         }
     });
     Ok(handle)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn method_labels_are_the_known_methods_or_other() {
-        for method in ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"] {
-            let parsed = Method::from_bytes(method.as_bytes()).unwrap();
-            assert_eq!(method_label(&parsed), method);
-        }
-        for invented in ["INVENTED1", "get", "PROPFIND", "X"] {
-            let parsed = Method::from_bytes(invented.as_bytes()).unwrap();
-            assert_eq!(method_label(&parsed), "other", "{invented}");
-        }
-    }
 }
