@@ -222,6 +222,10 @@ impl KvState {
     /// appending, so a failed condition appends nothing.
     pub fn check(&self, command: &Command) -> Result<(), Applied> {
         for operation in command.operations() {
+            // Most writes carry no condition: no lookup for them.
+            if matches!(operation.condition(), Condition::None) {
+                continue;
+            }
             let entry = self.entries.get(operation.key());
             let holds = match operation.condition() {
                 Condition::None => true,
