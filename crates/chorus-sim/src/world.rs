@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use chorus::blob::{
     Blob, BlobError, BlobStore, DynBlobStore, FaultController, FaultyStore, ObjectMeta,
-    ObjectStoreBlobs, Version,
+    ObjectStoreBlobs, PutPayload, Version,
 };
 use chorus::log::LogStores;
 use chorus::register::{
@@ -87,10 +87,12 @@ impl BlobStore for RecordingStore {
         self.inner.name()
     }
 
-    async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
-        let outcome = self.inner.create(key, bytes.clone()).await;
+    async fn create_parts(&self, key: &str, parts: PutPayload) -> Result<Version, BlobError> {
+        let outcome = self.inner.create_parts(key, parts.clone()).await;
         self.note(key);
-        self.landed(key, &outcome, &bytes);
+        if outcome.is_ok() && self.observer.is_some() {
+            self.landed(key, &outcome, &Bytes::from(parts));
+        }
         outcome
     }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use chorus::blob::{
-    BlobError, DynBlobStore, Fault, FaultController, FaultRule, FaultyStore, Op, OpSet,
+    BlobError, DynBlobStore, Fault, FaultController, FaultRule, FaultyStore, Op, OpSet, PutPayload,
     create_resolving, probe, update_resolving,
 };
 use stores::{azure, local, memory, s3};
@@ -237,6 +237,33 @@ mod cases {
         assert_eq!(store.head("r").await.unwrap().size, 10_000);
     }
 
+    /// An object created from parts is their concatenation, whole and in
+    /// ranges that cross the parts' boundaries; empty parts add nothing.
+    pub async fn created_from_parts(store: DynBlobStore) {
+        let parts = [&b"head-"[..], b"", b"middle-", b"tail"];
+        let payload: PutPayload = parts.iter().map(|p| Bytes::copy_from_slice(p)).collect();
+        let version = store.create_parts("parts", payload).await.unwrap();
+        let joined = parts.concat();
+        let read = store.get("parts").await.unwrap();
+        assert_eq!(
+            (read.bytes.as_ref(), &read.version),
+            (&joined[..], &version)
+        );
+        assert_eq!(store.head("parts").await.unwrap().size, joined.len() as u64);
+        for range in [0..5, 3..9, 4..16, 12..16, 0..16] {
+            let read = store.get_range("parts", range.clone()).await.unwrap();
+            assert_eq!(
+                read.as_ref(),
+                &joined[range.start as usize..range.end as usize]
+            );
+        }
+        let again: PutPayload = vec![Bytes::from_static(b"x")].into_iter().collect();
+        assert!(matches!(
+            store.create_parts("parts", again).await,
+            Err(BlobError::AlreadyExists { .. })
+        ));
+    }
+
     pub async fn empty_objects(store: DynBlobStore) {
         store.create("empty", Bytes::new()).await.unwrap();
         assert!(store.get("empty").await.unwrap().bytes.is_empty());
@@ -290,6 +317,7 @@ macro_rules! contract {
             case!(list_is_consistent);
             case!(delete_is_idempotent);
             case!(range_reads);
+            case!(created_from_parts);
             case!(empty_objects);
             case!(invalid_keys_are_refused);
             case!(probe_passes);

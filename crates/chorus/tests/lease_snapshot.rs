@@ -17,7 +17,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use chorus::blob::{
     Blob, BlobError, BlobStore, DynBlobStore, Fault, FaultController, FaultRule, FaultyStore,
-    KeyMatch, ObjectMeta, Op, OpSet, Version,
+    KeyMatch, ObjectMeta, Op, OpSet, PutPayload, Version,
 };
 use chorus::clock::ManualClock;
 use chorus::ids::RecordIndex;
@@ -157,9 +157,9 @@ impl BlobStore for GatedStore {
     fn name(&self) -> &str {
         self.inner.name()
     }
-    async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
+    async fn create_parts(&self, key: &str, parts: PutPayload) -> Result<Version, BlobError> {
         self.pass(key).await;
-        self.inner.create(key, bytes).await
+        self.inner.create_parts(key, parts).await
     }
     async fn update(
         &self,

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 
-use super::{Blob, BlobError, BlobStore, DynBlobStore, ObjectMeta, Op, Version};
+use super::{Blob, BlobError, BlobStore, DynBlobStore, ObjectMeta, Op, PutPayload, Version};
 
 /// A store wrapper: every call of [`Layer::inner`] goes through
 /// [`Layer::around`], and bytes that reads return through [`Layer::received`].
@@ -39,8 +39,8 @@ impl<L: Layer> BlobStore for L {
         self.inner().name()
     }
 
-    async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
-        self.around(Op::Create, key, self.inner().create(key, bytes))
+    async fn create_parts(&self, key: &str, parts: PutPayload) -> Result<Version, BlobError> {
+        self.around(Op::Create, key, self.inner().create_parts(key, parts))
             .await
     }
 

@@ -69,7 +69,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::key::validate_prefix;
-use super::{Blob, BlobError, BlobStore, ObjectMeta, Op, Version, validate_key};
+use super::{Blob, BlobError, BlobStore, ObjectMeta, Op, PutPayload, Version, validate_key};
 
 const MAGIC: &[u8; 4] = b"CHLB";
 const NONCE_BYTES: usize = 16;
@@ -466,7 +466,7 @@ impl Inner {
         let tmp = self.root.join(TMP_DIR);
         self.create_dirs_durably(&tmp)?;
         let staged = self.fresh_path(TMP_DIR);
-        let marked = write_synced(self, &staged, LAYOUT.as_bytes(), None)
+        let marked = write_synced(self, &staged, &[LAYOUT.as_bytes()], None)
             .and_then(|()| fs::hard_link(&staged, self.root.join(LAYOUT_FILE)));
         let _ = fs::remove_file(&staged);
         match marked {
@@ -477,7 +477,7 @@ impl Inner {
         self.sync_dir(&self.root)
     }
 
-    fn create(&self, key: &str, bytes: &[u8]) -> Result<Version, BlobError> {
+    fn create(&self, key: &str, parts: &PutPayload) -> Result<Version, BlobError> {
         let err = |e| self.io_error(Op::Create, key, e);
         let target = self.key_dir(key);
         let parent = target.parent().expect("a key directory has a parent");
@@ -493,7 +493,8 @@ impl Inner {
         let staged = self.fresh_path(TMP_DIR);
         fs::create_dir(&staged).map_err(err)?;
         let nonce: [u8; NONCE_BYTES] = rand::random();
-        let prepared = write_synced(self, &staged.join(version_name(1)), bytes, Some(nonce))
+        let parts: Vec<&[u8]> = parts.iter().map(|part| part.as_ref()).collect();
+        let prepared = write_synced(self, &staged.join(version_name(1)), &parts, Some(nonce))
             .and_then(|()| self.sync_dir(&staged));
         if let Err(e) = prepared {
             let _ = fs::remove_dir_all(&staged);
@@ -563,7 +564,7 @@ impl Inner {
         }
         let nonce: [u8; NONCE_BYTES] = rand::random();
         let staged = self.fresh_path(TMP_DIR);
-        write_synced(self, &staged, bytes, Some(nonce)).map_err(|e| {
+        write_synced(self, &staged, &[bytes], Some(nonce)).map_err(|e| {
             let _ = fs::remove_file(&staged);
             err(e)
         })?;
@@ -923,7 +924,7 @@ impl Inner {
 fn write_synced(
     inner: &Inner,
     path: &Path,
-    bytes: &[u8],
+    parts: &[&[u8]],
     nonce: Option<[u8; NONCE_BYTES]>,
 ) -> io::Result<()> {
     let mut file = OpenOptions::new().write(true).create_new(true).open(path)?;
@@ -931,7 +932,9 @@ fn write_synced(
         file.write_all(MAGIC)?;
         file.write_all(&nonce)?;
     }
-    file.write_all(bytes)?;
+    for part in parts {
+        file.write_all(part)?;
+    }
     inner.fsync(&file, path)
 }
 
@@ -979,11 +982,11 @@ impl BlobStore for LocalDirStore {
         &self.inner.name
     }
 
-    async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
+    async fn create_parts(&self, key: &str, parts: PutPayload) -> Result<Version, BlobError> {
         validate_key(key)?;
         let key_owned = key.to_owned();
         self.blocking(Op::Create, key, move |inner| {
-            inner.create(&key_owned, &bytes)
+            inner.create(&key_owned, &parts)
         })
         .await
     }

@@ -5,9 +5,11 @@
 //! (docs/overview.md, Stores). Backends:
 //!
 //! - [`ObjectStoreBlobs`]: any store the `object_store` crate speaks (`s3://`,
-//!   `gs://`, `az://`, `memory://`), with create-if-absent and CAS by ETag/generation.
+//!   `gs://`, `az://`), with create-if-absent and CAS by ETag/generation.
 //! - [`LocalDirStore`]: `file:///abs/dir`, durable (fsync) and atomic across
 //!   processes, including CAS update, which `object_store`'s local store lacks.
+//! - [`MemoryStore`]: `memory://name`, in this process only; keeps the parts
+//!   it is given rather than joining them.
 //!
 //! Wrappers that work around any store: [`FaultyStore`] (fault injection),
 //! [`LatencyStore`] (latency injection) and [`TimeoutStore`] (a bound on every
@@ -21,6 +23,7 @@ mod key;
 mod latency;
 mod layer;
 mod local;
+mod memory;
 mod object;
 mod probe;
 mod resolve;
@@ -41,7 +44,9 @@ pub use key::validate_key;
 pub use latency::{Latency, LatencyProfile, LatencyStore};
 pub use layer::Layer;
 pub use local::LocalDirStore;
+pub use memory::MemoryStore;
 pub use object::ObjectStoreBlobs;
+pub use object_store::PutPayload;
 pub use probe::probe;
 pub use resolve::{
     GuardedWriteError, create_resolving, create_resolving_guarded, update_resolving,
@@ -164,7 +169,15 @@ pub trait BlobStore: Send + Sync + fmt::Debug + 'static {
 
     /// Creates `key` with `bytes` iff no object exists there.
     /// Fails with [`BlobError::AlreadyExists`] otherwise.
-    async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError>;
+    async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
+        self.create_parts(key, PutPayload::from(bytes)).await
+    }
+
+    /// [`create`](BlobStore::create) with the contents given as parts, the
+    /// object being their concatenation: a caller holding an object in
+    /// pieces (a sealed segment made of its fragments) need not copy them
+    /// into one buffer, and a store that can keeps or sends them as they are.
+    async fn create_parts(&self, key: &str, parts: PutPayload) -> Result<Version, BlobError>;
 
     /// Replaces `key` with `bytes` iff its current version is `expected`.
     /// Fails with [`BlobError::Conflict`] if the version differs or the object

@@ -89,7 +89,7 @@ impl ObjectStoreBlobs {
         &self,
         op: Op,
         key: &str,
-        bytes: Bytes,
+        payload: PutPayload,
         mode: PutMode,
     ) -> Result<Version, BlobError> {
         validate_key(key)?;
@@ -99,7 +99,7 @@ impl ObjectStoreBlobs {
         };
         let result = self
             .store
-            .put_opts(&self.path(key), PutPayload::from(bytes), options)
+            .put_opts(&self.path(key), payload, options)
             .await
             .map_err(|e| self.error(op, key, e))?;
         Ok(version(result.e_tag, result.version))
@@ -135,8 +135,8 @@ impl BlobStore for ObjectStoreBlobs {
         &self.name
     }
 
-    async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
-        self.put(Op::Create, key, bytes, PutMode::Create).await
+    async fn create_parts(&self, key: &str, parts: PutPayload) -> Result<Version, BlobError> {
+        self.put(Op::Create, key, parts, PutMode::Create).await
     }
 
     async fn update(
@@ -149,7 +149,7 @@ impl BlobStore for ObjectStoreBlobs {
             e_tag: expected.e_tag.clone(),
             version: expected.generation.clone(),
         };
-        self.put(Op::Update, key, bytes, PutMode::Update(expected))
+        self.put(Op::Update, key, bytes.into(), PutMode::Update(expected))
             .await
     }
 

@@ -71,7 +71,7 @@ mod tests {
     use async_trait::async_trait;
 
     use super::*;
-    use crate::blob::{Blob, ObjectMeta, Version};
+    use crate::blob::{Blob, ObjectMeta, PutPayload, Version};
 
     /// A store that accepts conditional writes and ignores the conditions it
     /// is told to ignore, like some "S3-compatible" servers.
@@ -104,7 +104,8 @@ mod tests {
             "careless"
         }
 
-        async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
+        async fn create_parts(&self, key: &str, parts: PutPayload) -> Result<Version, BlobError> {
+            let bytes = Bytes::from(parts);
             let exists = self.objects.lock().unwrap().contains_key(key);
             if exists && !self.ignores_create_condition {
                 return Err(BlobError::already_exists("careless", key));

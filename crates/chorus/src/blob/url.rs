@@ -3,7 +3,7 @@
 //! | URL                           | backend                                        |
 //! |-------------------------------|------------------------------------------------|
 //! | `file:///abs/dir`             | [`LocalDirStore`]                              |
-//! | `memory://name`               | in-process `object_store::memory::InMemory`, shared by name |
+//! | `memory://name`               | [`MemoryStore`], in this process, shared by name |
 //! | `s3://bucket/prefix`          | S3 or an S3-compatible server                  |
 //! | `gs://bucket/prefix`          | Google Cloud Storage                           |
 //! | `az://container/prefix`       | Azure Blob Storage                             |
@@ -14,19 +14,18 @@
 //! `endpoint=<url>` (S3-compatible servers), `region=<name>`, `allow_http=true`;
 //! what the URL leaves unset comes from [`S3Settings`], then the environment.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use object_store::aws::AwsCredential;
-use object_store::memory::InMemory;
 use object_store::{ClientConfigKey, ObjectStore, RetryConfig};
 use url::Url;
 
 use super::{
-    BlobError, DynBlobStore, InstrumentedStore, LocalDirStore, ObjectStoreBlobs, Op, probe,
+    BlobError, DynBlobStore, InstrumentedStore, LocalDirStore, MemoryStore, ObjectStoreBlobs, Op,
+    probe,
 };
 
 /// The kinds of store a URL can name.
@@ -276,7 +275,6 @@ impl StoreUrl {
                 .map(|allow| (ClientConfigKey::AllowHttp, allow.to_string())),
         );
         Ok(match self.scheme {
-            Scheme::Memory => shared_memory_store(&self.bucket),
             Scheme::S3 => {
                 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
                 let mut builder = AmazonS3Builder::from_env()
@@ -331,7 +329,9 @@ impl StoreUrl {
                 }
                 Arc::new(builder.build()?)
             }
-            Scheme::File => unreachable!("file stores are not object_store backed"),
+            Scheme::File | Scheme::Memory => {
+                unreachable!("file and memory stores are not object_store backed")
+            }
         })
     }
 }
@@ -352,22 +352,18 @@ impl fmt::Display for StoreUrl {
     }
 }
 
-/// One in-memory store per name per process, so that opening `memory://x` twice
-/// reaches the same objects (as two handles on one bucket would).
-fn shared_memory_store(name: &str) -> Arc<dyn ObjectStore> {
-    static STORES: LazyLock<Mutex<HashMap<String, Arc<InMemory>>>> =
-        LazyLock::new(Default::default);
-    let mut stores = STORES.lock().expect("memory store registry poisoned");
-    stores.entry(name.to_owned()).or_default().clone()
-}
-
 /// Opens the store `url` names without probing it (for tests and wrappers that
 /// probe the outermost layer themselves).
 /// Every store is traced and measured ([`InstrumentedStore`]).
 pub fn open_store_unprobed(url: &StoreUrl) -> Result<DynBlobStore, BlobError> {
-    let store: DynBlobStore = match url.local_dir() {
-        Some(dir) => Arc::new(LocalDirStore::open(dir)?),
-        None => {
+    let store: DynBlobStore = match url.scheme {
+        Scheme::File => Arc::new(LocalDirStore::open(&url.path)?),
+        Scheme::Memory => Arc::new(MemoryStore::shared(
+            &url.bucket,
+            url.path.trim_start_matches('/'),
+            url.identity(),
+        )),
+        Scheme::S3 | Scheme::Gcs | Scheme::Azure => {
             let name = url.identity();
             let store = url
                 .object_store()

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use super::*;
 use crate::blob::{
     Blob, BlobStore, Fault, FaultController, FaultRule, FaultyStore, KeyMatch, ObjectMeta, Op,
-    OpSet, RuleId, StoreUrl, open_store,
+    OpSet, PutPayload, RuleId, StoreUrl, open_store,
 };
 use crate::clock::ManualClock;
 use crate::ids::RecordIndex;
@@ -85,8 +85,8 @@ impl BlobStore for MovingHead {
     fn name(&self) -> &str {
         self.inner.name()
     }
-    async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
-        self.inner.create(key, bytes).await
+    async fn create_parts(&self, key: &str, parts: PutPayload) -> Result<Version, BlobError> {
+        self.inner.create_parts(key, parts).await
     }
     async fn update(
         &self,
