@@ -55,6 +55,16 @@ impl Objects {
 }
 
 impl MemoryStore {
+    /// A fresh, empty store that no other handle reaches (its objects go
+    /// when the last clone is dropped), called `name` in errors and metrics.
+    pub fn new(name: impl Into<String>) -> MemoryStore {
+        MemoryStore {
+            bucket: Arc::default(),
+            prefix: String::new(),
+            name: name.into(),
+        }
+    }
+
     /// The store named `bucket`, shared with every other handle on that name
     /// in this process, with keys under `prefix` (`""` for none); `name` is
     /// what errors and metrics call it (its URL).

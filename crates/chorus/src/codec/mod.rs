@@ -41,7 +41,7 @@ pub use error::{CodecError, Format};
 pub use fragment::{FRAGMENT_HEADER_BYTES, Fragment, MAX_FRAGMENT_PAYLOAD_BYTES};
 pub use frame::{FRAME_HEADER_BYTES, MAX_RECORD_BYTES, decode_frames, encode_frames};
 pub use sealed::{
-    MAX_SEALED_PAYLOAD_BYTES, SEALED_HEADER_BYTES, SealedSegment, object_crc32c,
+    FramedSegment, MAX_SEALED_PAYLOAD_BYTES, SEALED_HEADER_BYTES, SealedSegment, object_crc32c,
     parse_sealed_key_name, sealed_key_name,
 };
 pub use version::NewerFormat;

@@ -86,22 +86,21 @@ impl SealedSegment {
     /// With a record above [`MAX_RECORD_BYTES`](super::MAX_RECORD_BYTES),
     /// which no decoded fragment and no admitted append holds.
     pub fn encode(&self) -> Result<Bytes, CodecError> {
-        self.encode_keyed(None).map(|(bytes, _)| bytes)
+        self.encode_keyed().map(|(bytes, _)| bytes)
     }
 
-    /// The object bytes and their [`object_crc32c`], which names the key.
-    /// The whole object's checksum is combined from the header's and the
-    /// payload's rather than read from the bytes a second time; the
-    /// payload's own checksum is `payload`'s where the caller has it (a
-    /// writer sealing the fragments it cut knows each one's), else computed.
+    /// The object bytes and their [`object_crc32c`], which names the key,
+    /// combined from the header's and the payload's checksums rather than
+    /// read from the bytes a second time.
     ///
     /// Refuses and panics as [`SealedSegment::encode`] does.
-    ///
-    /// # Panics
-    /// If `payload` is not as long as the records' frames: it describes
-    /// other bytes.
-    pub fn encode_keyed(&self, payload: Option<CrcRun>) -> Result<(Bytes, u32), CodecError> {
-        let mut header = Header::of(self)?;
+    pub fn encode_keyed(&self) -> Result<(Bytes, u32), CodecError> {
+        let mut header = Header::new(
+            self.id,
+            self.base,
+            self.records.len() as u64,
+            framed_len(&self.records),
+        )?;
         let payload_len =
             usize::try_from(header.payload_len).map_err(|_| CodecError::PayloadTooLarge {
                 format: FORMAT,
@@ -112,14 +111,7 @@ impl SealedSegment {
         out.resize(SEALED_HEADER_BYTES, 0);
         put_frames(&mut out, &self.records);
         assert_eq!(out.len(), SEALED_HEADER_BYTES + payload_len);
-        let payload = match payload {
-            Some(run) => {
-                assert_eq!(run.len(), header.payload_len, "a checksum of other bytes");
-                debug_assert_eq!(run, CrcRun::of(&out[SEALED_HEADER_BYTES..]));
-                run
-            }
-            None => CrcRun::of(&out[SEALED_HEADER_BYTES..]),
-        };
+        let payload = CrcRun::of(&out[SEALED_HEADER_BYTES..]);
         header.payload_crc = payload.crc();
         header.write(&mut out[..SEALED_HEADER_BYTES]);
         let object = CrcRun::of(&out[..SEALED_HEADER_BYTES]).then(payload);
@@ -181,6 +173,57 @@ impl SealedSegment {
     }
 }
 
+/// A sealed object whose payload was framed elsewhere: a writer's committed
+/// fragments carry exactly the frames of their records, in order, so its
+/// sealed object is a new header followed by those fragments' payloads,
+/// written from their buffers instead of copied into one (see
+/// [`Fragment::encode_with_payload`](super::Fragment::encode_with_payload)).
+/// The same object, byte for byte, as [`SealedSegment::encode`] makes from
+/// the records.
+#[derive(Debug, Clone)]
+pub struct FramedSegment {
+    /// The segment sealed.
+    pub id: SegmentId,
+    /// The log index of the first record.
+    pub base: RecordIndex,
+    /// How many records the frames hold.
+    pub count: u64,
+    /// The records' frames, in index order, split anywhere.
+    pub frames: Vec<Bytes>,
+    /// The checksum run of the frames' concatenation.
+    pub checksum: CrcRun,
+}
+
+impl FramedSegment {
+    /// The object as parts to write back to back, the header first, and its
+    /// [`object_crc32c`]. Refuses what [`SealedSegment::encode`] refuses.
+    ///
+    /// # Panics
+    /// If `checksum` is not as long as `frames`: it describes other bytes.
+    /// In debug builds also unless the parts decode as a sealed object of
+    /// `count` records with that checksum.
+    pub fn encode(self) -> Result<(Vec<Bytes>, u32), CodecError> {
+        let framed: u64 = self.frames.iter().map(|part| part.len() as u64).sum();
+        assert_eq!(framed, self.checksum.len(), "a checksum of other bytes");
+        let mut header = Header::new(self.id, self.base, self.count, framed)?;
+        header.payload_crc = self.checksum.crc();
+        let mut head = [0u8; SEALED_HEADER_BYTES];
+        header.write(&mut head);
+        let object = CrcRun::of(&head).then(self.checksum).crc();
+        let mut parts = Vec::with_capacity(1 + self.frames.len());
+        parts.push(Bytes::copy_from_slice(&head));
+        parts.extend(self.frames);
+        #[cfg(debug_assertions)]
+        {
+            let joined = Bytes::from(parts.concat());
+            let decoded = SealedSegment::decode_verified(&joined, self.id, self.base, object)
+                .expect("framed parts make a valid sealed object");
+            assert_eq!(decoded.records.len() as u64, self.count);
+        }
+        Ok((parts, object))
+    }
+}
+
 /// The CRC32C of a whole encoded sealed object: the checksum its key carries.
 pub fn object_crc32c(encoded: &[u8]) -> u32 {
     crc32c::crc32c(encoded)
@@ -222,21 +265,22 @@ struct Header {
 }
 
 impl Header {
-    /// The header for `segment`, with the payload checksum still to fill in.
+    /// The header of `count` records from `base` in segment `id`, framed in
+    /// `payload_len` bytes, with the payload checksum still to fill in.
     /// Refuses everything `decode` would reject.
-    fn of(segment: &SealedSegment) -> Result<Header, CodecError> {
-        let count = segment.records.len() as u64;
+    fn new(
+        id: SegmentId,
+        base: RecordIndex,
+        count: u64,
+        payload_len: u64,
+    ) -> Result<Header, CodecError> {
         let inconsistent = |reason: String| CodecError::Inconsistent {
             format: FORMAT,
             reason,
         };
         if count == 0 {
-            return Err(inconsistent(format!(
-                "segment without records: id={}",
-                segment.id
-            )));
+            return Err(inconsistent(format!("segment without records: id={id}")));
         }
-        let payload_len = framed_len(&segment.records);
         if payload_len > MAX_SEALED_PAYLOAD_BYTES {
             return Err(CodecError::PayloadTooLarge {
                 format: FORMAT,
@@ -244,19 +288,18 @@ impl Header {
                 max: MAX_SEALED_PAYLOAD_BYTES,
             });
         }
-        if segment.base.0.checked_add(count).is_none() {
+        if base.0.checked_add(count).is_none() {
             return Err(inconsistent(format!(
-                "record indices overflow: id={} base={} count={count}",
-                segment.id, segment.base
+                "record indices overflow: id={id} base={base} count={count}"
             )));
         }
         Ok(Header {
             version: SEALED_VERSION,
             first_reserved: 0,
-            epoch: segment.id.epoch.0,
-            counter: segment.id.counter,
+            epoch: id.epoch.0,
+            counter: id.counter,
             second_reserved: 0,
-            base: segment.base.0,
+            base: base.0,
             count,
             payload_len,
             payload_crc: 0,

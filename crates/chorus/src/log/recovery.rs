@@ -428,7 +428,7 @@ fn build_view(
         }
         let base = end;
         end = RecordIndex(base.0 + records.len() as u64);
-        seals.push((PreparedSeal::new(segment, base, records, None)?, end));
+        seals.push((PreparedSeal::new(segment, base, records)?, end));
     }
     let view = View {
         recovered_from: (manifest.tail, manifest.pending),

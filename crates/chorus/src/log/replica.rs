@@ -6,7 +6,7 @@ use bytes::Bytes;
 
 use super::layout::{fragment_key, parse_fragment_key, sealed_key, segment_prefix};
 use super::offload::offload;
-use crate::blob::{BlobError, DynBlobStore, Version};
+use crate::blob::{BlobError, DynBlobStore, PutPayload, Version};
 use crate::codec::{CodecError, Fragment, SealedSegment};
 use crate::ids::{Epoch, FragmentIndex, RecordIndex, SegmentId};
 use crate::register::DirectoryEntry;
@@ -128,21 +128,21 @@ impl Replica {
         }
     }
 
-    /// Creates the sealed object `bytes` that `entry` names; an object already
-    /// under its content-addressed key must be byte-identical.
+    /// Creates the sealed object that `entry` names from `parts`; an object
+    /// already under its content-addressed key must be byte-identical.
     pub async fn write_sealed(
         &self,
         entry: &DirectoryEntry,
-        bytes: Bytes,
+        parts: PutPayload,
     ) -> Result<(), SealWriteError> {
         let key = sealed_key(entry.id, entry.crc32c);
-        match self.store.create(&key, bytes.clone()).await {
+        match self.store.create_parts(&key, parts.clone()).await {
             Ok(_) => return Ok(()),
             Err(BlobError::AlreadyExists { .. }) => {}
             Err(error) => return Err(SealWriteError::Store(error)),
         }
         let found = self.store.get(&key).await.map_err(SealWriteError::Store)?;
-        if found.bytes == bytes {
+        if same_bytes(&found.bytes, &parts) {
             return Ok(());
         }
         match SealedSegment::decode_verified(&found.bytes, entry.id, entry.base, entry.crc32c) {
@@ -206,6 +206,18 @@ impl Replica {
         .await
         .map_err(|error| ReadSealedError::Corrupt(format!("{key} on {self:?}: {error}")))
     }
+}
+
+/// Whether `bytes` is the concatenation of `parts`.
+fn same_bytes(bytes: &[u8], parts: &PutPayload) -> bool {
+    let mut rest = bytes;
+    for part in parts {
+        match rest.split_at_checked(part.len()) {
+            Some((head, tail)) if head == &part[..] => rest = tail,
+            _ => return false,
+        }
+    }
+    rest.is_empty()
 }
 
 /// Why writing a sealed object failed.
@@ -278,4 +290,22 @@ pub fn first_missing(present: &[FragmentIndex]) -> FragmentIndex {
         expected += 1;
     }
     FragmentIndex(expected)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_match_parts_only_when_they_are_the_whole_concatenation() {
+        let parts: PutPayload = [&b"ab"[..], b"", b"cde"]
+            .into_iter()
+            .map(Bytes::from_static)
+            .collect();
+        assert!(same_bytes(b"abcde", &parts));
+        for other in [&b"abcd"[..], b"abcdef", b"abXde", b""] {
+            assert!(!same_bytes(other, &parts), "{other:?}");
+        }
+        assert!(same_bytes(b"", &PutPayload::new()));
+    }
 }

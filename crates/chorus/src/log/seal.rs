@@ -10,7 +10,8 @@ use super::gather::gather;
 use super::replica::{Replica, SealWriteError};
 use super::retry::retrying;
 use super::transitions::SealedEntry;
-use crate::codec::{CrcRun, SealedSegment};
+use crate::blob::PutPayload;
+use crate::codec::{CodecError, FramedSegment, SealedSegment};
 use crate::ids::{RecordIndex, SegmentId};
 use crate::register::{DirectoryEntry, SealDigest};
 
@@ -20,42 +21,64 @@ const MAX_SEAL_ATTEMPTS: u32 = 6;
 /// A sealed object ready to write.
 #[derive(Debug, Clone)]
 pub struct PreparedSeal {
-    /// The encoded object.
-    pub bytes: Bytes,
+    /// The encoded object, as parts written back to back.
+    pub parts: PutPayload,
     /// Its directory entry and digest.
     pub sealed: SealedEntry,
 }
 
 impl PreparedSeal {
-    /// Encodes `records` as the sealed object of `segment` at `base`; refused
-    /// (`Corrupt`) where the sealed format cannot hold them (no records, over
-    /// its size limit), which no validated configuration produces.
-    /// `payload` is the checksum of the records' frames where the caller
-    /// already has it (see [`SealedSegment::encode_keyed`]).
+    /// Encodes `records` as the sealed object of `segment` at `base`
+    /// (recovery, which has the records it read). Refused (`Corrupt`) where
+    /// the sealed format cannot hold them (no records, over its size limit),
+    /// which no validated configuration produces.
     pub fn new(
         segment: SegmentId,
         base: RecordIndex,
         records: Vec<Bytes>,
-        payload: Option<CrcRun>,
     ) -> Result<PreparedSeal, LogError> {
         let (bytes, crc32c) = SealedSegment {
             id: segment,
             base,
             records,
         }
-        .encode_keyed(payload)
-        .map_err(|error| LogError::corrupt(format!("cannot seal segment={segment}"), error))?;
+        .encode_keyed()
+        .map_err(|error| cannot_seal(segment, error))?;
+        Ok(PreparedSeal::of(segment, base, vec![bytes], crc32c))
+    }
+
+    /// The sealed object of frames a writer already encoded into its
+    /// fragments: their buffers become the object's parts, not a copy.
+    /// Refused as [`PreparedSeal::new`] is.
+    pub fn framed(framed: FramedSegment) -> Result<PreparedSeal, LogError> {
+        let (segment, base) = (framed.id, framed.base);
+        let (parts, crc32c) = framed
+            .encode()
+            .map_err(|error| cannot_seal(segment, error))?;
+        Ok(PreparedSeal::of(segment, base, parts, crc32c))
+    }
+
+    fn of(segment: SegmentId, base: RecordIndex, parts: Vec<Bytes>, crc32c: u32) -> PreparedSeal {
         let entry = DirectoryEntry {
             id: segment,
             base,
             crc32c,
         };
-        let digest = SealDigest::of(&bytes);
-        Ok(PreparedSeal {
-            bytes,
+        let digest = SealDigest::of_parts(parts.iter().map(|part| part.as_ref()));
+        PreparedSeal {
+            parts: parts.into_iter().collect(),
             sealed: SealedEntry { entry, digest },
-        })
+        }
     }
+
+    /// The object's size in bytes.
+    pub fn len(&self) -> usize {
+        self.parts.content_length()
+    }
+}
+
+fn cannot_seal(segment: SegmentId, error: CodecError) -> LogError {
+    LogError::corrupt(format!("cannot seal segment={segment}"), error)
 }
 
 /// Which replicas hold the sealed object after [`write_seal`].
@@ -143,7 +166,7 @@ async fn write_one(
     let transient =
         |error: &SealWriteError| matches!(error, SealWriteError::Store(e) if e.is_transient());
     retrying(MAX_SEAL_ATTEMPTS, backoff, transient, || {
-        replica.write_sealed(&seal.sealed.entry, seal.bytes.clone())
+        replica.write_sealed(&seal.sealed.entry, seal.parts.clone())
     })
     .await
 }

@@ -28,7 +28,16 @@ pub enum SealDigest {
 impl SealDigest {
     /// The digest this build records for a sealed object's bytes.
     pub fn of(sealed_object: &[u8]) -> SealDigest {
-        SealDigest::Blake3(*blake3::hash(sealed_object).as_bytes())
+        SealDigest::of_parts([sealed_object])
+    }
+
+    /// [`of`](SealDigest::of) the concatenation of `parts`, without making it.
+    pub fn of_parts<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> SealDigest {
+        let mut hasher = blake3::Hasher::new();
+        for part in parts {
+            hasher.update(part);
+        }
+        SealDigest::Blake3(*hasher.finalize().as_bytes())
     }
 
     /// The algorithm's name as the register spells it.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use chorus::blob::{DynBlobStore, FaultController, FaultyStore, ObjectStoreBlobs};
+use chorus::blob::{DynBlobStore, FaultController, FaultyStore, MemoryStore};
 use chorus::codec::Fragment;
 use chorus::ids::{Epoch, FragmentIndex, RecordIndex, SegmentId};
 use chorus::log::layout::{SEALED_PREFIX, fragment_key, segment_prefix};
@@ -40,12 +40,7 @@ impl Cluster {
         let mut raw = Vec::new();
         let mut stored = Vec::new();
         for position in 0..replicas {
-            let memory = Arc::new(object_store::memory::InMemory::new());
-            let store: DynBlobStore = Arc::new(ObjectStoreBlobs::new(
-                memory,
-                "",
-                format!("memory://r{position}"),
-            ));
+            let store: DynBlobStore = Arc::new(MemoryStore::new(format!("memory://r{position}")));
             let controller = FaultController::new(position as u64 + 1);
             let faulty: DynBlobStore =
                 Arc::new(FaultyStore::new(store.clone(), controller.clone()));

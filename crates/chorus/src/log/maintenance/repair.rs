@@ -143,7 +143,7 @@ pub(super) fn retained_entries(
 
 async fn restore(replica: &Replica, entry: &DirectoryEntry, bytes: Bytes) -> Result<(), String> {
     replica
-        .write_sealed(entry, bytes)
+        .write_sealed(entry, bytes.into())
         .await
         .map_err(|error| format!("{error:?}"))
 }

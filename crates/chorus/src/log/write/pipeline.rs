@@ -18,7 +18,7 @@ use super::lane::Lane;
 use super::pacer::Pacer;
 use super::rotation::{Rotated, seal_and_fold};
 use super::{Command, Receipt, Shared};
-use crate::codec::{CrcRun, Fragment};
+use crate::codec::{CrcRun, FRAGMENT_HEADER_BYTES, Fragment, FramedSegment};
 use crate::ids::{FragmentIndex, RecordIndex, SegmentId};
 use crate::log::config::LogConfig;
 use crate::log::error::{LogError, StopReason};
@@ -56,10 +56,13 @@ struct ActiveSegment {
     next_record: RecordIndex,
     /// Framed record bytes cut so far (see `framed_bytes`).
     bytes: u64,
-    /// Committed records, kept for the seal.
-    committed: Vec<Bytes>,
-    /// The checksum of the committed records' frames, combined fragment by
-    /// fragment so the seal need not read them again.
+    /// The committed fragments' payloads (their records' frames), which
+    /// become the sealed object's parts: the seal copies no record.
+    committed_frames: Vec<Bytes>,
+    /// How many records `committed_frames` hold.
+    committed_records: u64,
+    /// The checksum of `committed_frames`' concatenation, combined fragment
+    /// by fragment so the seal need not read them again.
     committed_crc: CrcRun,
 }
 
@@ -71,7 +74,8 @@ impl ActiveSegment {
             cut: 0,
             next_record: base,
             bytes: 0,
-            committed: Vec::new(),
+            committed_frames: Vec::new(),
+            committed_records: 0,
             committed_crc: CrcRun::default(),
         }
     }
@@ -84,7 +88,8 @@ struct Slot {
     /// The checksum of the fragment's payload (its records' frames).
     payload_crc: CrcRun,
     cut_at: Instant,
-    records: Vec<Bytes>,
+    /// How many records the fragment holds.
+    records: u64,
     payload_bytes: u64,
     acks: usize,
     committed: bool,
@@ -417,15 +422,16 @@ impl Pipeline {
             records.push(record.payload);
         }
         self.queued_bytes -= payload_bytes;
+        let count = records.len() as u64;
         let (encoded, payload_crc) = Fragment::Data {
             epoch: self.ownership.epoch,
             index: FragmentIndex(index),
             first,
-            records: records.clone(),
+            records,
         }
         .encode_with_payload();
         self.segment.cut += 1;
-        self.segment.next_record = RecordIndex(first.0 + records.len() as u64);
+        self.segment.next_record = RecordIndex(first.0 + count);
         self.segment.bytes += framed;
         let now = Instant::now();
         self.pacer.cut(now);
@@ -436,7 +442,7 @@ impl Pipeline {
                 encoded,
                 payload_crc,
                 cut_at: now,
-                records,
+                records: count,
                 payload_bytes,
                 acks: 0,
                 committed: false,
@@ -579,21 +585,22 @@ impl Pipeline {
     fn complete_committed(&mut self) {
         let now = Instant::now();
         while let Some(slot) = self.slots.get_mut(&self.committed).filter(|s| s.committed) {
-            let records = std::mem::take(&mut slot.records);
-            let bytes = slot.payload_bytes;
+            let (records, bytes) = (slot.records, slot.payload_bytes);
             {
                 let mut admission = self.shared.admission();
-                admission.release(records.len() as u64, bytes);
-                admission.durable_end = RecordIndex(admission.durable_end.0 + records.len() as u64);
+                admission.release(records, bytes);
+                admission.durable_end = RecordIndex(admission.durable_end.0 + records);
             }
-            for _ in 0..records.len() {
+            for _ in 0..records {
                 let waiter = self.waiting.pop_front().expect("a waiter per cut record");
                 metrics::commit_latency(now.duration_since(waiter.admitted_at));
                 let _ = waiter.completion.send(Ok(Receipt {
                     index: waiter.index,
                 }));
             }
-            self.segment.committed.extend(records);
+            let frames = slot.encoded.slice(FRAGMENT_HEADER_BYTES..);
+            self.segment.committed_frames.push(frames);
+            self.segment.committed_records += records;
             self.segment.committed_crc = self.segment.committed_crc.then(slot.payload_crc);
             self.committed += 1;
         }
@@ -661,7 +668,13 @@ impl Pipeline {
             Arc::clone(&self.register),
             self.config.clone(),
             self.ownership,
-            (full.id, full.base, full.committed, full.committed_crc),
+            FramedSegment {
+                id: full.id,
+                base: full.base,
+                count: full.committed_records,
+                frames: full.committed_frames,
+                checksum: full.committed_crc,
+            },
             (base, new_pending),
             sender,
         ));

@@ -4,10 +4,9 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use crate::codec::CrcRun;
+use crate::codec::FramedSegment;
 use crate::ids::{RecordIndex, SegmentId};
 use crate::log::config::LogConfig;
 use crate::log::error::LogError;
@@ -30,22 +29,22 @@ pub struct Rotated {
     pub degraded: bool,
 }
 
-/// Seals `(segment, base, records)` (`payload`: the checksum of their
-/// frames, combined from the fragments') and folds it, making the active
-/// segment (starting at `new_base`) the tail and registering `new_pending`.
-/// Retries until it succeeds or is fenced; the outcome goes to `done`.
+/// Seals `full` (the committed fragments' frames) and folds it, making the
+/// active segment (starting at `new_base`) the tail and registering
+/// `new_pending`. Retries until it succeeds or is fenced; the outcome goes
+/// to `done`.
 pub async fn seal_and_fold(
     replicas: Vec<Replica>,
     register: Arc<dyn ManifestStore>,
     config: LogConfig,
     ownership: Ownership,
-    (segment, base, records, payload): (SegmentId, RecordIndex, Vec<Bytes>, CrcRun),
+    full: FramedSegment,
     (new_base, new_pending): (RecordIndex, SegmentId),
     done: oneshot::Sender<Result<Rotated, LogError>>,
 ) {
     let started = tokio::time::Instant::now();
-    let seal = match offload(move || PreparedSeal::new(segment, base, records, Some(payload))).await
-    {
+    let segment = full.id;
+    let seal = match offload(move || PreparedSeal::framed(full)).await {
         Ok(seal) => seal,
         Err(error) => {
             let _ = done.send(Err(error));
@@ -84,7 +83,7 @@ pub async fn seal_and_fold(
     if outcome.is_ok() {
         tracing::info!(
             %segment,
-            bytes = seal.bytes.len(),
+            bytes = seal.len(),
             prepare_ms = prepared.as_millis() as u64,
             total_ms = started.elapsed().as_millis() as u64,
             "sealed and folded"
