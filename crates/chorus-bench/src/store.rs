@@ -1,23 +1,29 @@
-//! The store every system in a comparison writes to: `object_store`'s
-//! in-memory store behind [`InjectedStore`], which delays each request by a
-//! draw from a [`Latency`] model and counts it by price class.
+//! The stores every system in a comparison writes to: in-memory stores whose
+//! every request first waits a draw from a [`Latency`] model and is counted
+//! by price class, through one [`Charger`] per store.
+//!
+//! Two faces on the same charging: [`InjectedStore`], an `object_store`
+//! store over `object_store`'s in-memory store, for SlateDB (which speaks
+//! `object_store`); and [`InjectedBlobs`], a Chorus [`BlobStore`] over a
+//! [`MemoryStore`], for Chorus and the naive log. The second keeps the parts
+//! of a multi-part create as they are, as a real store's upload does not
+//! copy them either (`object_store`'s in-memory store joins them into a new
+//! buffer on every put, so a sealed segment written from its fragments'
+//! buffers would be copied once per replica, a cost no real store has).
 //!
 //! The delays end by [`Timer::Precise`] (within tens of microseconds of
 //! their deadline, where tokio's millisecond timer adds up to a
 //! millisecond), so a light-load figure measures the system, not the timer.
-//!
-//! Latency is injected at the `object_store` level, not with
-//! [`chorus::blob::LatencyStore`], because SlateDB speaks `object_store`
-//! directly: Chorus (through [`chorus::blob::ObjectStoreBlobs`]), SlateDB and
-//! the naive log then pass through the very same wrapper, delays and counts.
 
 use std::fmt;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chorus::blob::Latency;
+use bytes::Bytes;
+use chorus::blob::{Blob, BlobError, BlobStore, DynBlobStore, Latency, MemoryStore, Version};
 use chorus::timer::Timer;
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -77,7 +83,7 @@ impl Counters {
 
 /// Counts a request and draws its delay; shared by a store and its uploads.
 #[derive(Debug, Clone)]
-struct Charger {
+pub struct Charger {
     latency: Latency,
     rng: Arc<Mutex<StdRng>>,
     counters: Arc<Counters>,
@@ -85,6 +91,17 @@ struct Charger {
 }
 
 impl Charger {
+    /// Delays drawn from `latency` (following `seed`), ended by `timer`,
+    /// requests counted into `counters`.
+    pub fn new(latency: Latency, seed: u64, counters: Arc<Counters>, timer: Timer) -> Charger {
+        Charger {
+            latency,
+            rng: Arc::new(Mutex::new(StdRng::seed_from_u64(seed))),
+            counters,
+            timer,
+        }
+    }
+
     /// Counts one request of `class` carrying `bytes` and returns its delay.
     fn charge(&self, class: Class, bytes: u64) -> Duration {
         self.counters.add(class, bytes);
@@ -120,15 +137,83 @@ impl InjectedStore {
         counters: Arc<Counters>,
         timer: Timer,
     ) -> Arc<InjectedStore> {
+        InjectedStore::with_charger(Charger::new(latency, seed, counters, timer))
+    }
+
+    /// A fresh, empty in-memory store whose requests `charger` delays and
+    /// counts.
+    pub fn with_charger(charger: Charger) -> Arc<InjectedStore> {
         Arc::new(InjectedStore {
             inner: Arc::new(InMemory::new()),
-            charger: Charger {
-                latency,
-                rng: Arc::new(Mutex::new(StdRng::seed_from_u64(seed))),
-                counters,
-                timer,
-            },
+            charger,
         })
+    }
+}
+
+/// A fresh in-memory Chorus store whose every request waits a drawn delay
+/// first and is counted, as [`InjectedStore`]'s are.
+#[derive(Debug)]
+pub struct InjectedBlobs {
+    inner: MemoryStore,
+    charger: Charger,
+}
+
+impl InjectedBlobs {
+    /// A fresh, empty store named `name` whose requests `charger` delays
+    /// and counts.
+    pub fn memory(name: impl Into<String>, charger: Charger) -> DynBlobStore {
+        Arc::new(InjectedBlobs {
+            inner: MemoryStore::new(name),
+            charger,
+        })
+    }
+}
+
+#[async_trait]
+impl BlobStore for InjectedBlobs {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn create_parts(&self, key: &str, parts: PutPayload) -> Result<Version, BlobError> {
+        let bytes = parts.content_length() as u64;
+        self.charger.wait(Class::Put, bytes).await;
+        self.inner.create_parts(key, parts).await
+    }
+
+    async fn update(
+        &self,
+        key: &str,
+        expected: &Version,
+        bytes: Bytes,
+    ) -> Result<Version, BlobError> {
+        self.charger.wait(Class::Put, bytes.len() as u64).await;
+        self.inner.update(key, expected, bytes).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Blob, BlobError> {
+        self.charger.wait(Class::Get, 0).await;
+        self.inner.get(key).await
+    }
+
+    async fn get_range(&self, key: &str, range: Range<u64>) -> Result<Bytes, BlobError> {
+        self.charger.wait(Class::Get, 0).await;
+        self.inner.get_range(key, range).await
+    }
+
+    async fn head(&self, key: &str) -> Result<chorus::blob::ObjectMeta, BlobError> {
+        self.charger.wait(Class::Get, 0).await;
+        self.inner.head(key).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<chorus::blob::ObjectMeta>, BlobError> {
+        self.charger.wait(Class::Put, 0).await;
+        self.inner.list(prefix).await
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), BlobError> {
+        self.charger.wait(Class::Delete, 0).await;
+        self.inner.delete(key).await
     }
 }
 
@@ -320,5 +405,49 @@ mod tests {
         assert_eq!((counts.put_class, counts.deletes), (5, 1));
         assert_eq!(counts.bytes_put, 30);
         assert_eq!(store.head(&path).await.unwrap().size, 30);
+    }
+
+    /// The Chorus face charges the same: every request waits and lands in
+    /// its price class, a create's bytes counted whatever its parts.
+    #[tokio::test(start_paused = true)]
+    async fn blob_requests_wait_and_are_counted_by_price_class() {
+        let counters = Arc::new(Counters::default());
+        let charger = Charger::new(
+            Latency::Fixed(DELAY),
+            1,
+            Arc::clone(&counters),
+            Timer::Tokio,
+        );
+        let store = InjectedBlobs::memory("memory://charged", charger);
+        let timed = Instant::now();
+        let parts: PutPayload = [&b"123"[..], b"45"]
+            .into_iter()
+            .map(Bytes::from_static)
+            .collect();
+        let version = store.create_parts("a/b", parts).await.unwrap();
+        assert_eq!(timed.elapsed(), DELAY);
+        store
+            .update("a/b", &version, Bytes::from_static(b"6789"))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.get("a/b").await.unwrap().bytes,
+            Bytes::from_static(b"6789")
+        );
+        store.get_range("a/b", 1..3).await.unwrap();
+        store.head("a/b").await.unwrap();
+        assert_eq!(store.list("a").await.unwrap().len(), 1);
+        let timed = Instant::now();
+        store.delete("a/b").await.unwrap();
+        assert_eq!(timed.elapsed(), DELAY);
+        assert_eq!(
+            counters.snapshot(),
+            RequestCounts {
+                put_class: 3,
+                get_class: 3,
+                deletes: 1,
+                bytes_put: 9,
+            }
+        );
     }
 }

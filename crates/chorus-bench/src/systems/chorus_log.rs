@@ -7,14 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use chorus::blob::{DynBlobStore, ObjectStoreBlobs};
+use chorus::blob::DynBlobStore;
 use chorus::log::{LogConfig, LogError, LogStores, Recovery, Writer};
 use chorus::register::{DEFAULT_WINDOW, ObjectRegister, initialize};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use super::{Ack, Error, Refused, System};
-use crate::store::InjectedStore;
 
 /// How long a close waits for the last appends and the final seal.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -43,30 +42,18 @@ pub struct ChorusLog {
     writer: Writer,
 }
 
-/// A Chorus blob store over `store`, named `name`.
-fn blobs(store: Arc<InjectedStore>, name: String) -> DynBlobStore {
-    Arc::new(ObjectStoreBlobs::new(store, "", name))
-}
-
-/// A new log over `replicas` with its register in `register`, created with
-/// `window`.
+/// A new log over `replicas` (each known by its name) with its register
+/// in `register`, created with `window`.
 pub async fn create_log(
-    replicas: Vec<Arc<InjectedStore>>,
-    register: Arc<InjectedStore>,
+    replicas: Vec<DynBlobStore>,
+    register: DynBlobStore,
     window: u32,
 ) -> Result<LogStores, Error> {
     let replicas: Vec<(String, DynBlobStore)> = replicas
         .into_iter()
-        .enumerate()
-        .map(|(position, store)| {
-            let identity = format!("memory://replica-{position}");
-            (identity.clone(), blobs(store, identity))
-        })
+        .map(|store| (store.name().to_owned(), store))
         .collect();
-    let register = Arc::new(ObjectRegister::new(blobs(
-        register,
-        "memory://register".to_owned(),
-    )));
+    let register = Arc::new(ObjectRegister::new(register));
     let identities = replicas.iter().map(|(id, _)| id.clone()).collect();
     initialize(register.as_ref(), identities, window).await?;
     Ok(LogStores { replicas, register })
@@ -75,8 +62,8 @@ pub async fn create_log(
 /// Initializes a log over `replicas` with its register in `register`, runs
 /// recovery (nothing to replay) and starts the writer.
 pub async fn open(
-    replicas: Vec<Arc<InjectedStore>>,
-    register: Arc<InjectedStore>,
+    replicas: Vec<DynBlobStore>,
+    register: DynBlobStore,
     settings: &Settings,
 ) -> Result<ChorusLog, Error> {
     let stores = create_log(replicas, register, settings.window).await?;

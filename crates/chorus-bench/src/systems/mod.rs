@@ -13,11 +13,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use chorus::blob::DynBlobStore;
+use chorus::timer::Timer;
 use futures::future::BoxFuture;
 
 use crate::floor::majority;
 use crate::models::{Scenario, by_name};
-use crate::store::{Counters, InjectedStore};
+use crate::store::{Charger, Counters, InjectedBlobs, InjectedStore};
 
 /// Any error a system reports.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -107,23 +109,44 @@ impl SystemKind {
         chorus: &ChorusSettings,
     ) -> Result<Box<dyn System>, Error> {
         let (replicas, _) = self.quorum();
-        let store = |position: usize| {
+        // Store `position`'s delays and counts, whichever face it gets.
+        let charger = |position: usize| {
             let latency = scenario.replica(base, position);
-            InjectedStore::memory(latency, seed + position as u64, Arc::clone(counters))
+            Charger::new(
+                latency,
+                seed + position as u64,
+                Arc::clone(counters),
+                Timer::Precise,
+            )
         };
-        let stores: Vec<_> = (0..replicas).map(store).collect();
+        let store = |position: usize| InjectedStore::with_charger(charger(position));
+        let blobs = |position: usize, name: String| InjectedBlobs::memory(name, charger(position));
+        let replica_blobs = |prefix: &str| -> Vec<DynBlobStore> {
+            (0..replicas)
+                .map(|position| blobs(position, format!("memory://{prefix}-{position}")))
+                .collect()
+        };
+        // The register lives in a store of its own, past the odd one out.
+        let register = || blobs(replicas, "memory://register".to_owned());
         Ok(match self {
-            // The register lives in a store of its own, past the odd one out.
             SystemKind::Chorus(_) => {
-                Box::new(chorus_log::open(stores, store(replicas), chorus).await?)
+                Box::new(chorus_log::open(replica_blobs("replica"), register(), chorus).await?)
             }
-            SystemKind::SlateDb(flush) => Box::new(slate::open(stores, flush).await?),
+            SystemKind::SlateDb(flush) => {
+                Box::new(slate::open((0..replicas).map(store).collect(), flush).await?)
+            }
             // SlateDB's bucket next, past the register: fast like the others
             // in every scenario but the slow-replica ones' odd one out.
             SystemKind::SlateDbOnChorus(_) => Box::new(
-                slate::open_on_chorus(store(replicas + 1), stores, store(replicas), chorus).await?,
+                slate::open_on_chorus(
+                    store(replicas + 1),
+                    replica_blobs("replica"),
+                    register(),
+                    chorus,
+                )
+                .await?,
             ),
-            SystemKind::Naive(_) => Box::new(naive::open(stores)),
+            SystemKind::Naive(_) => Box::new(naive::open(replica_blobs("naive"))),
         })
     }
 }

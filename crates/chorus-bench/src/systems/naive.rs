@@ -7,13 +7,12 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use chorus::blob::{DynBlobStore, ObjectStoreBlobs};
+use chorus::blob::DynBlobStore;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 
 use super::{Ack, Error, Refused, System};
 use crate::floor::majority;
-use crate::store::InjectedStore;
 
 /// An open naive log.
 pub struct NaiveLog {
@@ -21,18 +20,7 @@ pub struct NaiveLog {
 }
 
 /// A naive log over `stores`.
-pub fn open(stores: Vec<Arc<InjectedStore>>) -> NaiveLog {
-    let stores = stores
-        .into_iter()
-        .enumerate()
-        .map(|(position, store)| -> DynBlobStore {
-            Arc::new(ObjectStoreBlobs::new(
-                store,
-                "",
-                format!("memory://naive-{position}"),
-            ))
-        })
-        .collect();
+pub fn open(stores: Vec<DynBlobStore>) -> NaiveLog {
     NaiveLog { stores }
 }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use chorus::blob::DynBlobStore;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use slatedb::{Db, Settings};
@@ -63,8 +64,8 @@ pub async fn open(
 /// settings.
 pub async fn open_on_chorus(
     bucket: Arc<InjectedStore>,
-    replicas: Vec<Arc<InjectedStore>>,
-    register: Arc<InjectedStore>,
+    replicas: Vec<DynBlobStore>,
+    register: DynBlobStore,
     chorus: &ChorusSettings,
 ) -> Result<SlateDb, Error> {
     let stores = create_log(replicas, register, chorus.window).await?;
