@@ -218,18 +218,13 @@ pub(crate) async fn submit(
     });
     let record = Record { stamp, body };
     let encoded = record.encode()?;
+    let key = record.stamp.as_ref().map(|stamp| &stamp.key);
     // Only a keyed request is told apart from others by its digest.
-    let keyed = match &record.stamp {
-        Some(stamp) => Some((&stamp.key, record.digest()?)),
-        None => None,
-    };
-    let key = keyed.as_ref().map(|(key, _)| *key);
+    let digest = key.map(|_| record.digest()).transpose()?;
+    let keyed = key.zip(digest.as_ref());
     let written = app
         .runtime
-        .write(|state: &KvState| {
-            let keyed = keyed.as_ref().map(|(key, digest)| (*key, digest));
-            admit(state, &record.body, keyed).map(|()| admitting(encoded))
-        })
+        .write(|state: &KvState| admit(state, &record.body, keyed).map(|()| admitting(encoded)))
         .await;
     let written = match written {
         Err(WriteError::Rejected(Refused::Replay { original, outcome })) => {
