@@ -67,9 +67,11 @@ impl RecordingStore {
         }
     }
 
-    fn landed<T>(&self, key: &str, outcome: &Result<T, BlobError>, bytes: &Bytes) {
+    /// Shows a write that landed to the observer; `bytes` makes what it
+    /// wrote only then.
+    fn landed<T>(&self, key: &str, outcome: &Result<T, BlobError>, bytes: impl FnOnce() -> Bytes) {
         if let (Ok(_), Some(observer)) = (outcome, &self.observer) {
-            observer.landed(key, bytes);
+            observer.landed(key, &bytes());
         }
     }
 
@@ -90,9 +92,8 @@ impl BlobStore for RecordingStore {
     async fn create_parts(&self, key: &str, parts: PutPayload) -> Result<Version, BlobError> {
         let outcome = self.inner.create_parts(key, parts.clone()).await;
         self.note(key);
-        if outcome.is_ok() && self.observer.is_some() {
-            self.landed(key, &outcome, &Bytes::from(parts));
-        }
+        // Joined only for an observer, and only once it landed.
+        self.landed(key, &outcome, || Bytes::from(parts));
         outcome
     }
 
@@ -104,7 +105,7 @@ impl BlobStore for RecordingStore {
     ) -> Result<Version, BlobError> {
         let outcome = self.inner.update(key, expected, bytes.clone()).await;
         self.note(key);
-        self.landed(key, &outcome, &bytes);
+        self.landed(key, &outcome, || bytes);
         outcome
     }
 
