@@ -123,26 +123,9 @@ pub struct InjectedStore {
 }
 
 impl InjectedStore {
-    /// A fresh, empty in-memory store with `latency` on every request; delays
-    /// follow `seed`.
-    pub fn memory(latency: Latency, seed: u64, counters: Arc<Counters>) -> Arc<InjectedStore> {
-        InjectedStore::memory_with_timer(latency, seed, counters, Timer::Precise)
-    }
-
-    /// [`memory`](InjectedStore::memory), waiting by `timer`
-    /// ([`Timer::Tokio`] on a paused test clock).
-    pub fn memory_with_timer(
-        latency: Latency,
-        seed: u64,
-        counters: Arc<Counters>,
-        timer: Timer,
-    ) -> Arc<InjectedStore> {
-        InjectedStore::with_charger(Charger::new(latency, seed, counters, timer))
-    }
-
     /// A fresh, empty in-memory store whose requests `charger` delays and
     /// counts.
-    pub fn with_charger(charger: Charger) -> Arc<InjectedStore> {
+    pub fn memory(charger: Charger) -> Arc<InjectedStore> {
         Arc::new(InjectedStore {
             inner: Arc::new(InMemory::new()),
             charger,
@@ -341,15 +324,14 @@ mod tests {
 
     const DELAY: Duration = Duration::from_millis(7);
 
+    /// Fixed delays on the paused test clock, counted into `counters`.
+    fn charger(counters: &Arc<Counters>) -> Charger {
+        Charger::new(Latency::Fixed(DELAY), 1, Arc::clone(counters), Timer::Tokio)
+    }
+
     fn store() -> (Arc<InjectedStore>, Arc<Counters>) {
         let counters = Arc::new(Counters::default());
-        let store = InjectedStore::memory_with_timer(
-            Latency::Fixed(DELAY),
-            1,
-            Arc::clone(&counters),
-            Timer::Tokio,
-        );
-        (store, counters)
+        (InjectedStore::memory(charger(&counters)), counters)
     }
 
     /// Every kind of request waits the injected delay and lands in its price class.
@@ -412,13 +394,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn blob_requests_wait_and_are_counted_by_price_class() {
         let counters = Arc::new(Counters::default());
-        let charger = Charger::new(
-            Latency::Fixed(DELAY),
-            1,
-            Arc::clone(&counters),
-            Timer::Tokio,
-        );
-        let store = InjectedBlobs::memory("memory://charged", charger);
+        let store = InjectedBlobs::memory("memory://charged", charger(&counters));
         let timed = Instant::now();
         let parts: PutPayload = [&b"123"[..], b"45"]
             .into_iter()

@@ -119,7 +119,7 @@ impl SystemKind {
                 Timer::Precise,
             )
         };
-        let store = |position: usize| InjectedStore::with_charger(charger(position));
+        let store = |position: usize| InjectedStore::memory(charger(position));
         let blobs = |position: usize, name: String| InjectedBlobs::memory(name, charger(position));
         let replica_blobs = |prefix: &str| -> Vec<DynBlobStore> {
             (0..replicas)
