@@ -48,9 +48,16 @@ struct Stored {
 }
 
 impl Objects {
-    fn next_version(&mut self) -> u64 {
+    /// Stores `parts` at `path` under a version never handed out before.
+    fn put(&mut self, path: String, parts: PutPayload) -> Version {
         self.last_version += 1;
-        self.last_version
+        let stored = Stored {
+            size: parts.content_length() as u64,
+            parts,
+            version: self.last_version,
+        };
+        self.by_path.insert(path, stored);
+        version(self.last_version)
     }
 }
 
@@ -158,17 +165,7 @@ impl BlobStore for MemoryStore {
         if objects.by_path.contains_key(&path) {
             return Err(BlobError::already_exists(&self.name, key));
         }
-        let number = objects.next_version();
-        let size = parts.content_length() as u64;
-        objects.by_path.insert(
-            path,
-            Stored {
-                parts,
-                size,
-                version: number,
-            },
-        );
-        Ok(version(number))
+        Ok(objects.put(path, parts))
     }
 
     async fn update(
@@ -187,17 +184,7 @@ impl BlobStore for MemoryStore {
         if current.as_ref() != Some(expected) {
             return Err(BlobError::conflict(&self.name, key));
         }
-        let number = objects.next_version();
-        let size = bytes.len() as u64;
-        objects.by_path.insert(
-            path,
-            Stored {
-                parts: bytes.into(),
-                size,
-                version: number,
-            },
-        );
-        Ok(version(number))
+        Ok(objects.put(path, bytes.into()))
     }
 
     async fn get(&self, key: &str) -> Result<Blob, BlobError> {
