@@ -7,14 +7,16 @@
 //! request, and under load these were a measurable share of the service's
 //! CPU (docs/BENCHMARKS.md, "Where a put's CPU goes").
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Instant;
 
 use axum::Json;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{Method, header};
+use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use metrics::{Counter, Histogram};
 
 use crate::error;
 use crate::{AppState, auth, deadline, guard};
@@ -30,14 +32,13 @@ pub const HEALTH_ROUTE: &str = "/healthz";
 /// error response without a JSON body gets one, and every answer is
 /// counted by route, method and status.
 pub async fn front(State(app): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|path| path.as_str().to_owned());
+    let route = request.extensions().get::<MatchedPath>().cloned();
     let method = method_label(request.method());
     let started = Instant::now();
     let refusal = guard::framing_error(&request, app.config.max_body_bytes).or_else(|| {
-        let protected = route.as_deref().is_some_and(|route| route != HEALTH_ROUTE);
+        let protected = route
+            .as_ref()
+            .is_some_and(|route| route.as_str() != HEALTH_ROUTE);
         protected
             .then(|| auth::refusal(app.config.token.as_deref(), &request))
             .flatten()
@@ -47,15 +48,73 @@ pub async fn front(State(app): State<Arc<AppState>>, request: Request, next: Nex
         None => deadline::bound(app.config.request_timeout, request, next).await,
     };
     let response = with_json_body(response).await;
-    let labels = [
-        ("route", route.unwrap_or_else(|| "unmatched".to_owned())),
-        ("method", method.to_owned()),
-        ("status", response.status().as_str().to_owned()),
-    ];
-    metrics::counter!("chorus_http_requests_total", &labels).increment(1);
-    metrics::histogram!("chorus_http_request_seconds", &labels)
-        .record(started.elapsed().as_secs_f64());
+    let route = route.as_ref().map_or(UNMATCHED_ROUTE, MatchedPath::as_str);
+    let series = app.request_metrics.series(route, method, response.status());
+    series.requests.increment(1);
+    series.seconds.record(started.elapsed().as_secs_f64());
     response
+}
+
+/// The route label of a request no route matched.
+const UNMATCHED_ROUTE: &str = "unmatched";
+
+/// The handles of the request metrics, by route, method and status.
+///
+/// Registering a labelled metric builds its key (three label strings) and
+/// looks it up in the recorder's registry, which cost a few per cent of the
+/// service's CPU per request; the handles found once are kept here. The
+/// series are bounded: routes are the router's patterns (or
+/// [`UNMATCHED_ROUTE`]), methods those [`method_label`] names, statuses
+/// the codes the service answers with.
+#[derive(Default)]
+pub struct RequestMetrics {
+    routes: RwLock<HashMap<Box<str>, Vec<Arc<Series>>>>,
+}
+
+/// One series' handles.
+struct Series {
+    method: &'static str,
+    status: StatusCode,
+    requests: Counter,
+    seconds: Histogram,
+}
+
+impl RequestMetrics {
+    /// The handles of `route`, `method` and `status`, registered with the
+    /// process's recorder on first use.
+    fn series(&self, route: &str, method: &'static str, status: StatusCode) -> Arc<Series> {
+        let find = |routes: &HashMap<Box<str>, Vec<Arc<Series>>>| {
+            routes.get(route).and_then(|series| {
+                series
+                    .iter()
+                    .find(|series| series.method == method && series.status == status)
+                    .cloned()
+            })
+        };
+        if let Some(series) = find(&self.routes.read().unwrap_or_else(PoisonError::into_inner)) {
+            return series;
+        }
+        let mut routes = self.routes.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(series) = find(&routes) {
+            return series;
+        }
+        let labels = [
+            ("route", route.to_owned()),
+            ("method", method.to_owned()),
+            ("status", status.as_str().to_owned()),
+        ];
+        let series = Arc::new(Series {
+            method,
+            status,
+            requests: metrics::counter!("chorus_http_requests_total", &labels),
+            seconds: metrics::histogram!("chorus_http_request_seconds", &labels),
+        });
+        routes
+            .entry(route.into())
+            .or_default()
+            .push(Arc::clone(&series));
+        series
+    }
 }
 
 /// Gives an error response a JSON body if it has none, including those no
@@ -114,6 +173,25 @@ mod tests {
     /// A plain-text answer, as axum writes one with no handler behind it.
     fn bare(status: StatusCode, text: &'static str) -> Response {
         (status, text).into_response()
+    }
+
+    #[test]
+    fn a_series_is_registered_once_and_found_after() {
+        let metrics = RequestMetrics::default();
+        let put = metrics.series("/v1/kv/{*key}", "PUT", StatusCode::OK);
+        let again = metrics.series("/v1/kv/{*key}", "PUT", StatusCode::OK);
+        assert!(Arc::ptr_eq(&put, &again));
+        let others = [
+            metrics.series("/v1/kv/{*key}", "PUT", StatusCode::CONFLICT),
+            metrics.series("/v1/kv/{*key}", "GET", StatusCode::OK),
+            metrics.series(UNMATCHED_ROUTE, "PUT", StatusCode::OK),
+        ];
+        for other in &others {
+            assert!(!Arc::ptr_eq(&put, other));
+        }
+        let routes = metrics.routes.read().unwrap();
+        assert_eq!(routes.len(), 2);
+        assert_eq!(routes["/v1/kv/{*key}"].len(), 3);
     }
 
     #[test]

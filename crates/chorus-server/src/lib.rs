@@ -82,6 +82,8 @@ pub struct AppState {
     pub shutdown: watch::Receiver<bool>,
     /// The places for streams and log pages that `config.memory` allows.
     pub permits: limits::Permits,
+    /// The request metrics' handles, found once per series.
+    pub request_metrics: front::RequestMetrics,
 }
 
 impl AppState {
@@ -101,6 +103,7 @@ impl AppState {
             metrics,
             shutdown,
             permits,
+            request_metrics: front::RequestMetrics::default(),
         }
     }
 }
