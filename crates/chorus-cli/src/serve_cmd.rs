@@ -148,9 +148,16 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..=3600))]
     lease_ttl_secs: u64,
 
-    /// Publish a snapshot (and truncate the log below it) after this many records.
+    /// Publish a snapshot (and truncate the log below it) after this many records…
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_every_records: u64,
+
+    /// …once the log since the last snapshot holds at least this percentage
+    /// of that snapshot's bytes (so snapshots of a large state do not cost
+    /// more than the log itself; a restart replays at most about that much
+    /// log). 0: by record count alone.
+    #[arg(long, default_value_t = chorus::runtime::DEFAULT_SNAPSHOT_MIN_LOG_PERCENT)]
+    snapshot_min_log_percent: u32,
 
     /// …or at least this often while records arrive.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
@@ -385,6 +392,7 @@ struct EtcdSettings {
 #[derive(Debug, Clone, Copy)]
 struct Schedule {
     every_records: u64,
+    min_log_percent: u32,
     interval: Duration,
     force: bool,
     lease_check_interval: Duration,
@@ -398,6 +406,7 @@ impl Resolved {
     fn runtime(&self, holder: HolderId) -> RuntimeConfig {
         let mut runtime = RuntimeConfig::new(holder);
         runtime.snapshot_every_records = self.schedule.every_records;
+        runtime.snapshot_min_log_percent = self.schedule.min_log_percent;
         runtime.snapshot_interval = self.schedule.interval;
         runtime.force = self.schedule.force;
         runtime.lease_check_interval = self.schedule.lease_check_interval;
@@ -492,6 +501,7 @@ impl ServeArgs {
         };
         let schedule = Schedule {
             every_records: self.snapshot_every_records,
+            min_log_percent: self.snapshot_min_log_percent,
             interval: Duration::from_secs(self.snapshot_interval_secs),
             force: self.force,
             lease_check_interval: (ttl / 20)
@@ -735,6 +745,7 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
     // recursion limit.
     let watch = &resolved.etcd.watch;
     config["hedge_after_percent"] = json!(schedule.hedge_after_percent);
+    config["snapshot_min_log_percent"] = json!(schedule.min_log_percent);
     config["etcd_max_connections"] = json!(resolved.etcd.max_connections);
     config["etcd_watch_send_buffer_bytes"] = json!(watch.send_buffer_bytes);
     config["etcd_watch_stall_timeout_secs"] = json!(watch.stall_timeout.as_secs());

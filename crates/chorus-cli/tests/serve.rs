@@ -749,7 +749,12 @@ fn a_stopped_primary_never_acknowledges_or_serves_overwritten_values_after_resum
 #[test]
 fn truncation_under_a_lagging_standby_rehydrates_from_the_newest_snapshot() {
     let deployment = Deployment::embedded();
-    let launch = deployment.launch().args(["--snapshot-every-records", "50"]);
+    let launch = deployment.launch().args([
+        "--snapshot-every-records",
+        "50",
+        "--snapshot-min-log-percent",
+        "0",
+    ]);
     let a = launch.start("a");
     a.wait_for_role("primary");
     let b = launch.start("b");
@@ -841,6 +846,8 @@ fn a_standby_restored_from_a_snapshot_reads_only_the_log_after_it() {
     let launch = deployment.launch().args([
         "--snapshot-every-records",
         "50",
+        "--snapshot-min-log-percent",
+        "0",
         "--snapshot-interval-secs",
         "1",
     ]);

@@ -226,6 +226,8 @@ fn idempotent_increments_survive_sigkill_and_sigstop_failovers_exactly_once() {
         // Snapshots during the run, so the table also crosses a restore.
         "--snapshot-every-records",
         "50",
+        "--snapshot-min-log-percent",
+        "0",
     ]);
     let mut a = launch.start("a");
     a.wait_for_role("primary");

@@ -58,6 +58,8 @@ fn sigterm_during_a_stalled_snapshot_upload_releases_the_lease_for_the_standby()
         GRACE_SECS.to_string(),
         "--snapshot-every-records".to_owned(),
         SNAPSHOT_EVERY_RECORDS.to_string(),
+        "--snapshot-min-log-percent".to_owned(),
+        "0".to_owned(),
         "--snapshot-payload-timeout-secs".to_owned(),
         PAYLOAD_TIMEOUT_SECS.to_string(),
     ]);

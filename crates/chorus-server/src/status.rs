@@ -96,6 +96,7 @@ fn runtime_json(status: &RuntimeStatus, wall_ms: u64) -> Map<String, Value> {
         "last_snapshot_index": status.last_snapshot_index.map(|index| index.0),
         "snapshot_schedule": {
             "every_records": status.snapshot_every_records,
+            "min_log_percent": status.snapshot_min_log_percent,
             "interval_secs": status.snapshot_interval.as_secs(),
         },
         "caught_up": status.caught_up,

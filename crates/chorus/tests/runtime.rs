@@ -81,11 +81,13 @@ fn snapshot_config() -> SnapshotConfig {
 }
 
 /// A runtime configuration for `holder` that snapshots every
-/// `snapshot_every_records` records (and not by time within a test).
+/// `snapshot_every_records` records (by count alone, whatever the
+/// snapshots' size, and not by time within a test).
 fn config(holder_id: &str, snapshot_every_records: u64) -> RuntimeConfig {
     RuntimeConfig {
         log: test_config(),
         snapshot_every_records,
+        snapshot_min_log_percent: 0,
         snapshot_interval: Duration::from_secs(60),
         standby_poll_interval: POLL,
         lease_check_interval: POLL,
@@ -877,6 +879,47 @@ async fn lagging_standby_restores_the_newest_snapshot_after_the_log_was_truncate
 /// How long the primary takes to notice a snapshot is due, at most (its
 /// check interval is 500 ms), with room to spare.
 const SNAPSHOT_CHECKS: Duration = Duration::from_millis(1300);
+
+/// With `snapshot_min_log_percent`, a snapshot due by record count waits
+/// until the log since the last snapshot holds that share of its bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_snapshot_waits_until_the_log_since_holds_as_many_bytes() {
+    let db = Db::new().await;
+    let sized = RuntimeConfig {
+        snapshot_min_log_percent: 100,
+        ..config("a", 2)
+    };
+    let primary = db.node(1).start(sized);
+    wait_primary(&primary).await;
+    // Two records, 10 KB of log against the first boot's empty snapshot:
+    // due, and the snapshot holds the large value.
+    put(&primary, "large", &"x".repeat(10_000)).await;
+    let first = RecordIndex(put(&primary, "small-0", "v").await.0 + 1);
+    let snapshot_at = |runtime: &Kv| runtime.status().last_snapshot_index;
+    wait_until("the first snapshot", PATIENCE, || async {
+        snapshot_at(&primary) == Some(first)
+    })
+    .await;
+    let snapshot_bytes = db.head().await.unwrap().payload_size_bytes;
+    assert!((10_000..16_000).contains(&snapshot_bytes), "{snapshot_bytes}");
+
+    // Enough records, fewer bytes than the snapshot: not due. (An absence,
+    // so this waits out a fixed window of snapshot checks.)
+    for sequence in 1..=10 {
+        put(&primary, &format!("small-{sequence}"), "v").await;
+    }
+    put(&primary, "large-2", &"y".repeat(8_000)).await;
+    tokio::time::sleep(SNAPSHOT_CHECKS).await;
+    assert_eq!(snapshot_at(&primary), Some(first));
+
+    // More bytes than the snapshot: due.
+    let end = RecordIndex(put(&primary, "large-3", &"z".repeat(8_000)).await.0 + 1);
+    wait_until("the second snapshot", PATIENCE, || async {
+        snapshot_at(&primary) == Some(end)
+    })
+    .await;
+    primary.shutdown().await.unwrap();
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_takeover_does_not_republish_the_snapshot_head_already_names() {

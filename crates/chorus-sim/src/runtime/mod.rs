@@ -287,6 +287,7 @@ impl Settings {
         let runtime = RuntimeConfig {
             log: params.config.clone(),
             snapshot_every_records: rng.random_range(2..=24),
+            snapshot_min_log_percent: [0, 50, 100][rng.random_range(0..3)],
             snapshot_interval: millis(rng, 1000..=20_000),
             keep_payloads: NonZeroUsize::new(rng.random_range(1..=3)).expect("non-zero"),
             force: false,
@@ -318,7 +319,8 @@ impl std::fmt::Display for Settings {
         write!(
             f,
             "nodes={} replicas={} window={} ttl={:?} safety_margin={:?} store_call_timeout={:?} \
-             max_skew_ms={} snapshot_every_records={} snapshot_interval={:?} keep_payloads={} \
+             max_skew_ms={} snapshot_every_records={} snapshot_min_log_percent={} \
+             snapshot_interval={:?} keep_payloads={} \
              standby_poll={:?} lease_check={:?} drain={:?} retry_backoff={:?} \
              max_segment_bytes={} max_inflight_records={} fault_intensity={}",
             self.nodes,
@@ -329,6 +331,7 @@ impl std::fmt::Display for Settings {
             l.store_call_timeout,
             self.timing.max_skew_ms,
             r.snapshot_every_records,
+            r.snapshot_min_log_percent,
             r.snapshot_interval,
             r.keep_payloads,
             r.standby_poll_interval,

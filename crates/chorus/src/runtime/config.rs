@@ -13,6 +13,9 @@ pub const DEFAULT_HISTORY_RECORDS: usize = 10_000;
 /// in-flight budget, so a history of large values costs no more than that.
 pub const DEFAULT_HISTORY_BYTES: usize = 64 << 20;
 
+/// Default of [`RuntimeConfig::snapshot_min_log_percent`].
+pub const DEFAULT_SNAPSHOT_MIN_LOG_PERCENT: u32 = 100;
+
 /// The stores of one database: its log, its snapshots and its writer lease.
 #[derive(Debug, Clone)]
 pub struct RuntimeStores {
@@ -44,8 +47,15 @@ pub struct RuntimeConfig {
     /// The log's write-path settings.
     pub log: LogConfig,
     /// Publish a snapshot once this many records were applied since the last
-    /// one. Lower: faster restarts and shorter logs, more uploads.
+    /// one (and [`snapshot_min_log_percent`](Self::snapshot_min_log_percent)
+    /// allows). Lower: faster restarts and shorter logs, more uploads.
     pub snapshot_every_records: u64,
+    /// …and once the log since the last snapshot holds at least this
+    /// percentage of that snapshot's bytes: a snapshot costs its whole size
+    /// however few records it adds, so at 100 publishing snapshots writes
+    /// at most as many bytes as the log itself, and a restart replays at
+    /// most about one snapshot's worth of log. 0: by record count alone.
+    pub snapshot_min_log_percent: u32,
     /// Publish a snapshot at least this often while records arrive.
     pub snapshot_interval: Duration,
     /// Snapshot payloads retention keeps (HEAD's is always kept).
@@ -91,6 +101,7 @@ impl RuntimeConfig {
             incarnation: None,
             log: LogConfig::default(),
             snapshot_every_records: 100_000,
+            snapshot_min_log_percent: DEFAULT_SNAPSHOT_MIN_LOG_PERCENT,
             snapshot_interval: Duration::from_secs(300),
             keep_payloads: DEFAULT_KEEP_PAYLOADS,
             force: false,

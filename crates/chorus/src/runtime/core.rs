@@ -58,6 +58,10 @@ pub(super) struct Core<M: StateMachine> {
     pub(super) machine: M,
     /// The next index to apply: every record below it is reflected.
     applied_end: RecordIndex,
+    /// Bytes of every record applied by this process, restored snapshots
+    /// not counted: what the snapshot schedule measures the log since a
+    /// snapshot by.
+    applied_bytes: u64,
     /// Whether the state is known to be the log's prefix below `applied_end`:
     /// restored from a snapshot, or started empty on a database that had no
     /// snapshot yet (the first snapshot is that empty state). Until then a
@@ -120,6 +124,7 @@ impl<M: StateMachine> Core<M> {
         Core {
             machine,
             applied_end: RecordIndex(0),
+            applied_bytes: 0,
             known: false,
             history: VecDeque::new(),
             history_bytes: 0,
@@ -134,6 +139,11 @@ impl<M: StateMachine> Core<M> {
 
     pub(super) fn applied_end(&self) -> RecordIndex {
         self.applied_end
+    }
+
+    /// Bytes of every record this process applied (never reset).
+    pub(super) fn applied_bytes(&self) -> u64 {
+        self.applied_bytes
     }
 
     /// Whether the state is a known prefix of the log (see `known`).
@@ -165,6 +175,7 @@ impl<M: StateMachine> Core<M> {
         );
         let output = self.machine.apply(index, &record);
         self.applied_end = RecordIndex(index.0 + 1);
+        self.applied_bytes += record.len() as u64;
         self.history_bytes += record.len();
         self.history.push_back(Change {
             index,

@@ -13,9 +13,11 @@
 //!    writer; 6. apply the log's tail; 7. start the writer and serve.
 //!
 //! Steady state: a write is appended, acknowledged by a quorum, applied in
-//! index order, and only then answered. Snapshots are published every
-//! [`RuntimeConfig::snapshot_every_records`] records or
-//! [`RuntimeConfig::snapshot_interval`], then the log is truncated below them.
+//! index order, and only then answered. Snapshots are published after
+//! [`RuntimeConfig::snapshot_every_records`] records once the log since the
+//! last holds [`RuntimeConfig::snapshot_min_log_percent`] of its bytes, or
+//! every [`RuntimeConfig::snapshot_interval`], then the log is truncated
+//! below them.
 //! The lease is refreshed every third of its ttl; while the holder cannot be
 //! sure of it, the runtime serves neither writes nor current reads, and a
 //! holder that finds its lease taken aborts its writer and becomes a standby.
@@ -27,6 +29,7 @@ mod held;
 mod log_view;
 mod machine;
 mod primary;
+mod schedule;
 mod standby;
 mod status;
 
@@ -38,7 +41,10 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use self::core::{Change, HistoryGap, RevisionGap};
-pub use config::{DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_RECORDS, RuntimeConfig, RuntimeStores};
+pub use config::{
+    DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_RECORDS, DEFAULT_SNAPSHOT_MIN_LOG_PERCENT,
+    RuntimeConfig, RuntimeStores,
+};
 pub use error::{Phase, Role, RuntimeError, Unavailable, WriteError};
 pub use log_view::{
     LOG_VIEW_MAX_AGE, LogReadError, LogReader, LogView, Observed, REPLICA_CHECK_TIMEOUT,

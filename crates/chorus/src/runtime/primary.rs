@@ -10,6 +10,7 @@ use tokio::task::JoinHandle;
 
 use super::error::{Phase, Role, RuntimeError};
 use super::machine::{Checkpoint, StateMachine, check_restored};
+use super::schedule::{self, SinceSnapshot};
 use super::{InFlight, Shared, WritePath, Written, boot_backoff, timed};
 use crate::ids::RecordIndex;
 use crate::lease::{LeaseError, LeaseHolder, LeaseRecord};
@@ -143,13 +144,13 @@ pub(super) async fn hydrate<M: StateMachine>(
     shared: &Shared<M>,
     head: &Head,
 ) -> Result<(), RuntimeError> {
-    let warm = {
+    let (warm, applied_bytes) = {
         let core = shared.core();
-        core.is_known() && head.wal_index <= core.applied_end()
+        let warm = core.is_known() && head.wal_index <= core.applied_end();
+        (warm, core.applied_bytes())
     };
     if warm {
-        let mut info = shared.info();
-        info.last_snapshot_index = info.last_snapshot_index.max(Some(head.wal_index));
+        shared.info().learn_snapshot(head.wal_index, applied_bytes);
         return Ok(());
     }
     restore_head(shared, head).await
@@ -178,8 +179,10 @@ pub(super) async fn restore_head<M: StateMachine>(
         RuntimeError::new(Phase::Restore, message, false)
     })?;
     shared.restore(machine, head.wal_index);
+    let applied_bytes = shared.core().applied_bytes();
     let mut info = shared.info();
     info.last_snapshot_index = Some(head.wal_index);
+    info.snapshot_applied_bytes = applied_bytes;
     info.head = Some(head.clone());
     tracing::info!(wal_index = %head.wal_index, key = %head.snapshot_key(), "restored snapshot");
     Ok(())
@@ -250,7 +253,7 @@ async fn claim<M: StateMachine>(
     // Only a first boot installs the state as the first snapshot; encoding
     // it on every boot would cost O(state) CPU and memory per takeover.
     let initial = if publication.needs_initial() {
-        let snapshot = checkpoint(shared)
+        let (snapshot, _applied_bytes) = checkpoint(shared)
             .await
             .map_err(|e| RuntimeError::new(Phase::ClaimHead, e, false))?;
         Some(snapshot)
@@ -265,10 +268,10 @@ async fn claim<M: StateMachine>(
             snapshot_error(Phase::ClaimHead, e)
         }
     })?;
+    let applied_bytes = shared.core().applied_bytes();
     let mut info = shared.info();
     // HEAD's payload is the newest snapshot, whichever process wrote it.
-    let snapshotted = Some(claimed.head().wal_index);
-    info.last_snapshot_index = info.last_snapshot_index.max(snapshotted);
+    info.learn_snapshot(claimed.head().wal_index, applied_bytes);
     info.head = Some(claimed.head().clone());
     Ok(())
 }
@@ -478,26 +481,49 @@ fn snapshot_pending<M: StateMachine>(shared: &Shared<M>) -> bool {
     last.is_none_or(|last| shared.applied_end() > last)
 }
 
-/// Whether a snapshot is due: enough records since the last, or records and
-/// enough time since `since`.
+/// Whether a snapshot is due (see [`schedule`](super::schedule)), the last
+/// publication having started at `since`.
 fn snapshot_due<M: StateMachine>(shared: &Shared<M>, since: tokio::time::Instant) -> bool {
-    let last = shared.info().last_snapshot_index.unwrap_or(RecordIndex(0));
-    let behind = shared.applied_end().0.saturating_sub(last.0);
-    behind >= shared.config.snapshot_every_records
-        || (behind > 0 && since.elapsed() >= shared.config.snapshot_interval)
+    let (last, snapshot_applied_bytes, snapshot_bytes) = {
+        let info = shared.info();
+        let snapshot_bytes = info.head.as_ref().map_or(0, |head| head.payload_size_bytes);
+        (
+            info.last_snapshot_index,
+            info.snapshot_applied_bytes,
+            snapshot_bytes,
+        )
+    };
+    let (applied_end, applied_bytes) = {
+        let core = shared.core();
+        (core.applied_end(), core.applied_bytes())
+    };
+    let since = SinceSnapshot {
+        records: applied_end
+            .0
+            .saturating_sub(last.unwrap_or(RecordIndex(0)).0),
+        log_bytes: applied_bytes.saturating_sub(snapshot_applied_bytes),
+        snapshot_bytes,
+        elapsed: since.elapsed(),
+    };
+    schedule::snapshot_due(&shared.config, &since)
 }
 
-/// A consistent copy of the state, encoded off the state lock.
-async fn checkpoint<M: StateMachine>(shared: &Shared<M>) -> Result<NewSnapshot, String> {
-    let (checkpoint, wal_index) = {
+/// A consistent copy of the state, encoded off the state lock, and the
+/// core's applied bytes when it was taken.
+async fn checkpoint<M: StateMachine>(shared: &Shared<M>) -> Result<(NewSnapshot, u64), String> {
+    let (checkpoint, wal_index, applied_bytes) = {
         let core = shared.core();
-        (core.machine.checkpoint(), core.applied_end())
+        (
+            core.machine.checkpoint(),
+            core.applied_end(),
+            core.applied_bytes(),
+        )
     };
     let bytes = tokio::task::spawn_blocking(move || checkpoint.to_bytes())
         .await
         .map_err(|e| format!("encoding the snapshot: {e}"))?
         .map_err(|e| format!("encoding the snapshot: {e}"))?;
-    Ok(NewSnapshot { bytes, wal_index })
+    Ok((NewSnapshot { bytes, wal_index }, applied_bytes))
 }
 
 /// A finished publication: the store it ran on, and how it went.
@@ -523,7 +549,7 @@ async fn publish<M: StateMachine>(
     publication: &mut PublicationStore,
 ) -> Result<(), RuntimeError> {
     timed(shared, Phase::Snapshot, async {
-        let snapshot = checkpoint(shared)
+        let (snapshot, applied_bytes) = checkpoint(shared)
             .await
             .map_err(|e| RuntimeError::new(Phase::Snapshot, e, true))?;
         let wal_index = snapshot.wal_index;
@@ -537,6 +563,7 @@ async fn publish<M: StateMachine>(
             let mut info = shared.info();
             info.head = Some(head);
             info.last_snapshot_index = Some(wal_index);
+            info.snapshot_applied_bytes = applied_bytes;
         }
         let maintenance = crate::log::maintenance::Maintenance::new(&shared.stores.log);
         let progress = crate::log::maintenance::NoProgress;

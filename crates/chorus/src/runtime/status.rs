@@ -43,6 +43,8 @@ pub struct RuntimeStatus {
     pub last_error: Option<String>,
     /// Snapshot every this many records…
     pub snapshot_every_records: u64,
+    /// …once the log since the last holds this percentage of its bytes…
+    pub snapshot_min_log_percent: u32,
     /// …or this often.
     pub snapshot_interval: Duration,
 }
@@ -55,6 +57,10 @@ pub(super) struct Info {
     pub(super) lease: Option<LeaseRecord>,
     pub(super) head: Option<Head>,
     pub(super) last_snapshot_index: Option<RecordIndex>,
+    /// The core's applied bytes when its state was the newest snapshot's,
+    /// or when this process learned of a newer snapshot than its own (the
+    /// log between that snapshot and the state here then goes uncounted).
+    pub(super) snapshot_applied_bytes: u64,
     pub(super) caught_up: bool,
     pub(super) epoch: Option<Epoch>,
     pub(super) replayed_records: u64,
@@ -63,6 +69,16 @@ pub(super) struct Info {
 }
 
 impl Info {
+    /// Notes a snapshot of the log below `index` that this process learned
+    /// of (rather than took), if newer than the newest it knew: the log
+    /// since it is counted from here, `applied_bytes` into the core's count.
+    pub(super) fn learn_snapshot(&mut self, index: RecordIndex, applied_bytes: u64) {
+        if self.last_snapshot_index.is_none_or(|last| index > last) {
+            self.last_snapshot_index = Some(index);
+            self.snapshot_applied_bytes = applied_bytes;
+        }
+    }
+
     pub(super) fn new(contender: Contender) -> Info {
         Info {
             role: Role::Booting,
@@ -70,6 +86,7 @@ impl Info {
             lease: None,
             head: None,
             last_snapshot_index: None,
+            snapshot_applied_bytes: 0,
             caught_up: false,
             epoch: None,
             replayed_records: 0,
@@ -118,6 +135,7 @@ impl Info {
             phases: self.phases.clone(),
             last_error: self.last_error.clone(),
             snapshot_every_records: config.snapshot_every_records,
+            snapshot_min_log_percent: config.snapshot_min_log_percent,
             snapshot_interval: config.snapshot_interval,
         }
     }
