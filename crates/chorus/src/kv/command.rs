@@ -207,8 +207,11 @@ impl Record {
     /// Refuses a command that breaks the limits, a stamp outside its
     /// limits, and a raw payload without a stamp.
     pub fn encode(&self) -> Result<Bytes, CommandError> {
-        let body = encode_body(&self.body)?;
-        let mut out = BytesMut::new();
+        validate_body(&self.body)?;
+        // One buffer of about the record's size: the value is copied once
+        // and no buffer grows (a put's record is most of its allocations).
+        let room = self.encoded_len_hint();
+        let mut out = BytesMut::with_capacity(room);
         out.put_slice(&MAGIC);
         match &self.stamp {
             None if matches!(self.body, Body::Raw(_)) => return Err(CommandError::UnstampedRaw),
@@ -220,10 +223,43 @@ impl Record {
                 put_stamp(&mut out, stamp);
             }
         }
-        out.put_slice(&body);
+        put_body(&mut out, &self.body);
         let crc = crc32c::crc32c(&out);
         out.put_u32_le(crc);
+        debug_assert!(
+            out.len() <= room,
+            "record of {} bytes, {room} estimated",
+            out.len()
+        );
         Ok(out.freeze())
+    }
+
+    /// An upper estimate of [`encode`](Self::encode)'s length.
+    fn encoded_len_hint(&self) -> usize {
+        const STAMP_FIXED: usize = 1 + 8 + 3 * 8;
+        let stamp = self
+            .stamp
+            .as_ref()
+            .map_or(0, |stamp| STAMP_FIXED + stamp.key.as_bytes().len());
+        let body = match &self.body {
+            Body::Command(command) => {
+                let operations: usize = command
+                    .operations()
+                    .iter()
+                    .map(|operation| {
+                        let value = match operation {
+                            Operation::Put { value, .. } => 4 + value.len(),
+                            Operation::Delete { .. } => 0,
+                        };
+                        OPERATION_FIXED + operation.key().len() + value
+                    })
+                    .sum();
+                1 + 4 + operations
+            }
+            Body::Raw(payload) => 1 + 4 + payload.len(),
+            Body::Etcd(command) => 1 + etcd_codec::encoded_len_hint(command),
+        };
+        MAGIC.len() + 1 + stamp + body + CHECKSUM_BYTES
     }
 
     /// Decodes a record of either format, checking its checksum, every
@@ -262,7 +298,10 @@ impl Record {
     /// single put and a batch of one put differ; a raw payload differs from
     /// every command).
     pub fn digest(&self) -> Result<RequestDigest, CommandError> {
-        Ok(Sha256::digest(encode_body(&self.body)?).into())
+        validate_body(&self.body)?;
+        let mut body = BytesMut::new();
+        put_body(&mut body, &self.body);
+        Ok(Sha256::digest(body).into())
     }
 }
 
@@ -350,23 +389,31 @@ impl EtcdCommand {
 }
 
 /// The body bytes: `kind u8 | …`.
-fn encode_body(body: &Body) -> Result<BytesMut, CommandError> {
-    let mut out = BytesMut::new();
+/// An operation's encoded bytes besides its key and value: kind, condition
+/// tag and number, the key's length.
+const OPERATION_FIXED: usize = 1 + 1 + 8 + 4;
+
+/// Checks a body against the limits before it is written.
+fn validate_body(body: &Body) -> Result<(), CommandError> {
     match body {
-        Body::Command(command) => {
-            command.validate()?;
-            put_command_body(&mut out, command);
-        }
+        Body::Command(command) => command.validate(),
+        Body::Raw(_) | Body::Etcd(_) => Ok(()),
+    }
+}
+
+/// Writes a body ([`validate_body`] first).
+fn put_body(out: &mut BytesMut, body: &Body) {
+    match body {
+        Body::Command(command) => put_command_body(out, command),
         Body::Raw(payload) => {
             out.put_u8(KIND_RAW);
-            put_bytes(&mut out, payload);
+            put_bytes(out, payload);
         }
         Body::Etcd(command) => {
             out.put_u8(KIND_ETCD);
-            etcd_codec::put_command(&mut out, command);
+            etcd_codec::put_command(out, command);
         }
     }
-    Ok(out)
 }
 
 fn put_command_body(out: &mut BytesMut, command: &Command) {

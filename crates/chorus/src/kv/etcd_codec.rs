@@ -49,6 +49,45 @@ const DELETE_OP: u8 = 3;
 const TXN_OP: u8 = 4;
 
 /// Writes `command` as an etcd body (after the kind byte).
+/// An upper estimate of what [`put_command`] writes for `command`.
+pub(super) fn encoded_len_hint(command: &EtcdCommand) -> usize {
+    /// Every element's fixed fields (lengths, numbers, flags) fit in this.
+    const FIXED: usize = 40;
+    fn txn(txn: &TxnRequest) -> usize {
+        let compares: usize = txn
+            .compare
+            .iter()
+            .map(|compare| {
+                let value = match &compare.target {
+                    CompareTarget::Value(value) => value.len(),
+                    _ => 0,
+                };
+                FIXED + compare.key.len() + compare.range_end.len() + value
+            })
+            .sum();
+        let ops: usize = txn.success.iter().chain(&txn.failure).map(op).sum();
+        FIXED + compares + ops
+    }
+    fn op(op: &RequestOp) -> usize {
+        FIXED
+            + match op {
+                RequestOp::Range(range) => range.key.len() + range.range_end.len(),
+                RequestOp::Put(put) => put.key.len() + put.value.len(),
+                RequestOp::DeleteRange(delete) => delete.key.len() + delete.range_end.len(),
+                RequestOp::Txn(nested) => txn(nested),
+            }
+    }
+    1 + match command {
+        EtcdCommand::Put(put) => FIXED + put.key.len() + put.value.len(),
+        EtcdCommand::DeleteRange(delete) => FIXED + delete.key.len() + delete.range_end.len(),
+        EtcdCommand::Txn(request) => txn(request),
+        EtcdCommand::Compact(_)
+        | EtcdCommand::LeaseGrant(_)
+        | EtcdCommand::LeaseRevoke(_)
+        | EtcdCommand::Alarm(_) => FIXED,
+    }
+}
+
 pub(super) fn put_command(out: &mut BytesMut, command: &EtcdCommand) {
     match command {
         EtcdCommand::Put(put) => {
