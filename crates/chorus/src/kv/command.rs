@@ -257,7 +257,7 @@ impl Record {
                 1 + 4 + operations
             }
             Body::Raw(payload) => 1 + 4 + payload.len(),
-            Body::Etcd(command) => 1 + etcd_codec::encoded_len_hint(command),
+            Body::Etcd(command) => 1 + etcd_codec::encoded_len(command),
         };
         MAGIC.len() + 1 + stamp + body + CHECKSUM_BYTES
     }

@@ -49,42 +49,53 @@ const DELETE_OP: u8 = 3;
 const TXN_OP: u8 = 4;
 
 /// Writes `command` as an etcd body (after the kind byte).
-/// An upper estimate of what [`put_command`] writes for `command`.
-pub(super) fn encoded_len_hint(command: &EtcdCommand) -> usize {
-    /// Every element's fixed fields (lengths, numbers, flags) fit in this.
-    const FIXED: usize = 40;
-    fn txn(txn: &TxnRequest) -> usize {
-        let compares: usize = txn
-            .compare
-            .iter()
-            .map(|compare| {
-                let value = match &compare.target {
-                    CompareTarget::Value(value) => value.len(),
-                    _ => 0,
-                };
-                FIXED + compare.key.len() + compare.range_end.len() + value
-            })
-            .sum();
-        let ops: usize = txn.success.iter().chain(&txn.failure).map(op).sum();
-        FIXED + compares + ops
+/// The number of bytes [`put_command`] writes for `command` (so a record
+/// is encoded into one buffer of its size; a test holds the two together).
+pub(super) fn encoded_len(command: &EtcdCommand) -> usize {
+    const LENGTH: usize = 4;
+    const NUMBER: usize = 8;
+    fn put(put: &PutRequest) -> usize {
+        2 * LENGTH + put.key.len() + put.value.len() + NUMBER + 1
+    }
+    fn delete(delete: &DeleteRangeRequest) -> usize {
+        2 * LENGTH + delete.key.len() + delete.range_end.len() + 1
+    }
+    fn range(range: &RangeRequest) -> usize {
+        2 * LENGTH + range.key.len() + range.range_end.len() + 2 * NUMBER + 3 + 4 * NUMBER
+    }
+    fn compare(compare: &Compare) -> usize {
+        let target = match &compare.target {
+            CompareTarget::Value(value) => LENGTH + value.len(),
+            _ => NUMBER,
+        };
+        2 * LENGTH + compare.key.len() + compare.range_end.len() + 2 + target
     }
     fn op(op: &RequestOp) -> usize {
-        FIXED
-            + match op {
-                RequestOp::Range(range) => range.key.len() + range.range_end.len(),
-                RequestOp::Put(put) => put.key.len() + put.value.len(),
-                RequestOp::DeleteRange(delete) => delete.key.len() + delete.range_end.len(),
-                RequestOp::Txn(nested) => txn(nested),
-            }
+        1 + match op {
+            RequestOp::Range(request) => range(request),
+            RequestOp::Put(request) => put(request),
+            RequestOp::DeleteRange(request) => delete(request),
+            RequestOp::Txn(request) => txn(request),
+        }
+    }
+    fn txn(txn: &TxnRequest) -> usize {
+        3 * LENGTH
+            + txn.compare.iter().map(compare).sum::<usize>()
+            + txn
+                .success
+                .iter()
+                .chain(&txn.failure)
+                .map(op)
+                .sum::<usize>()
     }
     1 + match command {
-        EtcdCommand::Put(put) => FIXED + put.key.len() + put.value.len(),
-        EtcdCommand::DeleteRange(delete) => FIXED + delete.key.len() + delete.range_end.len(),
+        EtcdCommand::Put(request) => put(request),
+        EtcdCommand::DeleteRange(request) => delete(request),
         EtcdCommand::Txn(request) => txn(request),
-        EtcdCommand::Compact(_)
-        | EtcdCommand::LeaseGrant(_)
-        | EtcdCommand::LeaseRevoke(_)
-        | EtcdCommand::Alarm(_) => FIXED,
+        EtcdCommand::Compact(_) => NUMBER + 1,
+        EtcdCommand::LeaseGrant(_) => 2 * NUMBER,
+        EtcdCommand::LeaseRevoke(_) => NUMBER,
+        EtcdCommand::Alarm(_) => 1 + NUMBER + 1,
     }
 }
 
@@ -641,6 +652,9 @@ mod tests {
     proptest! {
         #[test]
         fn etcd_records_round_trip(command in command()) {
+            let mut body = BytesMut::new();
+            put_command(&mut body, &command);
+            prop_assert_eq!(encoded_len(&command), body.len());
             let record = command.encode();
             prop_assert_eq!(EtcdCommand::decode(&record).unwrap(), command.clone());
             let decoded = Record::decode(&record).unwrap();
