@@ -28,6 +28,7 @@ use serde::Serialize;
 use crate::CommandError;
 use crate::output::outln;
 
+mod cpu;
 mod etcd;
 mod etcd_chorus;
 mod etcd_cluster;

@@ -40,6 +40,7 @@ use chorus_etcd::proto::etcdserverpb::{Compare, PutRequest, RangeRequest, Reques
 use serde::Serialize;
 use tonic::transport::Channel;
 
+use super::cpu::{TICKS_PER_SECOND, cpu_ticks};
 use super::etcd_chorus::ChorusPair;
 use super::etcd_cluster::EtcdCluster;
 use super::grpc::{connect, micros_since, percentile_ms, prefix_end};
@@ -88,8 +89,6 @@ const PRELOAD_TIMEOUT: Duration = Duration::from_secs(30);
 const RANGE_KEY: &[u8] = b"range000";
 /// The prefix of the prefix range cells' keys (`p/000000` …: 8 bytes).
 const PREFIX: &[u8] = b"p/";
-/// Linux's clock tick of `/proc/<pid>/stat`'s CPU times (USER_HZ).
-const TICKS_PER_SECOND: f64 = 100.0;
 
 /// A system under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -523,27 +522,6 @@ impl Spent {
     }
 }
 
-/// User plus system CPU ticks of `/proc/<pid>/stat` (0 when unreadable:
-/// the process is gone).
-fn cpu_ticks(pid: &str) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // The fields after the command (which may hold spaces) start at the
-    // state, field 3; utime and stime are fields 14 and 15.
-    let Some((_, fields)) = stat.rsplit_once(')') else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = fields.split_whitespace().collect();
-    let field = |n: usize| {
-        fields
-            .get(n - 3)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    field(14) + field(15)
-}
-
 /// The connections of one cell: `by_endpoint[e]` are those to endpoint `e`.
 struct Pool {
     by_endpoint: Vec<Vec<KvClient<Channel>>>,
@@ -897,16 +875,5 @@ mod tests {
         let spent = after.since(&before, &last_seen);
         assert_eq!((spent.own, spent.server), (10.0, 30.0 + 50.0));
         assert_eq!(spent.total_us(), 900_000.0);
-    }
-
-    #[test]
-    fn this_process_has_spent_cpu() {
-        let mut spin = 0_u64;
-        for n in 0..50_000_000_u64 {
-            spin = spin.wrapping_add(n * n);
-        }
-        std::hint::black_box(spin);
-        assert!(cpu_ticks("self") > 0.0);
-        assert_eq!(cpu_ticks("0"), 0.0);
     }
 }

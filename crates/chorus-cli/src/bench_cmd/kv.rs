@@ -8,6 +8,8 @@
 //! one put at a time), peak puts (`--clients` concurrent clients) and gets
 //! (`--clients` concurrent clients over `--keys` preloaded keys). The load
 //! generator shares the machine (and this process's runtime) with the service.
+//! Each peak row reports this process's CPU per request, and with
+//! `--server-pid` (a service at `--url` on this machine) the service's.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +31,7 @@ use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::{latency_replicas, memory_store, new_log, percentile_ms};
+use super::{cpu, latency_replicas, memory_store, new_log, percentile_ms};
 use crate::CommandError;
 use crate::config::{DatabaseArgs, StoreArgs};
 use crate::output::outln;
@@ -44,6 +46,10 @@ pub struct KvBenchArgs {
     /// Bearer token for `--url`.
     #[arg(long, env = "CHORUS_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// With `--url`: the service's process id on this machine, so that each
+    /// peak row also reports the service's CPU per request (Linux only).
+    #[arg(long, requires = "url")]
+    server_pid: Option<u32>,
     /// Replicas of the in-memory target (1, 3 or 5).
     #[arg(long, default_value_t = 3)]
     replicas: usize,
@@ -95,13 +101,18 @@ struct Row {
     p50_ms: f64,
     p99_ms: f64,
     max_ms: f64,
+    /// This process's CPU per request over a peak row: the load generator's,
+    /// plus the service's when it runs here.
+    cpu_us_per_request: Option<f64>,
+    /// The `--server-pid` process's CPU per request over a peak row.
+    server_cpu_us_per_request: Option<f64>,
 }
 
 /// Runs the benchmark.
 pub async fn run(args: KvBenchArgs) -> Result<(), CommandError> {
     if !args.json {
         outln!(
-            "{:<28} {:<12} {:>7} {:>9} {:>6} {:>9} {:>8} {:>8} {:>8}",
+            "{:<28} {:<12} {:>7} {:>9} {:>6} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}",
             "target",
             "scenario",
             "clients",
@@ -110,7 +121,9 @@ pub async fn run(args: KvBenchArgs) -> Result<(), CommandError> {
             "per s",
             "p50 ms",
             "p99 ms",
-            "max ms"
+            "max ms",
+            "cpu µs",
+            "srv µs"
         )?;
     }
     if let Some(url) = &args.url {
@@ -161,6 +174,7 @@ fn print(
     let mut latencies = row.latencies;
     latencies.sort_unstable();
     let requests = latencies.len() as u64;
+    let per_request = |ticks: f64| cpu::micros_per_request(ticks, requests);
     let row = Row {
         target: target.to_owned(),
         scenario: scenario.to_owned(),
@@ -172,12 +186,15 @@ fn print(
         p50_ms: percentile_ms(&latencies, 0.50),
         p99_ms: percentile_ms(&latencies, 0.99),
         max_ms: percentile_ms(&latencies, 1.0),
+        cpu_us_per_request: row.cpu.map(|spent| per_request(spent.own)),
+        server_cpu_us_per_request: row.cpu.and_then(|spent| spent.server).map(per_request),
     };
     if args.json {
         return outln!("{}", serde_json::to_string(&row).expect("rows encode"));
     }
+    let micros = |value: Option<f64>| value.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
     outln!(
-        "{:<28} {:<12} {:>7} {:>9} {:>6} {:>9.0} {:>8.2} {:>8.2} {:>8.2}",
+        "{:<28} {:<12} {:>7} {:>9} {:>6} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>8} {:>8}",
         row.target,
         row.scenario,
         row.clients,
@@ -186,16 +203,46 @@ fn print(
         row.per_second,
         row.p50_ms,
         row.p99_ms,
-        row.max_ms
+        row.max_ms,
+        micros(row.cpu_us_per_request),
+        micros(row.server_cpu_us_per_request)
     )
 }
 
-/// What one row measured: the latency of every successful request.
+/// What one row measured: the latency of every successful request, and
+/// for a peak row the CPU spent.
 struct Measured {
     clients: usize,
     latencies: Vec<Duration>,
     errors: u64,
     elapsed: Duration,
+    cpu: Option<Spent>,
+}
+
+/// CPU ticks (see [`cpu::TICKS_PER_SECOND`]) spent over a row: by this
+/// process, and by the `--server-pid` process if one was given.
+#[derive(Debug, Clone, Copy)]
+struct Spent {
+    own: f64,
+    server: Option<f64>,
+}
+
+impl Spent {
+    /// The ticks so far.
+    fn now(server_pid: Option<u32>) -> Spent {
+        Spent {
+            own: cpu::cpu_ticks("self"),
+            server: server_pid.map(|pid| cpu::cpu_ticks(&pid.to_string())),
+        }
+    }
+
+    /// The ticks spent since `before`.
+    fn since(self, before: Spent) -> Spent {
+        Spent {
+            own: self.own - before.own,
+            server: self.server.zip(before.server).map(|(now, then)| now - then),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -287,6 +334,7 @@ impl Client {
             latencies,
             errors,
             elapsed: started.elapsed(),
+            cpu: None,
         })
     }
 
@@ -301,6 +349,7 @@ impl Client {
         for _ in 0..args.clients {
             connections.push(self.connect().await?);
         }
+        let cpu_before = Spent::now(args.server_pid);
         let started = Instant::now();
         let deadline = started + Duration::from_secs(args.seconds);
         let tasks: Vec<_> = connections
@@ -349,6 +398,7 @@ impl Client {
             latencies,
             errors,
             elapsed: started.elapsed(),
+            cpu: Some(Spent::now(args.server_pid).since(cpu_before)),
         })
     }
 
