@@ -901,7 +901,10 @@ async fn a_large_snapshot_waits_until_the_log_since_holds_as_many_bytes() {
     })
     .await;
     let snapshot_bytes = db.head().await.unwrap().payload_size_bytes;
-    assert!((10_000..16_000).contains(&snapshot_bytes), "{snapshot_bytes}");
+    assert!(
+        (10_000..16_000).contains(&snapshot_bytes),
+        "{snapshot_bytes}"
+    );
 
     // Enough records, fewer bytes than the snapshot: not due. (An absence,
     // so this waits out a fixed window of snapshot checks.)
