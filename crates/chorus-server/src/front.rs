@@ -56,7 +56,7 @@ pub async fn front(State(app): State<Arc<AppState>>, request: Request, next: Nex
 }
 
 /// The route label of a request no route matched.
-const UNMATCHED_ROUTE: &str = "unmatched";
+pub const UNMATCHED_ROUTE: &str = "unmatched";
 
 /// The handles of the request metrics, by route, method and status.
 ///

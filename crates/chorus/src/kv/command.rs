@@ -388,7 +388,6 @@ impl EtcdCommand {
     }
 }
 
-/// The body bytes: `kind u8 | …`.
 /// An operation's encoded bytes besides its key and value: kind, condition
 /// tag and number, the key's length.
 const OPERATION_FIXED: usize = 1 + 1 + 8 + 4;
@@ -401,7 +400,7 @@ fn validate_body(body: &Body) -> Result<(), CommandError> {
     }
 }
 
-/// Writes a body ([`validate_body`] first).
+/// Writes the body bytes, `kind u8 | …` ([`validate_body`] first).
 fn put_body(out: &mut BytesMut, body: &Body) {
     match body {
         Body::Command(command) => put_command_body(out, command),
