@@ -3,11 +3,76 @@
 //! system under test, which runs in processes of its own).
 
 /// Linux's clock tick of `/proc/<pid>/stat`'s CPU times (USER_HZ).
-pub(super) const TICKS_PER_SECOND: f64 = 100.0;
+const TICKS_PER_SECOND: f64 = 100.0;
+
+/// CPU ticks (see [`TICKS_PER_SECOND`]) of this process and of each of the
+/// system's processes, at one moment.
+#[derive(Debug, Clone)]
+pub(super) struct Cpu {
+    pub(super) own: f64,
+    pub(super) server: Vec<(u32, f64)>,
+}
+
+/// CPU ticks spent over a cell or a row.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Spent {
+    pub(super) own: f64,
+    pub(super) server: f64,
+}
+
+impl Cpu {
+    /// The ticks so far of this process and of `servers`.
+    pub(super) fn now(servers: impl IntoIterator<Item = u32>) -> Cpu {
+        Cpu {
+            own: cpu_ticks("self"),
+            server: servers
+                .into_iter()
+                .map(|pid| (pid, cpu_ticks(&pid.to_string())))
+                .collect(),
+        }
+    }
+
+    /// What was spent since `before`; a process gone since (killed) counts
+    /// what it had spent by `last_seen`.
+    pub(super) fn since(&self, before: &Cpu, last_seen: &Cpu) -> Spent {
+        let server = before
+            .server
+            .iter()
+            .map(|(pid, start)| {
+                let now = [self, last_seen]
+                    .iter()
+                    .find_map(|cpu| cpu.server.iter().find(|(p, _)| p == pid))
+                    .map_or(*start, |(_, ticks)| *ticks);
+                now - start
+            })
+            .sum();
+        Spent {
+            own: self.own - before.own,
+            server,
+        }
+    }
+}
+
+impl Spent {
+    /// This process's CPU, in microseconds.
+    pub(super) fn own_us(self) -> f64 {
+        self.own / TICKS_PER_SECOND * 1e6
+    }
+
+    /// The system's processes' CPU, in microseconds.
+    pub(super) fn server_us(self) -> f64 {
+        self.server / TICKS_PER_SECOND * 1e6
+    }
+
+    /// Both, in microseconds.
+    pub(super) fn total_us(self) -> f64 {
+        self.own_us() + self.server_us()
+    }
+}
 
 /// User plus system CPU ticks of `/proc/<pid>/stat` (`pid` may be `self`;
 /// 0 when unreadable: the process is gone, or this is not Linux).
-pub(super) fn cpu_ticks(pid: &str) -> f64 {
+fn cpu_ticks(pid: &str) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0.0;
     };
@@ -26,15 +91,6 @@ pub(super) fn cpu_ticks(pid: &str) -> f64 {
     field(14) + field(15)
 }
 
-/// Microseconds of CPU per request: `ticks` spent over `requests`.
-pub(super) fn micros_per_request(ticks: f64, requests: u64) -> f64 {
-    if requests == 0 {
-        0.0
-    } else {
-        ticks / TICKS_PER_SECOND * 1e6 / requests as f64
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -51,8 +107,22 @@ mod tests {
     }
 
     #[test]
-    fn ticks_per_request_in_microseconds() {
-        assert_eq!(micros_per_request(100.0, 1_000_000), 1.0);
-        assert_eq!(micros_per_request(5.0, 0), 0.0);
+    fn a_killed_members_cpu_counts_until_it_was_last_seen() {
+        let before = Cpu {
+            own: 10.0,
+            server: vec![(1, 100.0), (2, 200.0)],
+        };
+        let last_seen = Cpu {
+            own: 15.0,
+            server: vec![(1, 130.0), (2, 210.0)],
+        };
+        // Member 1 was killed after `last_seen`.
+        let after = Cpu {
+            own: 20.0,
+            server: vec![(2, 250.0)],
+        };
+        let spent = after.since(&before, &last_seen);
+        assert_eq!((spent.own, spent.server), (10.0, 30.0 + 50.0));
+        assert_eq!(spent.total_us(), 900_000.0);
     }
 }

@@ -40,7 +40,7 @@ use chorus_etcd::proto::etcdserverpb::{Compare, PutRequest, RangeRequest, Reques
 use serde::Serialize;
 use tonic::transport::Channel;
 
-use super::cpu::{TICKS_PER_SECOND, cpu_ticks};
+use super::cpu::{Cpu, Spent};
 use super::etcd_chorus::ChorusPair;
 use super::etcd_cluster::EtcdCluster;
 use super::grpc::{connect, micros_since, percentile_ms, prefix_end};
@@ -366,14 +366,7 @@ impl Running {
 
     /// CPU ticks of this process and of the system's processes so far.
     fn cpu(&self) -> Cpu {
-        Cpu {
-            own: cpu_ticks("self"),
-            server: self
-                .server_pids()
-                .into_iter()
-                .map(|pid| (pid, cpu_ticks(&pid.to_string())))
-                .collect(),
-        }
+        Cpu::now(self.server_pids())
     }
 
     /// One closed-loop cell: `clients` clients sending `kind` for `duration`.
@@ -472,53 +465,6 @@ impl Running {
         row.resume_ms = Some(percentile_ms(&resumes, 0.0));
         row.unresumed = Some((FAILOVER_CLIENTS - resumes.len()) as u64);
         Ok(row)
-    }
-}
-
-/// CPU ticks (see [`TICKS_PER_SECOND`]) of this process and of each of the
-/// system's processes.
-#[derive(Debug, Clone)]
-struct Cpu {
-    own: f64,
-    server: Vec<(u32, f64)>,
-}
-
-/// CPU ticks spent over a cell.
-#[derive(Debug, Clone, Copy)]
-struct Spent {
-    own: f64,
-    server: f64,
-}
-
-impl Cpu {
-    /// What was spent since `before`; a process gone since (killed) counts
-    /// what it had spent by `last_seen`.
-    fn since(&self, before: &Cpu, last_seen: &Cpu) -> Spent {
-        let server = before
-            .server
-            .iter()
-            .map(|(pid, start)| {
-                let now = [self, last_seen]
-                    .iter()
-                    .find_map(|cpu| cpu.server.iter().find(|(p, _)| p == pid))
-                    .map_or(*start, |(_, ticks)| *ticks);
-                now - start
-            })
-            .sum();
-        Spent {
-            own: self.own - before.own,
-            server,
-        }
-    }
-}
-
-impl Spent {
-    fn total_us(self) -> f64 {
-        (self.own + self.server) / TICKS_PER_SECOND * 1e6
-    }
-
-    fn server_us(self) -> f64 {
-        self.server / TICKS_PER_SECOND * 1e6
     }
 }
 
@@ -850,30 +796,5 @@ fn summarize(
         missing: None,
         resume_ms: None,
         unresumed: None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_killed_members_cpu_counts_until_it_was_last_seen() {
-        let before = Cpu {
-            own: 10.0,
-            server: vec![(1, 100.0), (2, 200.0)],
-        };
-        let last_seen = Cpu {
-            own: 15.0,
-            server: vec![(1, 130.0), (2, 210.0)],
-        };
-        // Member 1 was killed after `last_seen`.
-        let after = Cpu {
-            own: 20.0,
-            server: vec![(2, 250.0)],
-        };
-        let spent = after.since(&before, &last_seen);
-        assert_eq!((spent.own, spent.server), (10.0, 30.0 + 50.0));
-        assert_eq!(spent.total_us(), 900_000.0);
     }
 }

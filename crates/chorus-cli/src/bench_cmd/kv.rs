@@ -31,7 +31,8 @@ use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use super::{cpu, latency_replicas, memory_store, new_log, percentile_ms};
+use super::cpu::{Cpu, Spent};
+use super::{latency_replicas, memory_store, new_log, percentile_ms};
 use crate::CommandError;
 use crate::config::{DatabaseArgs, StoreArgs};
 use crate::output::outln;
@@ -174,7 +175,13 @@ fn print(
     let mut latencies = row.latencies;
     latencies.sort_unstable();
     let requests = latencies.len() as u64;
-    let per_request = |ticks: f64| cpu::micros_per_request(ticks, requests);
+    let per_request = |micros: f64| {
+        if requests == 0 {
+            0.0
+        } else {
+            micros / requests as f64
+        }
+    };
     let row = Row {
         target: target.to_owned(),
         scenario: scenario.to_owned(),
@@ -186,8 +193,11 @@ fn print(
         p50_ms: percentile_ms(&latencies, 0.50),
         p99_ms: percentile_ms(&latencies, 0.99),
         max_ms: percentile_ms(&latencies, 1.0),
-        cpu_us_per_request: row.cpu.map(|spent| per_request(spent.own)),
-        server_cpu_us_per_request: row.cpu.and_then(|spent| spent.server).map(per_request),
+        cpu_us_per_request: row.cpu.map(|spent| per_request(spent.own_us())),
+        server_cpu_us_per_request: row
+            .cpu
+            .filter(|_| args.server_pid.is_some())
+            .map(|spent| per_request(spent.server_us())),
     };
     if args.json {
         return outln!("{}", serde_json::to_string(&row).expect("rows encode"));
@@ -217,32 +227,6 @@ struct Measured {
     errors: u64,
     elapsed: Duration,
     cpu: Option<Spent>,
-}
-
-/// CPU ticks (see [`cpu::TICKS_PER_SECOND`]) spent over a row: by this
-/// process, and by the `--server-pid` process if one was given.
-#[derive(Debug, Clone, Copy)]
-struct Spent {
-    own: f64,
-    server: Option<f64>,
-}
-
-impl Spent {
-    /// The ticks so far.
-    fn now(server_pid: Option<u32>) -> Spent {
-        Spent {
-            own: cpu::cpu_ticks("self"),
-            server: server_pid.map(|pid| cpu::cpu_ticks(&pid.to_string())),
-        }
-    }
-
-    /// The ticks spent since `before`.
-    fn since(self, before: Spent) -> Spent {
-        Spent {
-            own: self.own - before.own,
-            server: self.server.zip(before.server).map(|(now, then)| now - then),
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -349,7 +333,7 @@ impl Client {
         for _ in 0..args.clients {
             connections.push(self.connect().await?);
         }
-        let cpu_before = Spent::now(args.server_pid);
+        let cpu_before = Cpu::now(args.server_pid);
         let started = Instant::now();
         let deadline = started + Duration::from_secs(args.seconds);
         let tasks: Vec<_> = connections
@@ -398,7 +382,7 @@ impl Client {
             latencies,
             errors,
             elapsed: started.elapsed(),
-            cpu: Some(Spent::now(args.server_pid).since(cpu_before)),
+            cpu: Some(Cpu::now(args.server_pid).since(&cpu_before, &cpu_before)),
         })
     }
 
