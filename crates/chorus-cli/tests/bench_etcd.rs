@@ -150,3 +150,41 @@ fn a_missing_etcd_binary_is_named() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_service_running_elsewhere_is_driven_through_its_endpoint_with_its_cpu_counted() {
+    let dir = TempDir::new().unwrap();
+    let listen = format!("127.0.0.1:{}", support::etcd::free_port());
+    let server = support::server::Launch::new(dir.path())
+        .args(["--etcd-listen", &listen])
+        .start("chorus");
+    server.wait_for_role("primary");
+    let rows = bench_rows(&[
+        "--seconds",
+        "1",
+        "--endpoints",
+        &format!("http://{listen}"),
+        "--server-pid",
+        &server.pid().to_string(),
+        "--workloads",
+        "range-serializable",
+    ]);
+    assert_ranges(&rows, "endpoints", "range-serializable");
+}
+
+#[test]
+fn endpoints_refuse_the_failover_workload_by_name() {
+    let dir = TempDir::new().unwrap();
+    let output = support::chorus_command(dir.path())
+        .args(["bench", "etcd", "--endpoints", "http://127.0.0.1:1"])
+        .args(["--workloads", "put,failover"])
+        .output()
+        .expect("chorus runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("failover"), "{stderr}");
+    assert!(
+        output.stdout.is_empty(),
+        "nothing measured before the refusal"
+    );
+}

@@ -22,10 +22,14 @@
 //! or the Chorus primary is SIGKILLed: how long until each client's writes
 //! succeed again).
 //!
+//! With `--endpoints` it drives a system that is already running instead
+//! (a `chorus serve` on object-store replicas, say), with every workload but
+//! failover, which has to kill a node it started.
+//!
 //! CPU: `cpu_us_per_op` is the CPU time of this process (the load
 //! generator) and of the system's processes, over the operations of the
 //! cell; `server_cpu_us_per_op` is the system's processes' alone (a killed
-//! one's until the kill).
+//! one's until the kill; with `--endpoints`, those named by `--server-pid`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -90,6 +94,9 @@ const RANGE_KEY: &[u8] = b"range000";
 /// The prefix of the prefix range cells' keys (`p/000000` …: 8 bytes).
 const PREFIX: &[u8] = b"p/";
 
+/// Why `--endpoints` runs no failover cell.
+const FAILOVER_OF_EXTERNAL: &str = "--endpoints: the failover workload kills a node this benchmark started; leave it out of --workloads";
+
 /// A system under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(super) enum System {
@@ -128,11 +135,9 @@ pub struct EtcdBenchArgs {
     #[arg(long, value_enum, value_delimiter = ',',
           default_values_t = [System::Etcd3, System::ChorusLocal, System::Chorus10ms])]
     systems: Vec<System>,
-    /// Workloads to run on each system (failover always last).
-    #[arg(long, value_enum, value_delimiter = ',',
-          default_values_t = [Workload::Put, Workload::RangeLinearizable,
-                              Workload::RangeSerializable, Workload::TxnCas,
-                              Workload::Watch, Workload::Failover])]
+    /// Workloads to run on each system (failover always last) [default:
+    /// all; with --endpoints all but failover].
+    #[arg(long, value_enum, value_delimiter = ',')]
     workloads: Vec<Workload>,
     /// How long each closed-loop cell runs, in seconds [default: 10; --quick: 2].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=3600))]
@@ -146,6 +151,15 @@ pub struct EtcdBenchArgs {
     /// Print one JSON object per cell instead of a table.
     #[arg(long)]
     json: bool,
+    /// Drive the etcd API at these URLs (comma-separated, e.g.
+    /// `http://127.0.0.1:2379`) instead of starting systems here.
+    #[arg(long, value_delimiter = ',', conflicts_with = "systems")]
+    endpoints: Vec<String>,
+    /// With `--endpoints`: process ids of the system on this machine, so
+    /// that every row also reports the system's CPU per operation (Linux
+    /// only).
+    #[arg(long, value_delimiter = ',', requires = "endpoints")]
+    server_pid: Vec<u32>,
 }
 
 /// One cell's results.
@@ -184,7 +198,17 @@ struct Row {
 }
 
 /// Runs the benchmark.
-pub async fn run(args: EtcdBenchArgs) -> Result<(), CommandError> {
+pub async fn run(mut args: EtcdBenchArgs) -> Result<(), CommandError> {
+    if args.workloads.is_empty() {
+        args.workloads = <Workload as clap::ValueEnum>::value_variants()
+            .iter()
+            .copied()
+            .filter(|w| *w != Workload::Failover || args.endpoints.is_empty())
+            .collect();
+    }
+    if !args.endpoints.is_empty() && args.workloads.contains(&Workload::Failover) {
+        return Err(FAILOVER_OF_EXTERNAL.into());
+    }
     if !args.json {
         outln!(
             "{:<15} {:<19} {:>7} {:>10} {:>8} {:>9} {:>7} {:>9} {:>9}",
@@ -198,6 +222,14 @@ pub async fn run(args: EtcdBenchArgs) -> Result<(), CommandError> {
             "cpu us/op",
             "server us/op"
         )?;
+    }
+    if !args.endpoints.is_empty() {
+        let mut running = Running {
+            name: "endpoints",
+            backend: Backend::External(args.server_pid.clone()),
+            urls: args.endpoints.clone(),
+        };
+        return run_cells(&mut running, &args).await;
     }
     for system in &args.systems {
         eprintln!("{}: starting …", system_name(*system));
@@ -319,7 +351,8 @@ impl Kind {
 
 /// A system started for the benchmark.
 struct Running {
-    system: System,
+    /// The system's name in the rows.
+    name: &'static str,
     backend: Backend,
     urls: Vec<String>,
 }
@@ -328,21 +361,28 @@ struct Running {
 enum Backend {
     Etcd(EtcdCluster),
     Chorus(ChorusPair),
+    /// A system started elsewhere (`--endpoints`), with the process ids
+    /// whose CPU counts as the system's.
+    External(Vec<u32>),
 }
 
 impl Running {
     async fn start(system: System, args: &EtcdBenchArgs) -> Result<Running, CommandError> {
-        let backend = match system {
-            System::Etcd3 => Backend::Etcd(EtcdCluster::start(&args.etcd_binary, 3).await?),
-            System::ChorusLocal => Backend::Chorus(ChorusPair::start(0).await?),
-            System::Chorus10ms => Backend::Chorus(ChorusPair::start(10).await?),
-        };
-        let urls = match &backend {
-            Backend::Etcd(cluster) => cluster.urls(),
-            Backend::Chorus(pair) => pair.urls(),
+        let (backend, urls) = match system {
+            System::Etcd3 => {
+                let cluster = EtcdCluster::start(&args.etcd_binary, 3).await?;
+                let urls = cluster.urls();
+                (Backend::Etcd(cluster), urls)
+            }
+            System::ChorusLocal | System::Chorus10ms => {
+                let latency_ms = if system == System::Chorus10ms { 10 } else { 0 };
+                let pair = ChorusPair::start(latency_ms).await?;
+                let urls = pair.urls();
+                (Backend::Chorus(pair), urls)
+            }
         };
         Ok(Running {
-            system,
+            name: system_name(system),
             backend,
             urls,
         })
@@ -352,6 +392,7 @@ impl Running {
         match self.backend {
             Backend::Etcd(cluster) => drop(cluster),
             Backend::Chorus(pair) => pair.stop().await?,
+            Backend::External(_) => {}
         }
         Ok(())
     }
@@ -361,6 +402,7 @@ impl Running {
         match &self.backend {
             Backend::Etcd(cluster) => cluster.pids(),
             Backend::Chorus(pair) => pair.pids(),
+            Backend::External(pids) => pids.clone(),
         }
     }
 
@@ -376,7 +418,7 @@ impl Running {
         clients: usize,
         duration: Duration,
     ) -> Result<Row, CommandError> {
-        let name = system_name(self.system);
+        let name = self.name;
         eprintln!("{name}: {} with {clients} clients …", kind.workload());
         let pool = Arc::new(Pool::open(&self.urls, clients.min(MAX_CONNECTIONS)).await?);
         if let Kind::Range { prefix, .. } = kind {
@@ -400,7 +442,7 @@ impl Running {
 
     /// The watch cell: `bench watch`'s measurement over every endpoint.
     async fn watch(&self, quick: bool) -> Result<Row, CommandError> {
-        let name = system_name(self.system);
+        let name = self.name;
         let before = self.cpu();
         let measured = watch::measure_cell(&self.urls, name, quick).await?;
         let cpu = self.cpu().since(&before, &before);
@@ -426,7 +468,7 @@ impl Running {
     /// [`FAILOVER_WARMUP`], and the cell ends when every client had a write
     /// sent after the kill succeed (or after [`FAILOVER_TIMEOUT`]).
     async fn failover(&mut self) -> Result<Row, CommandError> {
-        let name = system_name(self.system);
+        let name = self.name;
         eprintln!("{name}: failover with {FAILOVER_CLIENTS} clients …");
         let pool = Arc::new(Pool::open(&self.urls, FAILOVER_CLIENTS).await?);
         let control = Arc::new(Control::new(FAILOVER_REQUEST_TIMEOUT));
@@ -436,7 +478,7 @@ impl Running {
         tokio::time::sleep(FAILOVER_WARMUP).await;
         let leader = match &self.backend {
             Backend::Etcd(cluster) => cluster.leader().await?,
-            Backend::Chorus(_) => 0,
+            Backend::Chorus(_) | Backend::External(_) => 0,
         };
         let before_kill = self.cpu();
         control
@@ -445,6 +487,7 @@ impl Running {
         match &mut self.backend {
             Backend::Etcd(cluster) => cluster.kill(leader)?,
             Backend::Chorus(pair) => pair.kill_primary()?,
+            Backend::External(_) => return Err(FAILOVER_OF_EXTERNAL.into()),
         }
         let deadline = Instant::now() + FAILOVER_TIMEOUT;
         while control.resumed.load(Ordering::Relaxed) < FAILOVER_CLIENTS as u64
