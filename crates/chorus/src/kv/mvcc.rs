@@ -142,7 +142,12 @@ impl History {
     /// Records `change` at `revision` (the revision being written).
     pub(super) fn record(&mut self, revision: Revision, change: Change) {
         self.bytes += change.charged_bytes();
-        self.changes.entry(revision).or_default().push(change);
+        // Most revisions change one key: room for one, not the four a
+        // first push reserves (each change is over a hundred bytes).
+        self.changes
+            .entry(revision)
+            .or_insert_with(|| Vec::with_capacity(1))
+            .push(change);
     }
 
     /// Forgets the changes below `revision` and makes it the compaction
@@ -249,6 +254,15 @@ mod tests {
         history.compact(11);
         history.record(11, change(100));
         assert_eq!(compaction_for_budget(&history, 0), None);
+    }
+
+    #[test]
+    fn a_revision_of_one_change_reserves_room_for_one() {
+        let mut history = History::default();
+        history.record(2, change(10));
+        assert_eq!(history.changes[&2].capacity(), 1);
+        history.record(2, change(10));
+        assert_eq!(history.changes(2, 2).next().map(|(_, c)| c.len()), Some(2));
     }
 
     #[test]
