@@ -30,6 +30,7 @@ pub mod idempotency;
 pub mod lease;
 pub mod lessor;
 pub mod mvcc;
+mod retained;
 mod snapshot;
 mod txn;
 
@@ -653,7 +654,7 @@ mod tests {
                 apply(&mut state, delete(&key, Condition::None));
             }
         }
-        assert!(!state.idempotency().is_empty() && !state.history.changes.is_empty());
+        assert!(!state.idempotency().is_empty() && state.history.bytes() > 0);
         let encoded = state.encode_snapshot();
         let hint = snapshot::encoded_bytes_hint(&state);
         assert!(

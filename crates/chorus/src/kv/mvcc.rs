@@ -21,6 +21,7 @@ use bytes::Bytes;
 
 use super::Entry;
 use super::etcd::{KeyValue, Revision};
+use super::retained::RetainedChanges;
 
 /// The bytes one retained change is charged beyond its key and previous
 /// value: the change record, two entries' metadata and the map's node share.
@@ -47,7 +48,7 @@ pub fn compaction_for_budget(history: &History, budget_bytes: usize) -> Option<R
     let target = budget_bytes / 100 * HISTORY_TRIM_PERCENT;
     let mut remaining = history.bytes;
     let mut revision = history.compacted + 1;
-    for (at, changes) in &history.changes {
+    for (at, changes) in history.changes.iter() {
         if remaining <= target {
             break;
         }
@@ -78,7 +79,7 @@ pub struct History {
     /// first `Compact(0)` is accepted, as etcd accepts it).
     pub(super) compacted: Revision,
     /// The changes of each retained revision, in the order they applied.
-    pub(super) changes: BTreeMap<Revision, Vec<Change>>,
+    pub(super) changes: RetainedChanges,
     /// The bytes charged for the retained changes (see [`Change::charged_bytes`]).
     pub(super) bytes: usize,
 }
@@ -88,7 +89,7 @@ impl Default for History {
         History {
             revision: 1,
             compacted: -1,
-            changes: BTreeMap::new(),
+            changes: RetainedChanges::default(),
             bytes: 0,
         }
     }
@@ -128,8 +129,8 @@ impl History {
     ) -> impl Iterator<Item = (Revision, &[Change])> {
         let (from, to) = (from.max(0), to.max(from.max(0)));
         self.changes
-            .range(from..=to)
-            .map(|(revision, changes)| (*revision, changes.as_slice()))
+            .iter_from(from)
+            .take_while(move |(revision, _)| *revision <= to)
     }
 
     /// Compacts to stay within `budget_bytes` (see [`compaction_for_budget`]).
@@ -142,20 +143,15 @@ impl History {
     /// Records `change` at `revision` (the revision being written).
     pub(super) fn record(&mut self, revision: Revision, change: Change) {
         self.bytes += change.charged_bytes();
-        // Most revisions change one key: room for one, not the four a
-        // first push reserves (each change is over a hundred bytes).
-        self.changes
-            .entry(revision)
-            .or_insert_with(|| Vec::with_capacity(1))
-            .push(change);
+        self.changes.push(revision, change);
     }
 
     /// Forgets the changes below `revision` and makes it the compaction
     /// revision. The caller checked etcd's bounds.
     pub(super) fn compact(&mut self, revision: Revision) {
-        let kept = self.changes.split_off(&revision);
-        let dropped = std::mem::replace(&mut self.changes, kept);
-        let freed: usize = dropped.values().flatten().map(Change::charged_bytes).sum();
+        let mut freed = 0;
+        self.changes
+            .forget_below(revision, |change| freed += change.charged_bytes());
         self.bytes -= freed;
         self.compacted = revision;
     }
@@ -169,9 +165,7 @@ impl History {
         end: &Bound<Bytes>,
     ) -> BTreeMap<Bytes, Option<Entry>> {
         let mut past = BTreeMap::new();
-        let later = self
-            .changes
-            .range((Bound::Excluded(revision), Bound::Unbounded));
+        let later = self.changes.iter_from(revision.saturating_add(1));
         for change in later.flat_map(|(_, changes)| changes) {
             if key_in(&change.key, start, end) && !past.contains_key(&change.key) {
                 past.insert(change.key.clone(), change.before.clone());
@@ -254,15 +248,6 @@ mod tests {
         history.compact(11);
         history.record(11, change(100));
         assert_eq!(compaction_for_budget(&history, 0), None);
-    }
-
-    #[test]
-    fn a_revision_of_one_change_reserves_room_for_one() {
-        let mut history = History::default();
-        history.record(2, change(10));
-        assert_eq!(history.changes[&2].capacity(), 1);
-        history.record(2, change(10));
-        assert_eq!(history.changes(2, 2).next().map(|(_, c)| c.len()), Some(2));
     }
 
     #[test]

@@ -86,8 +86,8 @@ pub(super) fn encode(state: &KvState) -> Bytes {
     }
     state.idempotency.encode(&mut out);
     out.put_u64_le(state.history.changes.len() as u64);
-    for (revision, changes) in &state.history.changes {
-        out.put_i64_le(*revision);
+    for (revision, changes) in state.history.changes.iter() {
+        out.put_i64_le(revision);
         out.put_u32_le(changes.len() as u32);
         for change in changes {
             put_sized(&mut out, &change.key);
@@ -303,10 +303,11 @@ fn take_history(
     compacted: Revision,
 ) -> Result<History, SnapshotError> {
     let revisions = take_u64(input).ok_or_else(|| fail("truncated history"))?;
-    let mut changes: BTreeMap<Revision, Vec<Change>> = BTreeMap::new();
+    // Sized by what is read, never by the untrusted count alone.
+    let mut changes: Vec<(Revision, Vec<Change>)> = Vec::new();
     for _ in 0..revisions {
         let at = take_i64(input).ok_or_else(|| fail("truncated history revision"))?;
-        let in_order = changes.last_key_value().is_none_or(|(last, _)| *last < at);
+        let in_order = changes.last().is_none_or(|(last, _)| *last < at);
         if !in_order || at < compacted.max(1) || at > revision {
             return Err(fail("a history revision out of order or bounds"));
         }
@@ -332,13 +333,13 @@ fn take_history(
                 after: None,
             });
         }
-        changes.insert(at, list);
+        changes.push((at, list));
     }
     let mut after: BTreeMap<Bytes, Option<Entry>> = BTreeMap::new();
     for change in changes
-        .values_mut()
+        .iter_mut()
         .rev()
-        .flat_map(|list| list.iter_mut().rev())
+        .flat_map(|(_, list)| list.iter_mut().rev())
     {
         let next = after
             .remove(&change.key)
@@ -346,13 +347,17 @@ fn take_history(
         change.after = next;
         after.insert(change.key.clone(), change.before.clone());
     }
-    let bytes = changes.values().flatten().map(Change::charged_bytes).sum();
-    Ok(History {
+    let mut history = History {
         revision,
         compacted,
-        changes,
-        bytes,
-    })
+        ..History::default()
+    };
+    for (at, list) in changes {
+        for change in list {
+            history.record(at, change);
+        }
+    }
+    Ok(history)
 }
 
 /// About as many bytes as [`encode`] writes, or more: reserving them up
