@@ -43,7 +43,7 @@ mod lease_tests;
 #[cfg(test)]
 mod mvcc_tests;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::ops::Bound;
 
 use bytes::Bytes;
@@ -127,10 +127,16 @@ pub struct SnapshotError {
     reason: String,
 }
 
+/// The current entries by key: a persistent B-tree, so that a snapshot's
+/// checkpoint (a copy taken while every write waits) shares its nodes
+/// instead of copying them; a write after the copy copies only the nodes on
+/// its path, once.
+pub(crate) type Entries = imbl::OrdMap<Bytes, Entry>;
+
 /// The key-value state: see the module docs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KvState {
-    entries: BTreeMap<Bytes, Entry>,
+    entries: Entries,
     /// The index of the next record to apply.
     applied_end: RecordIndex,
     /// The remembered idempotency keys.
@@ -212,7 +218,7 @@ impl KvState {
         };
         let mut matching = self
             .entries
-            .range::<[u8], _>((start, Bound::Unbounded))
+            .range::<_, [u8]>((start, Bound::Unbounded))
             .take_while(|(key, _)| key.starts_with(prefix));
         let page: Vec<_> = matching.by_ref().take(limit).collect();
         let more = matching.next().is_some();
@@ -416,6 +422,27 @@ mod tests {
                 entry.mod_revision,
             )
         })
+    }
+
+    #[test]
+    fn a_checkpoint_keeps_its_state_while_the_original_moves_on() {
+        let mut state = KvState::default();
+        // Enough revisions to fill blocks of the retained history.
+        for i in 0..40u64 {
+            let key = format!("k{}", i % 7);
+            state.apply(RecordIndex(i), &put(&key, &i.to_string(), Condition::None));
+        }
+        let copy = state.checkpoint();
+        let encoded = copy.encode_snapshot();
+        for i in 40..80u64 {
+            let key = format!("k{}", i % 9);
+            state.apply(RecordIndex(i), &put(&key, "later", Condition::None));
+        }
+        state.apply(RecordIndex(80), &delete("k0", Condition::None));
+        assert_eq!(copy.encode_snapshot(), encoded);
+        assert_eq!(value(&copy, "k0"), Some(("35".into(), 37)));
+        assert_eq!(value(&state, "k0"), None);
+        assert_eq!(KvState::decode_snapshot(&encoded).unwrap(), copy);
     }
 
     #[test]

@@ -49,7 +49,7 @@ use super::etcd::{AlarmMember, AlarmType, Revision};
 use super::idempotency::TableVersions;
 use super::lease::{LeaseTable, MAX_LEASE_TTL_SECS, granted_ttl};
 use super::mvcc::{Change, History};
-use super::{Entry, IdempotencyTable, KvState, SnapshotError};
+use super::{Entries, Entry, IdempotencyTable, KvState, SnapshotError};
 use crate::ids::RecordIndex;
 
 const SNAPSHOT_MAGIC: [u8; 4] = *b"CHKS";
@@ -155,9 +155,9 @@ fn decode_revisions(
         return Err(fail("revisions out of bounds"));
     }
     let count = take_u64(input).ok_or_else(|| fail("truncated count"))?;
-    let mut entries = BTreeMap::new();
+    let mut entries = Entries::new();
     for _ in 0..count {
-        let key = take_key(input, entries.last_key_value().map(|(key, _)| key))?;
+        let key = take_key(input, entries.get_max().map(|(key, _)| key))?;
         let entry = take_entry(input, applied_end, revision)?;
         entries.insert(key, entry);
     }
@@ -184,7 +184,7 @@ fn decode_revisions(
 }
 
 /// The bytes of the entries' keys and values.
-fn size_bytes(entries: &BTreeMap<Bytes, Entry>) -> usize {
+fn size_bytes(entries: &Entries) -> usize {
     let sizes = entries
         .iter()
         .map(|(key, entry)| key.len() + entry.value.len());
@@ -232,10 +232,7 @@ fn take_leases(input: &mut &[u8]) -> Result<LeaseTable, SnapshotError> {
 }
 
 /// Attaches every entry's key to the lease it names, which must exist.
-fn attach_keys(
-    mut leases: LeaseTable,
-    entries: &BTreeMap<Bytes, Entry>,
-) -> Result<LeaseTable, SnapshotError> {
+fn attach_keys(mut leases: LeaseTable, entries: &Entries) -> Result<LeaseTable, SnapshotError> {
     for (key, entry) in entries.iter().filter(|(_, entry)| entry.lease != 0) {
         if leases.get(entry.lease).is_none() {
             return Err(fail("a key attached to a lease the snapshot does not hold"));
@@ -254,9 +251,9 @@ fn decode_index_versions(
     let count = take_u64(input).ok_or_else(|| fail("truncated count"))?;
     let revision = Revision::try_from(applied_end.0.max(1))
         .map_err(|_| fail("an applied end past the revision range"))?;
-    let mut entries = BTreeMap::new();
+    let mut entries = Entries::new();
     for _ in 0..count {
-        let key = take_key(input, entries.last_key_value().map(|(key, _)| key))?;
+        let key = take_key(input, entries.get_max().map(|(key, _)| key))?;
         let index = take_u64(input).ok_or_else(|| fail("truncated version"))?;
         let value = take_sized(input).ok_or_else(|| fail("truncated value"))?;
         if index >= applied_end.0 {
@@ -298,7 +295,7 @@ fn decode_index_versions(
 fn take_history(
     input: &mut &[u8],
     applied_end: RecordIndex,
-    entries: &BTreeMap<Bytes, Entry>,
+    entries: &Entries,
     revision: Revision,
     compacted: Revision,
 ) -> Result<History, SnapshotError> {
