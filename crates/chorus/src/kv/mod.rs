@@ -229,23 +229,20 @@ impl KvState {
     /// appending, so a failed condition appends nothing.
     pub fn check(&self, command: &Command) -> Result<(), Applied> {
         for operation in command.operations() {
-            // Most writes carry no condition: no lookup for them.
-            if matches!(operation.condition(), Condition::None) {
-                continue;
-            }
-            let entry = self.entries.get(operation.key());
+            let entry = || self.entries.get(operation.key());
             let holds = match operation.condition() {
-                Condition::None => true,
-                Condition::Absent => entry.is_none(),
-                Condition::Version(index) => entry.is_some_and(|entry| entry.index == index),
+                // Most writes carry no condition: no lookup for them.
+                Condition::None => continue,
+                Condition::Absent => entry().is_none(),
+                Condition::Version(index) => entry().is_some_and(|entry| entry.index == index),
                 Condition::ModRevision(revision) => {
-                    entry.is_some_and(|entry| entry.mod_revision == revision)
+                    entry().is_some_and(|entry| entry.mod_revision == revision)
                 }
             };
             if !holds {
                 return Err(Applied::ConditionFailed {
                     key: operation.key().clone(),
-                    current: entry.map(|entry| entry.mod_revision),
+                    current: entry().map(|entry| entry.mod_revision),
                 });
             }
         }
