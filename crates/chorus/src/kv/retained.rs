@@ -5,10 +5,10 @@
 //! the changes in one ordered map, that copy allocated once per retained
 //! revision (about 85 ms for 300,000 of them, every request stalled
 //! meanwhile). Here every full block is immutable and shared (`Arc`), so a
-//! copy takes the block pointers and the one open block: a few thousand
-//! word copies whatever the history's size. Nothing ever changes a sealed
-//! block: compaction drops whole blocks from the front and rebuilds at most
-//! the one it cuts into.
+//! copy takes the block pointers and the open block (at most
+//! [`BLOCK_REVISIONS`] revisions), whatever the history's size. Nothing
+//! ever changes a sealed block: compaction drops whole blocks from the front
+//! and rebuilds at most the one it cuts into.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
