@@ -55,11 +55,13 @@ impl Block {
         self.starts.last().map(|&(at, _)| at)
     }
 
-    /// The block from its revision `from` on (a new one).
-    fn suffix(&self, from: usize) -> Block {
-        let first = self.first_change(from);
+    /// The block without its first `cut` revisions (a new one), their
+    /// changes handed to `forgotten` in order.
+    fn without_first(&self, cut: usize, forgotten: &mut impl FnMut(&Change)) -> Block {
+        let first = self.first_change(cut);
+        self.changes[..first].iter().for_each(forgotten);
         Block {
-            starts: self.starts[from..]
+            starts: self.starts[cut..]
                 .iter()
                 .map(|&(at, start)| (at, start - first))
                 .collect(),
@@ -117,24 +119,19 @@ impl RetainedChanges {
             if cut == 0 {
                 return;
             }
-            front.changes[..front.first_change(cut)]
-                .iter()
-                .for_each(&mut forgotten);
             self.revisions -= cut;
-            if cut < front.starts.len() {
-                let kept = front.suffix(cut);
+            let kept = front.without_first(cut, &mut forgotten);
+            if kept.starts.is_empty() {
+                self.sealed.pop_front();
+            } else {
                 self.sealed[0] = Arc::new(kept);
                 return;
             }
-            self.sealed.pop_front();
         }
         let cut = self.open.position(revision);
         if cut > 0 {
-            self.open.changes[..self.open.first_change(cut)]
-                .iter()
-                .for_each(forgotten);
             self.revisions -= cut;
-            self.open = self.open.suffix(cut);
+            self.open = self.open.without_first(cut, &mut forgotten);
         }
     }
 
