@@ -1,11 +1,12 @@
 //! What every request goes through around its handler, as one middleware:
-//! request metrics, a JSON body for every error response, the framing
-//! checks, bearer-token auth and the request timeout.
+//! request metrics, its debug-level span and log line, a JSON body for
+//! every error response, the framing checks, bearer-token auth and the
+//! request timeout.
 //!
-//! One layer rather than one per concern: each `from_fn` layer costs a
-//! clone of the service stack below it and two boxed allocations per
-//! request, and under load these were a measurable share of the service's
-//! CPU (docs/BENCHMARKS.md, "Where a put's CPU goes").
+//! One layer rather than one per concern: each layer costs a clone of the
+//! service stack below it and boxed allocations per request, and under load
+//! these were a measurable share of the service's CPU (docs/BENCHMARKS.md,
+//! "Where a put's CPU goes").
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};
@@ -17,6 +18,7 @@ use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use metrics::{Counter, Histogram};
+use tracing::Instrument;
 
 use crate::error;
 use crate::{AppState, auth, deadline, guard};
@@ -30,11 +32,13 @@ pub const HEALTH_ROUTE: &str = "/healthz";
 /// (every matched route but [`HEALTH_ROUTE`]; a path no route matches is
 /// `404` to anyone), then the handler under the request timeout. Every
 /// error response without a JSON body gets one, and every answer is
-/// counted by route, method and status.
+/// counted by route, method and status, and logged at debug level: a `503`
+/// is an answer, not a fault (a standby, an uncertain lease, backpressure).
 pub async fn front(State(app): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let route = request.extensions().get::<MatchedPath>().cloned();
     let method = method_label(request.method());
     let started = Instant::now();
+    let span = tracing::debug_span!("request", method, uri = %request.uri());
     let refusal = guard::framing_error(&request, app.config.max_body_bytes).or_else(|| {
         let protected = route
             .as_ref()
@@ -45,13 +49,19 @@ pub async fn front(State(app): State<Arc<AppState>>, request: Request, next: Nex
     });
     let response = match refusal {
         Some(error) => error.into_response(),
-        None => deadline::bound(app.config.request_timeout, request, next).await,
+        None => {
+            deadline::bound(app.config.request_timeout, request, next)
+                .instrument(span.clone())
+                .await
+        }
     };
     let response = with_json_body(response).await;
     let route = route.as_ref().map_or(UNMATCHED_ROUTE, MatchedPath::as_str);
     let series = app.request_metrics.series(route, method, response.status());
+    let seconds = started.elapsed().as_secs_f64();
     series.requests.increment(1);
-    series.seconds.record(started.elapsed().as_secs_f64());
+    series.seconds.record(seconds);
+    tracing::debug!(parent: &span, status = response.status().as_u16(), seconds, "answered");
     response
 }
 

@@ -36,8 +36,6 @@ use chorus::kv::KvState;
 use chorus::runtime::Runtime;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
-use tower_http::trace::{DefaultOnFailure, TraceLayer};
-use tracing::Level;
 
 use error::ApiError;
 
@@ -130,9 +128,6 @@ pub fn router(app: Arc<AppState>) -> Router {
             front::front,
         ))
         .layer(DefaultBodyLimit::max(body_limit))
-        // 503 is an answer, not a fault (a standby, an uncertain lease,
-        // backpressure): counted in metrics, logged only at debug level.
-        .layer(TraceLayer::new_for_http().on_failure(DefaultOnFailure::new().level(Level::DEBUG)))
         .with_state(app)
 }
 
