@@ -7,9 +7,10 @@
 //! temporary directory. Each target gets three rows: light puts (one client,
 //! one put at a time), peak puts (`--clients` concurrent clients) and gets
 //! (`--clients` concurrent clients over `--keys` preloaded keys). The load
-//! generator shares the machine (and this process's runtime) with the service.
-//! Each peak row reports this process's CPU per request, and with
-//! `--server-pid` (a service at `--url` on this machine) the service's.
+//! generator shares the machine with the service, but runs its clients on a
+//! runtime of its own (`--threads`, one by default). Each peak row reports
+//! this process's CPU per request, and with `--server-pid` (a service at
+//! `--url` on this machine) the service's.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,6 +64,11 @@ pub struct KvBenchArgs {
     /// Concurrent clients of the peak rows.
     #[arg(long, default_value_t = 256)]
     clients: usize,
+    /// Worker threads of the load generator's own runtime. One thread (no
+    /// work stealing, no wakeups across threads) leaves the most of the
+    /// machine to the service; more only if it cannot keep up.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    threads: u16,
     /// How long each peak row runs, in seconds.
     #[arg(long, default_value_t = 5)]
     seconds: u64,
@@ -150,8 +156,47 @@ pub async fn run(args: KvBenchArgs) -> Result<(), CommandError> {
     Ok(())
 }
 
-/// The three rows against one service.
+/// The three rows against one service, measured on the load generator's
+/// own runtime.
 async fn measure(url: &str, target: &str, args: &KvBenchArgs) -> Result<(), CommandError> {
+    let (url, target, args) = (url.to_owned(), target.to_owned(), args.clone());
+    let threads = usize::from(args.threads);
+    on_own_runtime(
+        threads,
+        async move { measure_here(&url, &target, &args).await },
+    )
+    .await
+}
+
+/// Runs `work` to its end on a new runtime of `threads` worker threads
+/// (one: a current-thread runtime) on a thread of its own.
+async fn on_own_runtime<T: Send + 'static>(
+    threads: usize,
+    work: impl Future<Output = Result<T, CommandError>> + Send + 'static,
+) -> Result<T, CommandError> {
+    let runtime = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()?
+    };
+    let (done, outcome) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("bench-kv-load".to_owned())
+        .spawn(move || {
+            let _ = done.send(runtime.block_on(work));
+        })?;
+    outcome
+        .await
+        .map_err(|_| "the load generator's thread ended without an answer")?
+}
+
+/// [`measure`]'s rows, on the runtime it runs on.
+async fn measure_here(url: &str, target: &str, args: &KvBenchArgs) -> Result<(), CommandError> {
     let client = Client::new(url, args)?;
     eprintln!("{target}: light puts …");
     let light = client.light(args).await?;
@@ -698,6 +743,7 @@ mod tests {
             latency_ms: 10,
             value_bytes: 3,
             clients: 1,
+            threads: 1,
             seconds: 1,
             light_puts: 1,
             keys: 1,
