@@ -289,6 +289,36 @@ fn blobs_over(memory: Arc<InMemory>, identity: &str) -> DynBlobStore {
 }
 
 /// The `p`-th percentile of sorted `latencies`, in milliseconds.
+/// Runs `work` to its end on a new runtime of `threads` worker threads
+/// (one: a current-thread runtime) on a thread of its own: a load
+/// generator apart from the runtime of a service in this process, and with
+/// one thread no wakeups across threads and no work stealing, so it takes
+/// as little of the machine as it can.
+pub(super) async fn on_own_runtime<T: Send + 'static>(
+    threads: usize,
+    work: impl Future<Output = Result<T, CommandError>> + Send + 'static,
+) -> Result<T, CommandError> {
+    let runtime = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()?
+    };
+    let (done, outcome) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("bench-load".to_owned())
+        .spawn(move || {
+            let _ = done.send(runtime.block_on(work));
+        })?;
+    outcome
+        .await
+        .map_err(|_| "the load generator's thread ended without an answer")?
+}
+
 fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;

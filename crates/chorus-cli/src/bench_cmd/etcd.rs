@@ -48,7 +48,7 @@ use super::cpu::{Cpu, Spent};
 use super::etcd_chorus::ChorusPair;
 use super::etcd_cluster::EtcdCluster;
 use super::grpc::{connect, micros_since, percentile_ms, prefix_end};
-use super::watch;
+use super::{on_own_runtime, watch};
 use crate::CommandError;
 use crate::output::outln;
 
@@ -160,6 +160,13 @@ pub struct EtcdBenchArgs {
     /// only).
     #[arg(long, value_delimiter = ',', requires = "endpoints")]
     server_pid: Vec<u32>,
+    /// Worker threads of the closed-loop cells' load generator, a runtime
+    /// of its own [default: 1, and 2 for the prefix ranges, whose answers
+    /// of 1,000 keys take one thread's worth of decoding]. One thread (no
+    /// work stealing, no wakeups across threads) leaves the most of the
+    /// machine to the system.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    threads: Option<u16>,
 }
 
 /// One cell's results.
@@ -258,7 +265,11 @@ async fn run_cells(running: &mut Running, args: &EtcdBenchArgs) -> Result<(), Co
     let mut rows = Vec::new();
     if selected(Workload::Put) {
         for clients in PUT_CLIENTS {
-            rows.push(running.closed_loop(Kind::Put, clients, duration).await?);
+            rows.push(
+                running
+                    .closed_loop(Kind::Put, clients, duration, args.threads)
+                    .await?,
+            );
             print(rows.last().expect("pushed"), args.json)?;
         }
     }
@@ -278,7 +289,11 @@ async fn run_cells(running: &mut Running, args: &EtcdBenchArgs) -> Result<(), Co
     others.push((Workload::TxnCas, Kind::TxnCas, TXN_CLIENTS));
     for (workload, kind, clients) in others {
         if selected(workload) {
-            rows.push(running.closed_loop(kind, clients, duration).await?);
+            rows.push(
+                running
+                    .closed_loop(kind, clients, duration, args.threads)
+                    .await?,
+            );
             print(rows.last().expect("pushed"), args.json)?;
         }
     }
@@ -334,6 +349,16 @@ enum Kind {
 }
 
 impl Kind {
+    /// The load generator's threads for this kind by default: one, but two
+    /// for prefix ranges, whose answers one thread cannot decode as fast as
+    /// the systems send them.
+    fn generator_threads(self) -> usize {
+        match self {
+            Kind::Range { prefix: true, .. } => 2,
+            _ => 1,
+        }
+    }
+
     fn workload(self) -> &'static str {
         match self {
             Kind::Put => "put",
@@ -411,28 +436,37 @@ impl Running {
         Cpu::now(self.server_pids())
     }
 
-    /// One closed-loop cell: `clients` clients sending `kind` for `duration`.
+    /// One closed-loop cell: `clients` clients sending `kind` for
+    /// `duration`, on a runtime of `threads` worker threads of their own
+    /// (`None`: [`Kind::generator_threads`]).
     async fn closed_loop(
         &self,
         kind: Kind,
         clients: usize,
         duration: Duration,
+        threads: Option<u16>,
     ) -> Result<Row, CommandError> {
         let name = self.name;
         eprintln!("{name}: {} with {clients} clients …", kind.workload());
-        let pool = Arc::new(Pool::open(&self.urls, clients.min(MAX_CONNECTIONS)).await?);
-        if let Kind::Range { prefix, .. } = kind {
-            pool.preload_range(prefix).await?;
-        }
-        let control = Arc::new(Control::new(REQUEST_TIMEOUT));
-        let before = self.cpu();
-        let started = Instant::now();
-        let tasks = spawn_clients(&pool, kind, clients, &control);
-        tokio::time::sleep(duration).await;
-        control.stop.store(true, Ordering::Relaxed);
-        let outcomes = join(tasks).await?;
-        let elapsed = started.elapsed();
-        let cpu = self.cpu().since(&before, &before);
+        let (urls, pids) = (self.urls.clone(), self.server_pids());
+        let threads = threads.map_or(kind.generator_threads(), usize::from);
+        let (outcomes, elapsed, cpu) = on_own_runtime(threads, async move {
+            let pool = Arc::new(Pool::open(&urls, clients.min(MAX_CONNECTIONS)).await?);
+            if let Kind::Range { prefix, .. } = kind {
+                pool.preload_range(prefix).await?;
+            }
+            let control = Arc::new(Control::new(REQUEST_TIMEOUT));
+            let before = Cpu::now(pids.iter().copied());
+            let started = Instant::now();
+            let tasks = spawn_clients(&pool, kind, clients, &control);
+            tokio::time::sleep(duration).await;
+            control.stop.store(true, Ordering::Relaxed);
+            let outcomes = join(tasks).await?;
+            let elapsed = started.elapsed();
+            let cpu = Cpu::now(pids).since(&before, &before);
+            Ok((outcomes, elapsed, cpu))
+        })
+        .await?;
         let mut row = summarize(name, kind.workload(), clients, &outcomes, elapsed, cpu);
         if let Kind::Range { prefix, .. } = kind {
             row.keys = Some(keys_read(prefix));

@@ -33,7 +33,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use super::cpu::{Cpu, Spent};
-use super::{latency_replicas, memory_store, new_log, percentile_ms};
+use super::{latency_replicas, memory_store, new_log, on_own_runtime, percentile_ms};
 use crate::CommandError;
 use crate::config::{DatabaseArgs, StoreArgs};
 use crate::output::outln;
@@ -166,33 +166,6 @@ async fn measure(url: &str, target: &str, args: &KvBenchArgs) -> Result<(), Comm
         async move { measure_here(&url, &target, &args).await },
     )
     .await
-}
-
-/// Runs `work` to its end on a new runtime of `threads` worker threads
-/// (one: a current-thread runtime) on a thread of its own.
-async fn on_own_runtime<T: Send + 'static>(
-    threads: usize,
-    work: impl Future<Output = Result<T, CommandError>> + Send + 'static,
-) -> Result<T, CommandError> {
-    let runtime = if threads == 1 {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads)
-            .enable_all()
-            .build()?
-    };
-    let (done, outcome) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("bench-kv-load".to_owned())
-        .spawn(move || {
-            let _ = done.send(runtime.block_on(work));
-        })?;
-    outcome
-        .await
-        .map_err(|_| "the load generator's thread ended without an answer")?
 }
 
 /// [`measure`]'s rows, on the runtime it runs on.
