@@ -23,7 +23,7 @@ pub mod gather;
 pub mod layout;
 pub mod maintenance;
 mod metrics;
-mod offload;
+pub(crate) mod offload;
 pub mod probe;
 pub mod quorum;
 mod reader;

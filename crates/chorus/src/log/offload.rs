@@ -1,5 +1,6 @@
 //! Running CPU-heavy work (checksums and encoding of whole sealed segments, up
-//! to `max_segment_bytes`) off the async workers, so it cannot delay acks.
+//! to `max_segment_bytes`; the digest of a whole snapshot payload) off the
+//! async workers, so it cannot delay acks.
 
 use tokio::runtime::{Handle, RuntimeFlavor};
 

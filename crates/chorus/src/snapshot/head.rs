@@ -12,6 +12,7 @@ use crate::lease::{
     DatabaseKey, DocumentError, FencingToken, Fields, Generation, HolderId, LeaseHolder, Term,
     encode,
 };
+use crate::log::offload::offload;
 
 /// The HEAD document format this build writes and reads.
 pub const HEAD_FORMAT: u64 = 1;
@@ -172,6 +173,14 @@ impl Sha256Digest {
     pub fn of(bytes: &[u8]) -> Sha256Digest {
         Sha256Digest(Sha256::digest(bytes).into())
     }
+
+    /// The digest of a whole snapshot payload, computed off the async
+    /// workers: at a large state it takes tens of milliseconds, during
+    /// which a worker would serve nothing else.
+    pub(crate) async fn of_payload(bytes: &Bytes) -> Sha256Digest {
+        let bytes = bytes.clone();
+        offload(move || Sha256Digest::of(&bytes)).await
+    }
 }
 
 impl fmt::Display for Sha256Digest {
@@ -223,12 +232,13 @@ pub struct Head {
 }
 
 impl Head {
-    /// A HEAD naming a payload with `bytes`, stamped with `lease`.
+    /// A HEAD naming a payload of `payload_size_bytes` whose digest is
+    /// `payload_sha256`, stamped with `lease`.
     pub(crate) fn for_payload(
         lease: &LeaseHolder,
         publisher_id: PublisherId,
         snapshot: PayloadId,
-        bytes: &[u8],
+        (payload_size_bytes, payload_sha256): (u64, Sha256Digest),
         wal_index: RecordIndex,
         updated_at_ms: u64,
     ) -> Head {
@@ -240,8 +250,8 @@ impl Head {
             publication_sequence: snapshot.sequence,
             snapshot,
             wal_index,
-            payload_size_bytes: bytes.len() as u64,
-            payload_sha256: Sha256Digest::of(bytes),
+            payload_size_bytes,
+            payload_sha256,
             publisher_id,
             updated_at_ms,
         }

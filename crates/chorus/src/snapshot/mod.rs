@@ -246,7 +246,7 @@ impl SnapshotStore {
                 found: bytes.len() as u64,
             });
         }
-        let found = Sha256Digest::of(&bytes);
+        let found = Sha256Digest::of_payload(&bytes).await;
         if found != head.payload_sha256 {
             return Err(SnapshotError::Checksum {
                 key,

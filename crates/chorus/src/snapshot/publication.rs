@@ -17,8 +17,8 @@ use std::fmt;
 use bytes::Bytes;
 
 use super::{
-    FenceReason, Head, PayloadId, PublicationSequence, PublisherId, SnapshotError, SnapshotStore,
-    VersionedHead, error,
+    FenceReason, Head, PayloadId, PublicationSequence, PublisherId, Sha256Digest, SnapshotError,
+    SnapshotStore, VersionedHead, error,
 };
 use crate::blob::{
     BlobError, GuardedWriteError, Version, create_resolving_guarded, update_resolving_guarded,
@@ -228,10 +228,10 @@ impl PublicationStore {
             generation: lease.generation(),
             sequence: PublicationSequence::FIRST,
         };
-        self.upload(id, initial.bytes.clone()).await?;
+        let payload = self.upload_digested(id, &initial.bytes).await?;
         let wall_ms = self.snapshots.wall_ms();
-        let (bytes, wal_index) = (&initial.bytes, initial.wal_index);
-        let head = Head::for_payload(lease, self.publisher_id, id, bytes, wal_index, wall_ms);
+        let wal_index = initial.wal_index;
+        let head = Head::for_payload(lease, self.publisher_id, id, payload, wal_index, wall_ms);
         let (Written::Ours(current) | Written::Earlier(current)) =
             self.write_head(lease, None, &head).await?;
         let outcome = ClaimOutcome::Installed(current.head.clone());
@@ -326,10 +326,10 @@ impl PublicationStore {
             generation: lease.generation(),
             sequence,
         };
-        self.upload(id, snapshot.bytes.clone()).await?;
+        let payload = self.upload_digested(id, &snapshot.bytes).await?;
         let wall_ms = self.snapshots.wall_ms();
-        let (bytes, wal_index) = (&snapshot.bytes, snapshot.wal_index);
-        let head = Head::for_payload(lease, self.publisher_id, id, bytes, wal_index, wall_ms);
+        let wal_index = snapshot.wal_index;
+        let head = Head::for_payload(lease, self.publisher_id, id, payload, wal_index, wall_ms);
         self.advance(lease, base, head).await
     }
 
@@ -418,6 +418,21 @@ impl PublicationStore {
 
     /// Uploads a payload; a key holding other bytes fences the store (someone
     /// else writes under our generation, or a payload was about to be overwritten).
+    /// Uploads `bytes` as payload `id` while their digest is computed off
+    /// the async workers; returns their size and digest.
+    async fn upload_digested(
+        &mut self,
+        id: PayloadId,
+        bytes: &Bytes,
+    ) -> Result<(u64, Sha256Digest), SnapshotError> {
+        let (uploaded, digest) = tokio::join!(
+            self.upload(id, bytes.clone()),
+            Sha256Digest::of_payload(bytes)
+        );
+        uploaded?;
+        Ok((bytes.len() as u64, digest))
+    }
+
     async fn upload(&mut self, id: PayloadId, bytes: Bytes) -> Result<(), SnapshotError> {
         match self.snapshots.upload(id, bytes).await {
             Ok(()) => Ok(()),
