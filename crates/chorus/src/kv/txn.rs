@@ -555,16 +555,26 @@ impl KvState {
         value: Bytes,
         lease: i64,
     ) -> Option<Entry> {
-        let before = self.entries.get(key).cloned();
-        let entry = Entry {
+        let mut entry = Entry {
             value,
             index: write.index,
-            create_revision: before
-                .as_ref()
-                .map_or(write.revision, |entry| entry.create_revision),
+            create_revision: write.revision,
             mod_revision: write.revision,
-            version: before.as_ref().map_or(1, |entry| entry.version + 1),
+            version: 1,
             lease,
+        };
+        // One search of the map for a key that exists (most puts), two for
+        // a new one.
+        let before = match self.entries.get_mut(key) {
+            Some(slot) => {
+                entry.create_revision = slot.create_revision;
+                entry.version = slot.version + 1;
+                Some(std::mem::replace(slot, entry.clone()))
+            }
+            None => {
+                self.entries.insert(key.clone(), entry.clone());
+                None
+            }
         };
         if let Some(before) = before.as_ref().filter(|before| before.lease != lease) {
             self.leases.detach(key, before.lease);
@@ -572,7 +582,6 @@ impl KvState {
         self.size_bytes -= before.as_ref().map_or(0, |b| key.len() + b.value.len());
         self.size_bytes += key.len() + entry.value.len();
         self.leases.attach(key, lease);
-        self.entries.insert(key.clone(), entry.clone());
         self.record(write, key, before.clone(), Some(entry));
         before
     }

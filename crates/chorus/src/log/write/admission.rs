@@ -12,7 +12,7 @@ use crate::codec::FRAME_HEADER_BYTES;
 use crate::ids::RecordIndex;
 use crate::log::config::LogConfig;
 use crate::log::error::{LogError, StopReason};
-use crate::log::metrics;
+use crate::log::metrics::{self, AppendMetrics};
 use crate::register::Manifest;
 
 /// The most bytes one directory entry `id:base:crc32c ` can take.
@@ -111,6 +111,8 @@ pub struct Admission {
     pub directory: DirectoryRoom,
     /// The pipeline's input.
     pub sender: mpsc::UnboundedSender<Admitted>,
+    /// The append counters' handles.
+    pub metrics: AppendMetrics,
 }
 
 impl Admission {
@@ -129,6 +131,7 @@ impl Admission {
             stopped: None,
             directory: DirectoryRoom::of(manifest, max_directory_bytes),
             sender,
+            metrics: AppendMetrics::registered(),
         }
     }
 
@@ -165,7 +168,7 @@ impl Admission {
         self.inflight_bytes += bytes as u64;
         self.inflight_records += 1;
         self.active_bytes += framed_bytes(bytes as u64);
-        metrics::append_admitted(bytes);
+        self.metrics.admitted(bytes);
         Ok((index, receiver))
     }
 
@@ -264,6 +267,7 @@ mod tests {
                 seen: None,
             },
             sender,
+            metrics: AppendMetrics::registered(),
         };
         let _ = config;
         (admission, receiver)

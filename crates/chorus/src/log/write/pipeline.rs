@@ -591,9 +591,10 @@ impl Pipeline {
                 admission.release(records, bytes);
                 admission.durable_end = RecordIndex(admission.durable_end.0 + records);
             }
+            let commit_latency = metrics::commit_latency();
             for _ in 0..records {
                 let waiter = self.waiting.pop_front().expect("a waiter per cut record");
-                metrics::commit_latency(now.duration_since(waiter.admitted_at));
+                commit_latency.record(now.duration_since(waiter.admitted_at).as_secs_f64());
                 let _ = waiter.completion.send(Ok(Receipt {
                     index: waiter.index,
                 }));
