@@ -260,8 +260,13 @@ struct Client {
     authority: String,
     /// The URL's path, prefixed to every request path (without a trailing `/`).
     base_path: String,
-    authorization: Option<HeaderValue>,
-    value: Bytes,
+    /// What follows the request target in every request: the version and
+    /// the header lines every request carries (host, authorization), each
+    /// ending in CRLF.
+    common_head: Bytes,
+    /// The end of a put: its content-length line, the blank line and the
+    /// value.
+    put_tail: Bytes,
 }
 
 /// One HTTP/1.1 connection, one request at a time, written and read by the
@@ -293,18 +298,22 @@ impl Client {
             .host_str()
             .ok_or_else(|| format!("--url {url:?} names no host"))?;
         let port = parsed.port_or_known_default().unwrap_or(80);
-        let authorization = match &args.token {
-            Some(token) => Some(
-                HeaderValue::from_str(&format!("Bearer {token}"))
-                    .map_err(|_| "the token is not a valid header value")?,
-            ),
-            None => None,
-        };
+        let authority = format!("{host}:{port}");
+        let mut common_head = format!(" HTTP/1.1\r\nhost: {authority}\r\n").into_bytes();
+        if let Some(token) = &args.token {
+            let authorization = HeaderValue::from_str(&format!("Bearer {token}"))
+                .map_err(|_| "the token is not a valid header value")?;
+            common_head.extend_from_slice(b"authorization: ");
+            common_head.extend_from_slice(authorization.as_bytes());
+            common_head.extend_from_slice(b"\r\n");
+        }
+        let mut put_tail = format!("content-length: {}\r\n\r\n", args.value_bytes).into_bytes();
+        put_tail.resize(put_tail.len() + args.value_bytes, b'v');
         Ok(Client {
-            authority: format!("{host}:{port}"),
+            authority,
             base_path: parsed.path().trim_end_matches('/').to_owned(),
-            authorization,
-            value: Bytes::from(vec![b'v'; args.value_bytes]),
+            common_head: Bytes::from(common_head),
+            put_tail: Bytes::from(put_tail),
         })
     }
 
@@ -314,7 +323,7 @@ impl Client {
         stream.set_nodelay(true)?;
         Ok(Connection {
             stream,
-            request: Vec::with_capacity(256 + self.value.len()),
+            request: Vec::with_capacity(256 + self.put_tail.len()),
             received: BytesMut::with_capacity(8192),
             client: self.clone(),
         })
@@ -449,20 +458,10 @@ impl Connection {
         for part in [method, " ", &client.base_path, "/v1/kv/", key] {
             request.extend_from_slice(part.as_bytes());
         }
-        request.extend_from_slice(b" HTTP/1.1\r\nhost: ");
-        request.extend_from_slice(client.authority.as_bytes());
-        if let Some(authorization) = &client.authorization {
-            request.extend_from_slice(b"\r\nauthorization: ");
-            request.extend_from_slice(authorization.as_bytes());
-        }
+        request.extend_from_slice(&client.common_head);
         match operation {
-            Operation::Put => {
-                request.extend_from_slice(b"\r\ncontent-length: ");
-                request.extend_from_slice(client.value.len().to_string().as_bytes());
-                request.extend_from_slice(b"\r\n\r\n");
-                request.extend_from_slice(&client.value);
-            }
-            Operation::Get => request.extend_from_slice(b"\r\n\r\n"),
+            Operation::Put => request.extend_from_slice(&client.put_tail),
+            Operation::Get => request.extend_from_slice(b"\r\n"),
         }
         self.stream.write_all(request).await?;
         let (status, length) = self.read_head().await?;
