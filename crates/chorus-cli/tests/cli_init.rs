@@ -375,7 +375,7 @@ fn a_malformed_register_is_reported_and_left_alone() {
         .unwrap();
     assert_fails_with(
         &chorus(dir.path(), &["log", "inspect"]),
-        "register written by a newer Chorus: format 9; this build reads up to 2",
+        "register written by a newer Chorus: format 9; this build reads up to 3",
     );
 }
 

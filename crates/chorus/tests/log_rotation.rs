@@ -386,12 +386,32 @@ async fn a_stream_of_empty_records_fills_and_rotates_its_segment() {
 
 /// A log whose register a build before register format 2 wrote (its newest
 /// seal's digest as bare SHA-256 hex) opens and reads as before; the first
-/// change writes the register back as format 2, keeping the old seal's
-/// SHA-256 (named as such), and the next seal records BLAKE3.
+/// change writes the register back as format 3, keeping the old seal's
+/// SHA-256 (named as such), and the next seal records XXH3-128.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_log_with_a_format_one_register_opens_and_seals_in_format_two() {
+async fn a_log_with_a_format_one_register_opens_and_seals_in_format_three() {
     use sha2::{Digest, Sha256};
 
+    let sha256 = |sealed: &[u8]| hex::encode(Sha256::digest(sealed));
+    opens_and_seals_from_an_older_register("1", sha256, "sha256").await;
+}
+
+/// The same from register format 2, whose seals recorded BLAKE3. Nothing
+/// reads a digest back to check it (the register keeps what the sealer
+/// wrote), so the stored value stands for the BLAKE3 it spelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_with_a_format_two_register_opens_and_seals_in_format_three() {
+    let blake3 = |sealed: &[u8]| format!("blake3:{}", hex::encode(&sealed[..32]));
+    opens_and_seals_from_an_older_register("2", blake3, "blake3").await;
+}
+
+/// Seals one segment, rewrites the register as `format` stored it (the seal's
+/// digest spelled by `spell`), then opens a writer on it and seals again.
+async fn opens_and_seals_from_an_older_register(
+    format: &str,
+    spell: impl Fn(&[u8]) -> String,
+    algorithm: &str,
+) {
     let cluster = Cluster::new(3, 4).await;
     let (writer, _) = cluster.open(small_segments()).await.unwrap();
     let mut acked = BTreeMap::new();
@@ -404,37 +424,33 @@ async fn a_log_with_a_format_one_register_opens_and_seals_in_format_two() {
     .await;
     writer.shutdown(Duration::from_secs(5)).await.unwrap();
 
-    // Rewrite the register as format 1 spelled it: the seal's SHA-256, bare.
+    // Rewrite the register as the older format spelled it.
     let sealed_key = cluster.sealed_on(0).await.pop().expect("one sealed object");
     let sealed = cluster.raw[0].get(&sealed_key).await.unwrap().bytes;
-    let sha256 = hex::encode(Sha256::digest(&sealed));
+    let stored_digest = spell(&sealed);
     let register = cluster.stores.register.clone();
     let current = register.read().await.unwrap().unwrap();
-    assert_eq!(current.fields["chorus.format"], "2");
-    assert!(current.fields["chorus.seal_digest"].starts_with("blake3:"));
-    let mut format_one = current.fields.clone();
-    format_one.insert("chorus.format".into(), "1".into());
-    format_one.insert("chorus.seal_digest".into(), sha256.clone());
-    register
-        .update(&current.version, &format_one)
-        .await
-        .unwrap();
-    assert_eq!(
-        cluster.manifest().await.seal.unwrap().digest.algorithm(),
-        "sha256"
-    );
+    assert_eq!(current.fields["chorus.format"], "3");
+    assert!(current.fields["chorus.seal_digest"].starts_with("xxh3-128:"));
+    let mut older = current.fields.clone();
+    older.insert("chorus.format".into(), format.into());
+    older.insert("chorus.seal_digest".into(), stored_digest.clone());
+    register.update(&current.version, &older).await.unwrap();
+    let digest = cluster.manifest().await.seal.unwrap().digest;
+    assert_eq!(digest.algorithm(), algorithm);
 
     // A new writer recovers from it (its claim rewrites the register) and
     // every acknowledged record reads back.
     let (writer, replayed) = cluster.open(small_segments()).await.unwrap();
     assert_eq!(replayed.len(), acked.len());
     let rewritten = register.read().await.unwrap().unwrap().fields;
-    assert_eq!(rewritten["chorus.format"], "2");
+    assert_eq!(rewritten["chorus.format"], "3");
     let manifest = Manifest::from_fields(&rewritten).unwrap();
     let seal = manifest.seal.unwrap();
     assert_eq!(manifest.segments.len(), 1, "nothing sealed since");
     // The old seal keeps the digest it had.
-    assert_eq!(rewritten["chorus.seal_digest"], format!("sha256:{sha256}"));
+    assert_eq!(seal.digest, digest);
+    assert_eq!(rewritten["chorus.seal_digest"], digest.to_string());
     // The next seal is this build's.
     let sealed_before = manifest.segments.len();
     append_acked(&writer, "after", RECORDS_PER_SEGMENT, &mut acked).await;
@@ -444,7 +460,7 @@ async fn a_log_with_a_format_one_register_opens_and_seals_in_format_two() {
     .await;
     let newest = cluster.manifest().await.seal.unwrap();
     assert_ne!(newest.id, seal.id);
-    assert_eq!(newest.digest.algorithm(), "blake3");
+    assert_eq!(newest.digest.algorithm(), "xxh3-128");
     writer.shutdown(Duration::from_secs(5)).await.unwrap();
     assert_eq!(cluster.verify_acked(&acked).await.len(), acked.len());
 }

@@ -518,7 +518,7 @@ mod cases {
         let version = store.create(&fields).await.unwrap();
         let mut planted = vec![(fields, "chorus.window")];
         let mut newer_format = doc(1, 0);
-        newer_format.insert("chorus.format".into(), "3".into());
+        newer_format.insert("chorus.format".into(), "4".into());
         planted.push((newer_format, "chorus.format"));
         let mut unknown = doc(1, 0);
         unknown.insert("chorus.colour".into(), "red".into());

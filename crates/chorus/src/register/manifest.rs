@@ -4,7 +4,7 @@
 //!
 //! | field                 | value                                                   |
 //! |-----------------------|---------------------------------------------------------|
-//! | `chorus.format`       | `2` (this build writes); `1` is still read              |
+//! | `chorus.format`       | `3` (this build writes); `1` and `2` are still read     |
 //! | `chorus.epoch`        | decimal                                                 |
 //! | `chorus.owner`        | 32 hex digits (all zero: no owner)                      |
 //! | `chorus.tail_id`      | segment id `<16 hex>-<8 hex>`                           |
@@ -12,7 +12,7 @@
 //! | `chorus.pending_id`   | segment id, or empty                                    |
 //! | `chorus.seal_id`      | segment id, or empty (then `seal_base`/`seal_digest` too) |
 //! | `chorus.seal_base`    | decimal record index, or empty                          |
-//! | `chorus.seal_digest`  | `blake3:<64 hex>` or `sha256:<64 hex>` (format 1: bare SHA-256 hex), or empty |
+//! | `chorus.seal_digest`  | `xxh3-128:<32 hex>`, `blake3:<64 hex>` or `sha256:<64 hex>` (format 1: bare SHA-256 hex), or empty |
 //! | `chorus.trunc`        | decimal record index                                    |
 //! | `chorus.segments`     | space-separated `id:base:crc32c` (crc as 8 hex), base order |
 //! | `chorus.replicas`     | JSON array of replica identities, in replica order      |
@@ -25,15 +25,16 @@ use super::{Fields, ManifestError, validate};
 use crate::codec::formats_text;
 use crate::ids::{Epoch, OwnerId, RecordIndex, SegmentId};
 
-/// The register format this build writes. It reads this one and format 1,
-/// which differs only in spelling `chorus.seal_digest` as bare SHA-256 hex
-/// (see [`SealDigest`]); any write turns a format-1 register into format 2.
-pub const FORMAT: u32 = 2;
+/// The register format this build writes. It reads this one and formats 1
+/// and 2, which differ only in `chorus.seal_digest` (see [`SealDigest`]):
+/// format 1 spells it as bare SHA-256 hex, format 2 never holds XXH3-128. Any
+/// write turns an older register into format 3, keeping the digest it had.
+pub const FORMAT: u32 = 3;
 
 /// The oldest register format this build reads.
 pub const OLDEST_READABLE_FORMAT: u32 = 1;
 
-/// The formats this build reads, as error messages spell them (`1-2`).
+/// The formats this build reads, as error messages spell them (`1-3`).
 pub(crate) fn readable_formats_text() -> String {
     formats_text(&(u64::from(OLDEST_READABLE_FORMAT)..=u64::from(FORMAT)))
 }
@@ -383,7 +384,7 @@ pub(crate) mod tests {
     /// three directory entries (the first a tombstone below `trunc`), a seal
     /// naming the last entry, and a pending successor.
     pub(crate) fn rich() -> Manifest {
-        let digest = SealDigest::Blake3(std::array::from_fn(|i| {
+        let digest = SealDigest::Xxh3_128(std::array::from_fn(|i| {
             (i as u8).wrapping_mul(37).wrapping_add(5)
         }));
         Manifest {
@@ -476,7 +477,7 @@ pub(crate) mod tests {
             .to_fields()
             .unwrap();
         let expected: Fields = [
-            ("chorus.format", "2"),
+            ("chorus.format", "3"),
             ("chorus.epoch", "0"),
             ("chorus.owner", "00000000000000000000000000000000"),
             ("chorus.tail_id", "0000000000000000-00000000"),
@@ -511,7 +512,7 @@ pub(crate) mod tests {
         assert_eq!(get("chorus.seal_base"), "250");
         assert_eq!(
             get("chorus.seal_digest"),
-            "blake3:052a4f7499bee3082d52779cc1e60b30557a9fc4e90e33587da2c7ec11365b80"
+            "xxh3-128:052a4f7499bee3082d52779cc1e60b30"
         );
         assert_eq!(get("chorus.trunc"), "120");
         assert_eq!(
@@ -563,7 +564,7 @@ pub(crate) mod tests {
 
     #[test]
     fn unknown_format_is_refused() {
-        for found in ["3", "0", "01", "1.0", "2.0", "", "one"] {
+        for found in ["4", "0", "01", "1.0", "3.0", "", "one"] {
             let error = assert_field(decode_with("chorus.format", found), "chorus.format");
             assert_eq!(
                 error,
@@ -574,20 +575,20 @@ pub(crate) mod tests {
             );
         }
         // A newer build's register is said to be one, in one line.
-        let newer = decode_with("chorus.format", "3").unwrap_err();
+        let newer = decode_with("chorus.format", "4").unwrap_err();
         assert_eq!(
             newer.to_string(),
-            "register written by a newer Chorus: format 3; this build reads up to 2: \
+            "register written by a newer Chorus: format 4; this build reads up to 3: \
              field=chorus.format"
         );
         let never = decode_with("chorus.format", "0").unwrap_err();
         assert_eq!(
             never.to_string(),
-            "unsupported register format: field=chorus.format value=\"0\" supported=1-2"
+            "unsupported register format: field=chorus.format value=\"0\" supported=1-3"
         );
         // A future format may add fields: the format check comes first.
         let mut fields = rich_fields();
-        fields.insert("chorus.format".into(), "3".into());
+        fields.insert("chorus.format".into(), "4".into());
         fields.insert("chorus.novelty".into(), "x".into());
         fields.remove("chorus.window");
         assert!(matches!(
@@ -596,14 +597,11 @@ pub(crate) mod tests {
         ));
     }
 
-    /// A register written by a build before format 2, byte for byte as it
-    /// stored it, still decodes (its seal digest as SHA-256) and is written
-    /// back as format 2 with the digest it had.
-    #[test]
-    fn a_format_one_register_is_read_and_rewritten_as_format_two() {
-        let sha256 = "0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9";
-        let format_one: Fields = [
-            ("chorus.format", "1"),
+    /// A register as a build of format 1 or 2 stored it: the rich record's
+    /// fields with that format and `seal_digest` spelled as it was.
+    fn older_register(format: &str, seal_digest: &str) -> Fields {
+        [
+            ("chorus.format", format),
             ("chorus.epoch", "7"),
             ("chorus.owner", "0123456789abcdeffedcba9876543210"),
             ("chorus.tail_id", "0000000000000007-00000001"),
@@ -611,7 +609,7 @@ pub(crate) mod tests {
             ("chorus.pending_id", "0000000000000007-00000002"),
             ("chorus.seal_id", "0000000000000007-00000000"),
             ("chorus.seal_base", "250"),
-            ("chorus.seal_digest", sha256),
+            ("chorus.seal_digest", seal_digest),
             ("chorus.trunc", "120"),
             (
                 "chorus.segments",
@@ -622,29 +620,56 @@ pub(crate) mod tests {
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-        let manifest = Manifest::from_fields(&format_one).expect("format 1 decodes");
-        let seal = manifest.seal.unwrap();
-        assert_eq!(seal.digest.algorithm(), "sha256");
-        assert_eq!(hex::encode(seal.digest.bytes()), sha256);
-        let rewritten = manifest.to_fields().unwrap();
-        assert_eq!(rewritten["chorus.format"], "2");
-        assert_eq!(rewritten["chorus.seal_digest"], format!("sha256:{sha256}"));
-        let mut others = rewritten.clone();
-        others.insert("chorus.format".into(), "1".into());
-        others.insert("chorus.seal_digest".into(), sha256.into());
-        assert_eq!(
-            others, format_one,
-            "only the format and the digest's spelling change"
-        );
-        assert_eq!(Manifest::from_fields(&rewritten).unwrap(), manifest);
-        // Each format's spelling belongs to it alone.
-        let mut tagged_in_one = format_one.clone();
-        tagged_in_one.insert("chorus.seal_digest".into(), format!("sha256:{sha256}"));
-        assert_field(Manifest::from_fields(&tagged_in_one), "chorus.seal_digest");
-        let mut bare_in_two = rewritten;
-        bare_in_two.insert("chorus.seal_digest".into(), sha256.into());
-        assert_field(Manifest::from_fields(&bare_in_two), "chorus.seal_digest");
+        .collect()
+    }
+
+    /// Registers written by builds of formats 1 (bare SHA-256) and 2
+    /// (`blake3:` or `sha256:`), byte for byte as they stored them, still
+    /// decode and are written back as format 3 with the digest they had.
+    #[test]
+    fn older_registers_are_read_and_rewritten_as_format_three() {
+        let hex64 = "0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9";
+        let cases = [
+            ("1", hex64.to_owned(), "sha256"),
+            ("2", format!("blake3:{hex64}"), "blake3"),
+            ("2", format!("sha256:{hex64}"), "sha256"),
+        ];
+        for (format, stored_digest, algorithm) in cases {
+            let older = older_register(format, &stored_digest);
+            let manifest = Manifest::from_fields(&older).expect("an older format decodes");
+            let seal = manifest.seal.unwrap();
+            assert_eq!(seal.digest.algorithm(), algorithm);
+            assert_eq!(hex::encode(seal.digest.bytes()), hex64);
+            let rewritten = manifest.to_fields().unwrap();
+            assert_eq!(rewritten["chorus.format"], "3");
+            assert_eq!(
+                rewritten["chorus.seal_digest"],
+                format!("{algorithm}:{hex64}")
+            );
+            let mut others = rewritten.clone();
+            others.insert("chorus.format".into(), format.into());
+            others.insert("chorus.seal_digest".into(), stored_digest);
+            assert_eq!(
+                others, older,
+                "format {format}: only the format and the digest's spelling change"
+            );
+            assert_eq!(Manifest::from_fields(&rewritten).unwrap(), manifest);
+        }
+        // Each format's spellings belong to it alone.
+        let xxh3 = "xxh3-128:0a1b2c3d4e5f60718293a4b5c6d7e8f9";
+        for (format, digest) in [
+            ("1", format!("sha256:{hex64}")),
+            ("1", xxh3.to_owned()),
+            ("2", hex64.to_owned()),
+            ("2", xxh3.to_owned()),
+            ("3", hex64.to_owned()),
+        ] {
+            let fields = older_register(format, &digest);
+            assert_field(Manifest::from_fields(&fields), "chorus.seal_digest");
+        }
+        let current = older_register("3", xxh3);
+        let manifest = Manifest::from_fields(&current).expect("format 3 decodes");
+        assert_eq!(manifest.to_fields().unwrap(), current);
     }
 
     #[test]
@@ -733,12 +758,13 @@ pub(crate) mod tests {
         }
         let digest = rich_fields()["chorus.seal_digest"].clone();
         let digest_cases = [
-            digest[..69].to_owned(),
+            digest[..digest.len() - 1].to_owned(),
             format!("{digest}00"),
             digest.to_uppercase(),
-            format!("{}zz", &digest[..69]),
-            digest.replacen("blake3:", "blake3:0x", 1),
-            digest.replacen("blake3:", "", 1),
+            format!("{}zz", &digest[..digest.len() - 2]),
+            digest.replacen("xxh3-128:", "xxh3-128:0x", 1),
+            digest.replacen("xxh3-128:", "blake3:", 1),
+            digest.replacen("xxh3-128:", "", 1),
         ];
         for value in digest_cases {
             assert_field(
@@ -964,7 +990,12 @@ pub(crate) mod tests {
                     let seal = segments.last().map(|last| Seal {
                         id: last.id,
                         base: last.base,
-                        digest: SealDigest::Blake3(digest),
+                        // Every algorithm a format-3 register may hold.
+                        digest: match digest[0] % 3 {
+                            0 => SealDigest::Xxh3_128(digest[..16].try_into().unwrap()),
+                            1 => SealDigest::Blake3(digest),
+                            _ => SealDigest::Sha256(digest),
+                        },
                     });
                     let lowest = segments.first().map_or(tail_base, |first| first.base.0);
                     Manifest {

@@ -147,6 +147,7 @@ impl ManifestStore for ObjectRegister {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::register::manifest::FORMAT;
 
     fn fields() -> Fields {
         [("chorus.tail_base", "120"), ("chorus.epoch", "7")]
@@ -179,24 +180,25 @@ mod tests {
 
     #[test]
     fn a_newer_format_is_named_when_its_checksum_does_not_fit() {
+        let (current, next) = (FORMAT, FORMAT + 1);
         let mut newer = fields();
-        newer.insert("chorus.format".into(), "3".into());
+        newer.insert("chorus.format".into(), next.to_string());
         let unsigned = serde_json::to_vec(&newer).unwrap();
         let error = decode_document(&unsigned).unwrap_err();
         assert!(
-            error.starts_with(
-                "register written by a newer Chorus: format 3; this build reads up to 2 \
+            error.starts_with(&format!(
+                "register written by a newer Chorus: format {next}; this build reads up to {current} \
                  (unless it is damaged: register document has no"
-            ),
+            )),
             "{error}"
         );
         let text = String::from_utf8(encode_document(&newer).to_vec()).unwrap();
         let damaged = text.replace("\"120\"", "\"130\"");
         let error = decode_document(damaged.as_bytes()).unwrap_err();
         assert!(
-            error.contains(
-                "reads up to 2 (unless it is damaged: register document checksum mismatch"
-            ),
+            error.contains(&format!(
+                "reads up to {current} (unless it is damaged: register document checksum mismatch"
+            )),
             "{error}"
         );
         // Intact, it decodes here; the manifest refuses its format in one line.
@@ -224,7 +226,7 @@ mod tests {
         let unsigned = serde_json::to_vec(&other).unwrap();
         let error = decode_document(&unsigned).unwrap_err();
         assert!(
-            error.starts_with("unsupported format: field=chorus.format value=one supported=1-2, or register document has no"),
+            error.starts_with("unsupported format: field=chorus.format value=one supported=1-3, or register document has no"),
             "{error}"
         );
     }
