@@ -10,7 +10,11 @@
 //!
 //! One iteration fills one 16 MiB segment and waits until it is sealed and
 //! folded, so every record's whole cost, seal included, falls inside the
-//! iteration. (With appends running on, sealing lags behind them and the
+//! iteration. Then the replicas forget the sealed object, as a remote
+//! store's bytes leave the writer's memory once written: kept, every
+//! segment's fragment buffers would stay allocated to the end of the
+//! sample, and each new segment would land on fresh pages for the kernel
+//! to clear, a cost of in-memory replicas and not of the write path. (With appends running on, sealing lags behind them and the
 //! seals of the last segments would fall outside the measurement.) Two
 //! clocks: the process's CPU time (user + system, every thread), which is
 //! the target's measure, and wall time, which here runs appends and seals
@@ -25,7 +29,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chorus::codec::FRAME_HEADER_BYTES;
+use chorus::log::layout::sealed_key;
 use chorus::log::{ErrorKind, LogConfig, Writer};
+use chorus::register::Manifest;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use log_support::Cluster;
 
@@ -107,9 +113,14 @@ async fn measure(segments: u64, clock: Clock) -> Duration {
     let (wall, cpu) = (Instant::now(), process_cpu_time());
     for sealed in 1..=segments {
         append_batch(&writer, &record).await;
-        while (cluster.manifest().await.segments.len() as u64) < sealed {
+        let folded = loop {
+            let manifest = cluster.manifest().await;
+            if manifest.segments.len() as u64 >= sealed {
+                break manifest;
+            }
             tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        };
+        forget_newest_seal(&cluster, &folded).await;
     }
     let elapsed = match clock {
         Clock::Wall => wall.elapsed(),
@@ -119,7 +130,24 @@ async fn measure(segments: u64, clock: Clock) -> Duration {
         .shutdown(Duration::from_secs(60))
         .await
         .expect("a clean shutdown");
+    for replica in 0..REPLICAS {
+        let kept = cluster.sealed_on(replica).await;
+        assert!(kept.is_empty(), "sealed objects not forgotten: {kept:?}");
+    }
     elapsed
+}
+
+/// Deletes the newest sealed object from every replica (behind the
+/// writer's back: it never reads a sealed segment again, and repair is off).
+async fn forget_newest_seal(cluster: &Cluster, manifest: &Manifest) {
+    let newest = manifest.segments.last().expect("a sealed segment");
+    let key = sealed_key(newest.id, newest.crc32c);
+    for replica in &cluster.raw {
+        replica
+            .delete(&key)
+            .await
+            .expect("the sealed object is deleted");
+    }
 }
 
 /// Appends [`BATCH`] copies of `record` and waits for every ack.
