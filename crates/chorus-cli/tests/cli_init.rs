@@ -62,7 +62,7 @@ fn init_then_inspect_on_the_embedded_default() {
     assert!(inspect.status.success(), "{}", stderr(&inspect));
     let json: serde_json::Value = serde_json::from_str(&stdout(&inspect)).unwrap();
     assert_eq!(json["epoch"], 0);
-    assert_eq!(json["format"], 2);
+    assert_eq!(json["format"], chorus::register::FORMAT);
     assert_eq!(json["window"], 16);
     assert_eq!(json["quorum"], 2);
     assert_eq!(json["floor"], 0);

@@ -1,8 +1,10 @@
 //! Micro-benchmarks of the byte formats (issue 12): fragment and sealed
 //! segment encode and decode, and the checksums they are built from, over
-//! 4 KiB records. The write path encodes every byte twice (into a fragment,
-//! then into its sealed segment, which also gets a whole-object CRC32C and a
-//! SHA-256); recovery and readers decode.
+//! 4 KiB records. The write path encodes every byte once, into a fragment;
+//! a writer's sealed segment is its fragments' payloads behind a new header,
+//! with a whole-object CRC32C combined from theirs and an XXH3-128 digest for
+//! the register. Recovery encodes sealed segments from records; recovery and
+//! readers decode.
 //!
 //! `cargo bench -p chorus --bench codecs`; under `cargo test` each runs once.
 

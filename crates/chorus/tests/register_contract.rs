@@ -18,8 +18,9 @@ use std::sync::Arc;
 use chorus::blob::{Fault, FaultController, FaultRule, Op, OpSet};
 use chorus::ids::{Epoch, OwnerId};
 use chorus::register::{
-    DEFAULT_MAX_ROUNDS, FaultyRegister, Fields, InitError, Initialized, Manifest, ManifestError,
-    ManifestStore, RegisterError, RegisterVersion, Step, TransformError, initialize, transform,
+    DEFAULT_MAX_ROUNDS, FORMAT, FaultyRegister, Fields, InitError, Initialized, Manifest,
+    ManifestError, ManifestStore, RegisterError, RegisterVersion, Step, TransformError, initialize,
+    transform,
 };
 use register_support::{Backend, Fixture};
 use tokio::sync::Barrier;
@@ -518,7 +519,7 @@ mod cases {
         let version = store.create(&fields).await.unwrap();
         let mut planted = vec![(fields, "chorus.window")];
         let mut newer_format = doc(1, 0);
-        newer_format.insert("chorus.format".into(), "4".into());
+        newer_format.insert("chorus.format".into(), (FORMAT + 1).to_string());
         planted.push((newer_format, "chorus.format"));
         let mut unknown = doc(1, 0);
         unknown.insert("chorus.colour".into(), "red".into());

@@ -564,7 +564,8 @@ pub(crate) mod tests {
 
     #[test]
     fn unknown_format_is_refused() {
-        for found in ["4", "0", "01", "1.0", "3.0", "", "one"] {
+        let next = (FORMAT + 1).to_string();
+        for found in [next.as_str(), "0", "01", "1.0", "3.0", "", "one"] {
             let error = assert_field(decode_with("chorus.format", found), "chorus.format");
             assert_eq!(
                 error,
@@ -575,11 +576,13 @@ pub(crate) mod tests {
             );
         }
         // A newer build's register is said to be one, in one line.
-        let newer = decode_with("chorus.format", "4").unwrap_err();
+        let newer = decode_with("chorus.format", &next).unwrap_err();
         assert_eq!(
             newer.to_string(),
-            "register written by a newer Chorus: format 4; this build reads up to 3: \
-             field=chorus.format"
+            format!(
+                "register written by a newer Chorus: format {next}; this build reads up to \
+                 {FORMAT}: field=chorus.format"
+            )
         );
         let never = decode_with("chorus.format", "0").unwrap_err();
         assert_eq!(
@@ -588,7 +591,7 @@ pub(crate) mod tests {
         );
         // A future format may add fields: the format check comes first.
         let mut fields = rich_fields();
-        fields.insert("chorus.format".into(), "4".into());
+        fields.insert("chorus.format".into(), next);
         fields.insert("chorus.novelty".into(), "x".into());
         fields.remove("chorus.window");
         assert!(matches!(
