@@ -528,6 +528,17 @@ fn recover_register_rebuilds_a_lost_register_from_the_replicas() {
     let register = dir.join("chorus-data/register");
     let refused = chorus(dir, &["log", "recover-register"]);
     assert_fails_with(&refused, "holds a log; nothing to recover");
+    let newest_seal = || {
+        let inspect = chorus(dir, &["log", "inspect", "--json"]);
+        assert!(inspect.status.success(), "{}", stderr(&inspect));
+        let json: serde_json::Value = serde_json::from_str(&stdout(&inspect)).unwrap();
+        json["seal"].clone()
+    };
+    let sealed = newest_seal();
+    assert!(
+        sealed["digest"].as_str().unwrap().starts_with("xxh3-128:"),
+        "{sealed}"
+    );
     std::fs::remove_dir_all(&register).unwrap();
 
     let dry = chorus(dir, &["log", "recover-register", "--dry-run"]);
@@ -546,6 +557,9 @@ fn recover_register_rebuilds_a_lost_register_from_the_replicas() {
     let recovered = chorus(dir, &["log", "recover-register"]);
     assert!(recovered.status.success(), "{}", stderr(&recovered));
     assert!(stdout(&recovered).contains("rebuilt register"));
+    // The digest recomputed from the sealed object is the one its writer
+    // hashed fragment by fragment.
+    assert_eq!(newest_seal(), sealed);
     let read = chorus(dir, &["log", "read", "--from", "0"]);
     assert!(read.status.success(), "{}", stderr(&read));
     let lines: Vec<String> = stdout(&read).lines().map(str::to_owned).collect();

@@ -93,7 +93,7 @@ fn checksums(c: &mut Criterion) {
             b.iter(|| crc32c::crc32c(black_box(d)))
         });
         group.bench_with_input(BenchmarkId::new("xxh3-128", label), &data, |b, d| {
-            b.iter(|| SealDigest::of(black_box(d)))
+            b.iter(|| SealDigest::of_frames(black_box(d)))
         });
         group.bench_with_input(BenchmarkId::new("blake3", label), &data, |b, d| {
             b.iter(|| blake3::hash(black_box(d)))

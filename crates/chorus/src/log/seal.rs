@@ -11,9 +11,9 @@ use super::replica::{Replica, SealWriteError};
 use super::retry::retrying;
 use super::transitions::SealedEntry;
 use crate::blob::PutPayload;
-use crate::codec::{CodecError, FramedSegment, SealedSegment};
+use crate::codec::{CodecError, FramedSegment, SEALED_HEADER_BYTES, SealedSegment};
 use crate::ids::{RecordIndex, SegmentId};
-use crate::register::{DirectoryEntry, SealDigest};
+use crate::register::{DirectoryEntry, SealDigest, SealHasher};
 
 /// Attempts per replica for one sealed object before that replica counts as failed.
 const MAX_SEAL_ATTEMPTS: u32 = 6;
@@ -44,27 +44,42 @@ impl PreparedSeal {
         }
         .encode_keyed()
         .map_err(|error| cannot_seal(segment, error))?;
-        Ok(PreparedSeal::of(segment, base, vec![bytes], crc32c))
+        let digest = SealDigest::of_frames(&bytes[SEALED_HEADER_BYTES..]);
+        Ok(PreparedSeal::of(segment, base, vec![bytes], crc32c, digest))
     }
 
     /// The sealed object of frames a writer already encoded into its
     /// fragments: their buffers become the object's parts, not a copy.
-    /// Refused as [`PreparedSeal::new`] is.
-    pub fn framed(framed: FramedSegment) -> Result<PreparedSeal, LogError> {
+    /// `digest` is the frames' [`SealDigest`], which the writer hashed as it
+    /// cut them. Refused as [`PreparedSeal::new`] is.
+    pub fn framed(framed: FramedSegment, digest: SealDigest) -> Result<PreparedSeal, LogError> {
+        debug_assert_eq!(digest, {
+            let mut hasher = SealHasher::new();
+            framed
+                .frames
+                .iter()
+                .for_each(|frames| hasher.update(frames));
+            hasher.finish()
+        });
         let (segment, base) = (framed.id, framed.base);
         let (parts, crc32c) = framed
             .encode()
             .map_err(|error| cannot_seal(segment, error))?;
-        Ok(PreparedSeal::of(segment, base, parts, crc32c))
+        Ok(PreparedSeal::of(segment, base, parts, crc32c, digest))
     }
 
-    fn of(segment: SegmentId, base: RecordIndex, parts: Vec<Bytes>, crc32c: u32) -> PreparedSeal {
+    fn of(
+        segment: SegmentId,
+        base: RecordIndex,
+        parts: Vec<Bytes>,
+        crc32c: u32,
+        digest: SealDigest,
+    ) -> PreparedSeal {
         let entry = DirectoryEntry {
             id: segment,
             base,
             crc32c,
         };
-        let digest = SealDigest::of_parts(parts.iter().map(|part| part.as_ref()));
         PreparedSeal {
             parts: parts.into_iter().collect(),
             sealed: SealedEntry { entry, digest },

@@ -40,7 +40,7 @@ pub use memory::MemoryRegister;
 pub use object::{ObjectRegister, decode_document, encode_document};
 pub use open::{DEFAULT_REGISTER_NAME, OpenMode, RegisterUrl, RegisterUrlError, open_register};
 pub use postgres::PostgresRegister;
-pub use seal_digest::SealDigest;
+pub use seal_digest::{SealDigest, SealHasher};
 pub use sqlite::SqliteRegister;
 pub use transform::{Committed, DEFAULT_MAX_ROUNDS, Step, TransformError, transform};
 pub use validate::{DEFAULT_WINDOW, MAX_WINDOW, check_binding, check_directory_capacity, validate};

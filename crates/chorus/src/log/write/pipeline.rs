@@ -26,7 +26,7 @@ use crate::log::metrics;
 use crate::log::replica::{FragmentWriteError, Replica};
 use crate::log::retry::backoff_delay;
 use crate::log::transitions::{Fenced, Ownership};
-use crate::register::{Manifest, ManifestStore};
+use crate::register::{Manifest, ManifestStore, SealHasher};
 
 /// How long a writer dropped without `shutdown` keeps draining.
 const DROP_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -64,6 +64,11 @@ struct ActiveSegment {
     /// The checksum of `committed_frames`' concatenation, combined fragment
     /// by fragment so the seal need not read them again.
     committed_crc: CrcRun,
+    /// The seal digest of every fragment's frames cut so far, fed as each is
+    /// cut, while its bytes are still in cache. Every fragment cut commits
+    /// before the seal, in the order cut, so at the seal this is the digest
+    /// of `committed_frames`.
+    frames_digest: SealHasher,
 }
 
 impl ActiveSegment {
@@ -77,6 +82,7 @@ impl ActiveSegment {
             committed_frames: Vec::new(),
             committed_records: 0,
             committed_crc: CrcRun::default(),
+            frames_digest: SealHasher::new(),
         }
     }
 }
@@ -430,6 +436,9 @@ impl Pipeline {
             records,
         }
         .encode_with_payload();
+        self.segment
+            .frames_digest
+            .update(&encoded[FRAGMENT_HEADER_BYTES..]);
         self.segment.cut += 1;
         self.segment.next_record = RecordIndex(first.0 + count);
         self.segment.bytes += framed;
@@ -669,13 +678,16 @@ impl Pipeline {
             Arc::clone(&self.register),
             self.config.clone(),
             self.ownership,
-            FramedSegment {
-                id: full.id,
-                base: full.base,
-                count: full.committed_records,
-                frames: full.committed_frames,
-                checksum: full.committed_crc,
-            },
+            (
+                FramedSegment {
+                    id: full.id,
+                    base: full.base,
+                    count: full.committed_records,
+                    frames: full.committed_frames,
+                    checksum: full.committed_crc,
+                },
+                full.frames_digest.finish(),
+            ),
             (base, new_pending),
             sender,
         ));

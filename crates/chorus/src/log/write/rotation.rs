@@ -18,7 +18,7 @@ use crate::log::replica::Replica;
 use crate::log::retry::backoff_delay;
 use crate::log::seal::{PreparedSeal, write_seal};
 use crate::log::transitions::{Ownership, fold};
-use crate::register::{Manifest, ManifestStore, transform};
+use crate::register::{Manifest, ManifestStore, SealDigest, transform};
 
 /// The register after a successful fold.
 #[derive(Debug)]
@@ -38,13 +38,13 @@ pub async fn seal_and_fold(
     register: Arc<dyn ManifestStore>,
     config: LogConfig,
     ownership: Ownership,
-    full: FramedSegment,
+    (full, digest): (FramedSegment, SealDigest),
     (new_base, new_pending): (RecordIndex, SegmentId),
     done: oneshot::Sender<Result<Rotated, LogError>>,
 ) {
     let started = tokio::time::Instant::now();
     let segment = full.id;
-    let seal = match offload(move || PreparedSeal::framed(full)).await {
+    let seal = match offload(move || PreparedSeal::framed(full, digest)).await {
         Ok(seal) => seal,
         Err(error) => {
             let _ = done.send(Err(error));
