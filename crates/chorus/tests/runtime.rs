@@ -1449,7 +1449,7 @@ impl StateMachine for CountingMachine {
     type Output = ();
     type Checkpoint = RecordCount;
 
-    fn apply(&mut self, _index: RecordIndex, _record: &[u8]) {
+    fn apply(&mut self, _index: RecordIndex, _record: &Bytes) {
         self.records += 1;
     }
 

@@ -34,6 +34,7 @@ use sha2::{Digest, Sha256};
 use super::etcd::{EtcdCommand, Revision};
 use super::etcd_codec;
 use super::idempotency::{IdempotencyKey, RequestDigest, Retention, Stamp};
+use super::input::Input;
 use crate::codec::NewerFormat;
 use crate::ids::RecordIndex;
 
@@ -263,14 +264,26 @@ impl Record {
     }
 
     /// Decodes a record of either format, checking its checksum, every
-    /// length and the limits.
+    /// length and the limits. Keys and values are copied out of `record`.
     pub fn decode(record: &[u8]) -> Result<Record, CommandError> {
+        Record::decode_from(record, None)
+    }
+
+    /// [`decode`](Self::decode), with keys and values slices of `record`'s
+    /// buffer instead of copies: they keep all of it alive, so `record`
+    /// should be a buffer of its own, not a slice of a larger one.
+    pub fn decode_shared(record: &Bytes) -> Result<Record, CommandError> {
+        Record::decode_from(record, Some(record))
+    }
+
+    fn decode_from(record: &[u8], buffer: Option<&Bytes>) -> Result<Record, CommandError> {
         let malformed = |reason: &str| CommandError::Malformed {
             reason: reason.to_owned(),
         };
         let formats = [FORMAT_PLAIN, FORMAT_STAMPED_WITHOUT_BYTES, FORMAT_STAMPED];
-        let (format, mut input) = open_envelope(record, &MAGIC, &formats, 1, "key-value record")
+        let (format, body) = open_envelope(record, &MAGIC, &formats, 1, "key-value record")
             .map_err(|reason| malformed(&reason))?;
+        let mut input = Input::new(body, buffer);
         let stamp = match format {
             FORMAT_STAMPED => Some(take_stamp(&mut input, true)?),
             FORMAT_STAMPED_WITHOUT_BYTES => Some(take_stamp(&mut input, false)?),
@@ -432,7 +445,7 @@ fn put_command_body(out: &mut BytesMut, command: &Command) {
     }
 }
 
-fn take_body(input: &mut &[u8]) -> Result<Body, CommandError> {
+fn take_body(input: &mut Input) -> Result<Body, CommandError> {
     let body = match take_u8(input)? {
         KIND_BATCH => {
             let count = take_u32(input)? as usize;
@@ -448,7 +461,7 @@ fn take_body(input: &mut &[u8]) -> Result<Body, CommandError> {
             }
             Body::Command(Command::Batch(operations))
         }
-        KIND_RAW => Body::Raw(take_bytes(input)?),
+        KIND_RAW => Body::Raw(input.take_bytes()?),
         KIND_ETCD => Body::Etcd(etcd_codec::take_command(input)?),
         kind => Body::Command(Command::Single(take_operation(input, kind)?)),
     };
@@ -565,17 +578,7 @@ fn take_u32(input: &mut &[u8]) -> Result<u32, CommandError> {
     Ok(input.get_u32_le())
 }
 
-fn take_bytes(input: &mut &[u8]) -> Result<Bytes, CommandError> {
-    let length = take_u32(input)? as usize;
-    if input.len() < length {
-        return Err(truncated());
-    }
-    let bytes = Bytes::copy_from_slice(&input[..length]);
-    input.advance(length);
-    Ok(bytes)
-}
-
-fn take_operation(input: &mut &[u8], kind: u8) -> Result<Operation, CommandError> {
+fn take_operation(input: &mut Input, kind: u8) -> Result<Operation, CommandError> {
     let condition = match take_u8(input)? {
         0 => Condition::None,
         1 => Condition::Absent,
@@ -597,11 +600,11 @@ fn take_operation(input: &mut &[u8], kind: u8) -> Result<Operation, CommandError
             });
         }
     };
-    let key = take_bytes(input)?;
+    let key = input.take_bytes()?;
     match kind {
         KIND_PUT => Ok(Operation::Put {
             key,
-            value: take_bytes(input)?,
+            value: input.take_bytes()?,
             condition,
         }),
         KIND_DELETE => Ok(Operation::Delete { key, condition }),

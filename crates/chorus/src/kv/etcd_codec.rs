@@ -23,7 +23,7 @@
 //! Nested transactions are at most [`MAX_TXN_DEPTH`] deep, so decoding
 //! (and applying) never recurses without bound.
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, BytesMut};
 
 use super::command::CommandError;
 use super::etcd::{
@@ -31,6 +31,7 @@ use super::etcd::{
     CompareTarget, DeleteRangeRequest, EtcdCommand, LeaseGrantRequest, LeaseRevokeRequest,
     PutRequest, RangeRequest, RequestOp, SortOrder, SortTarget, TxnRequest,
 };
+use super::input::Input;
 
 /// The deepest nesting of transactions a record may hold (etcd bounds it
 /// through the operation limit: each level's budget shrinks).
@@ -143,7 +144,7 @@ pub(super) fn put_command(out: &mut BytesMut, command: &EtcdCommand) {
 }
 
 /// Reads what [`put_command`] wrote.
-pub(super) fn take_command(input: &mut &[u8]) -> Result<EtcdCommand, CommandError> {
+pub(super) fn take_command(input: &mut Input) -> Result<EtcdCommand, CommandError> {
     Ok(match take_u8(input)? {
         PUT => EtcdCommand::Put(take_put(input)?),
         DELETE => EtcdCommand::DeleteRange(take_delete(input)?),
@@ -202,9 +203,9 @@ fn put_put(out: &mut BytesMut, put: &PutRequest) {
     out.put_u8(flags(&[put.prev_kv, put.ignore_value, put.ignore_lease]));
 }
 
-fn take_put(input: &mut &[u8]) -> Result<PutRequest, CommandError> {
-    let key = take_bytes(input)?;
-    let value = take_bytes(input)?;
+fn take_put(input: &mut Input) -> Result<PutRequest, CommandError> {
+    let key = input.take_bytes()?;
+    let value = input.take_bytes()?;
     let lease = take_i64(input)?;
     let [prev_kv, ignore_value, ignore_lease] = take_flags(input)?;
     Ok(PutRequest {
@@ -223,9 +224,9 @@ fn put_delete(out: &mut BytesMut, delete: &DeleteRangeRequest) {
     out.put_u8(flags(&[delete.prev_kv]));
 }
 
-fn take_delete(input: &mut &[u8]) -> Result<DeleteRangeRequest, CommandError> {
-    let key = take_bytes(input)?;
-    let range_end = take_bytes(input)?;
+fn take_delete(input: &mut Input) -> Result<DeleteRangeRequest, CommandError> {
+    let key = input.take_bytes()?;
+    let range_end = input.take_bytes()?;
     let [prev_kv] = take_flags(input)?;
     Ok(DeleteRangeRequest {
         key,
@@ -247,7 +248,7 @@ fn put_txn(out: &mut BytesMut, txn: &TxnRequest) {
     }
 }
 
-fn take_txn(input: &mut &[u8], depth: usize) -> Result<TxnRequest, CommandError> {
+fn take_txn(input: &mut Input, depth: usize) -> Result<TxnRequest, CommandError> {
     if depth >= MAX_TXN_DEPTH {
         return Err(malformed("transactions nested too deep"));
     }
@@ -291,7 +292,7 @@ fn put_op(out: &mut BytesMut, op: &RequestOp) {
     }
 }
 
-fn take_op(input: &mut &[u8], depth: usize) -> Result<RequestOp, CommandError> {
+fn take_op(input: &mut Input, depth: usize) -> Result<RequestOp, CommandError> {
     Ok(match take_u8(input)? {
         RANGE_OP => RequestOp::Range(take_range(input)?),
         PUT_OP => RequestOp::Put(take_put(input)?),
@@ -325,9 +326,9 @@ fn put_compare(out: &mut BytesMut, compare: &Compare) {
     out.put_i64_le(number);
 }
 
-fn take_compare(input: &mut &[u8]) -> Result<Compare, CommandError> {
-    let key = take_bytes(input)?;
-    let range_end = take_bytes(input)?;
+fn take_compare(input: &mut Input) -> Result<Compare, CommandError> {
+    let key = input.take_bytes()?;
+    let range_end = input.take_bytes()?;
     let result = match take_u8(input)? {
         1 => CompareResult::Equal,
         2 => CompareResult::Greater,
@@ -339,7 +340,7 @@ fn take_compare(input: &mut &[u8]) -> Result<Compare, CommandError> {
         1 => CompareTarget::Version(take_i64(input)?),
         2 => CompareTarget::Create(take_i64(input)?),
         3 => CompareTarget::Mod(take_i64(input)?),
-        4 => CompareTarget::Value(take_bytes(input)?),
+        4 => CompareTarget::Value(input.take_bytes()?),
         5 => CompareTarget::Lease(take_i64(input)?),
         _ => return Err(malformed("unknown compare target")),
     };
@@ -383,9 +384,9 @@ fn put_range(out: &mut BytesMut, range: &RangeRequest) {
     }
 }
 
-fn take_range(input: &mut &[u8]) -> Result<RangeRequest, CommandError> {
-    let key = take_bytes(input)?;
-    let range_end = take_bytes(input)?;
+fn take_range(input: &mut Input) -> Result<RangeRequest, CommandError> {
+    let key = input.take_bytes()?;
+    let range_end = input.take_bytes()?;
     let limit = take_i64(input)?;
     let revision = take_i64(input)?;
     let sort_order = match take_u8(input)? {
@@ -478,21 +479,9 @@ fn take_count(input: &mut &[u8]) -> Result<usize, CommandError> {
     Ok(count)
 }
 
-fn take_bytes(input: &mut &[u8]) -> Result<Bytes, CommandError> {
-    if input.len() < 4 {
-        return Err(malformed("truncated"));
-    }
-    let length = input.get_u32_le() as usize;
-    if input.len() < length {
-        return Err(malformed("truncated"));
-    }
-    let bytes = Bytes::copy_from_slice(&input[..length]);
-    input.advance(length);
-    Ok(bytes)
-}
-
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
     use proptest::prelude::*;
 
     use super::*;

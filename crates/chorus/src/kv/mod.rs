@@ -27,6 +27,7 @@ mod command;
 pub mod etcd;
 mod etcd_codec;
 pub mod idempotency;
+mod input;
 pub mod lease;
 pub mod lessor;
 pub mod mvcc;
@@ -257,12 +258,17 @@ impl KvState {
     /// forgets expired keys; a remembered key makes it a no-op
     /// ([`Applied::Duplicate`], [`Applied::KeyReused`]); otherwise it
     /// applies and its key is remembered with the outcome.
-    pub fn apply(&mut self, index: RecordIndex, record: &[u8]) -> Applied {
+    ///
+    /// The state keeps slices of `record` (a put's key and value) rather
+    /// than copies, so `record` should be a buffer of its own, not a slice
+    /// of a larger one it would keep alive (the runtime hands records read
+    /// back from the log over as copies of their own).
+    pub fn apply(&mut self, index: RecordIndex, record: &Bytes) -> Applied {
         if index < self.applied_end {
             return Applied::done(self.revision());
         }
         self.applied_end = RecordIndex(index.0 + 1);
-        let record = match Record::decode(record) {
+        let record = match Record::decode_shared(record) {
             Ok(record) => record,
             Err(error) => return Applied::Malformed(error),
         };
@@ -352,7 +358,7 @@ impl StateMachine for KvState {
     /// copies the tree's nodes, not the data.
     type Checkpoint = KvState;
 
-    fn apply(&mut self, index: RecordIndex, record: &[u8]) -> Applied {
+    fn apply(&mut self, index: RecordIndex, record: &Bytes) -> Applied {
         KvState::apply(self, index, record)
     }
 
@@ -421,6 +427,19 @@ mod tests {
         })
     }
 
+    /// A put's key and value are slices of the record applied, not copies.
+    #[test]
+    fn a_put_keeps_slices_of_its_record() {
+        let mut state = KvState::default();
+        let record = put("key", "value", Condition::None);
+        state.apply(RecordIndex(0), &record);
+        let entry = state.get(b"key").expect("put");
+        assert_eq!(&entry.value[..], b"value");
+        assert!(record.as_ptr_range().contains(&entry.value.as_ptr()));
+        let (key, _) = state.entries.get_key_value(&b"key"[..]).unwrap();
+        assert!(record.as_ptr_range().contains(&key.as_ptr()));
+    }
+
     #[test]
     fn a_checkpoint_keeps_its_state_while_the_original_moves_on() {
         let mut state = KvState::default();
@@ -445,7 +464,7 @@ mod tests {
     #[test]
     fn versions_are_the_revision_that_last_set_the_key() {
         let mut state = KvState::default();
-        state.apply(RecordIndex(0), b"not a command");
+        state.apply(RecordIndex(0), &Bytes::from_static(b"not a command"));
         assert_eq!(
             state.apply(RecordIndex(1), &put("a", "1", Condition::None)),
             Applied::done(2)
@@ -475,7 +494,7 @@ mod tests {
         // Records written before revisions hold the index that last set the
         // key; they apply as they did then.
         let mut state = KvState::default();
-        state.apply(RecordIndex(0), b"not a command");
+        state.apply(RecordIndex(0), &Bytes::from_static(b"not a command"));
         state.apply(RecordIndex(1), &put("a", "1", Condition::None));
         let stale = put("a", "2", Condition::Version(RecordIndex(2)));
         assert!(matches!(
@@ -601,7 +620,7 @@ mod tests {
     fn a_record_that_is_not_a_command_is_skipped() {
         let mut state = KvState::default();
         assert!(matches!(
-            state.apply(RecordIndex(0), b"raw log record"),
+            state.apply(RecordIndex(0), &Bytes::from_static(b"raw log record")),
             Applied::Malformed(_)
         ));
         assert!(state.is_empty());

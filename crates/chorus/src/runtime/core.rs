@@ -117,6 +117,15 @@ pub(super) fn batch_has_room(
     records < max_records && (records == 0 || bytes < max_bytes)
 }
 
+/// A copy of `record` in a buffer of its own. A record read back from the
+/// log is a slice of a whole fragment or sealed segment, and what is applied
+/// stays alive (in the history, and in the state where the machine keeps
+/// slices of it), so it must not keep those buffers alive with it. One copy
+/// of the record replaces the copies of its parts a machine would make.
+pub(super) fn detached(record: Bytes) -> Bytes {
+    Bytes::copy_from_slice(&record)
+}
+
 impl<M: StateMachine> Core<M> {
     pub(super) fn new(budget: HistoryBudget) -> Core<M> {
         let machine = M::default();
@@ -167,7 +176,9 @@ impl<M: StateMachine> Core<M> {
         self.history_bytes = 0;
     }
 
-    /// Applies record `index`, which must be the next one.
+    /// Applies record `index`, which must be the next one. The history and
+    /// the machine may keep `record`: it should be a buffer of its own (see
+    /// [`detached`]).
     pub(super) fn apply(&mut self, index: RecordIndex, record: Bytes) -> M::Output {
         assert_eq!(
             index, self.applied_end,
@@ -247,7 +258,7 @@ impl<M: StateMachine> Core<M> {
         match index.0.cmp(&self.applied_end.0) {
             std::cmp::Ordering::Less => self.check_applied(index, &record).map(|()| 0),
             std::cmp::Ordering::Equal => {
-                self.apply(index, record);
+                self.apply(index, detached(record));
                 Ok(1)
             }
             std::cmp::Ordering::Greater => {
@@ -355,7 +366,7 @@ mod tests {
     impl StateMachine for Sum {
         type Output = u64;
         type Checkpoint = u64;
-        fn apply(&mut self, _: RecordIndex, record: &[u8]) -> u64 {
+        fn apply(&mut self, _: RecordIndex, record: &Bytes) -> u64 {
             self.0 += u64::from(record[0]);
             self.0
         }
@@ -423,6 +434,25 @@ mod tests {
 
     fn byte(value: u8) -> Bytes {
         Bytes::from(vec![value])
+    }
+
+    /// A record read back from the log is a slice of a fragment or segment:
+    /// what the history keeps of it is a copy, which keeps none of it alive.
+    /// A writer's own record is kept as it was appended.
+    #[test]
+    fn records_read_back_are_kept_as_copies_of_their_own() {
+        let mut core = Core::<Sum>::new(records_only(100));
+        let fragment = Bytes::from(vec![1u8; 64]);
+        assert_eq!(
+            core.take_committed(RecordIndex(0), fragment.slice(8..9)),
+            Ok(1)
+        );
+        let appended = byte(2);
+        core.apply(RecordIndex(1), appended.clone());
+        let kept = core.changes_since(RecordIndex(0), 10, 1 << 20).unwrap();
+        assert!(!fragment.as_ptr_range().contains(&kept[0].record.as_ptr()));
+        assert_eq!(kept[0].record, fragment.slice(8..9));
+        assert_eq!(kept[1].record.as_ptr(), appended.as_ptr());
     }
 
     #[test]

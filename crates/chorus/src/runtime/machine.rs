@@ -23,7 +23,12 @@ pub trait StateMachine: Default + Send + 'static {
 
     /// Applies record `index`. The runtime calls it in index order, each
     /// index once, starting at the index the state was restored at.
-    fn apply(&mut self, index: RecordIndex, record: &[u8]) -> Self::Output;
+    ///
+    /// The machine may keep slices of `record`: the runtime hands over the
+    /// buffer a writer appended, or for a record read back from the log
+    /// (which would be a slice of a whole fragment or segment) a copy of
+    /// its own.
+    fn apply(&mut self, index: RecordIndex, record: &Bytes) -> Self::Output;
 
     /// A consistent copy of the state. This is the only snapshot work done
     /// while writes wait, so it should be cheap.

@@ -230,7 +230,9 @@ impl<M: StateMachine> Runtime<M> {
     /// Appends the record `prepare` makes from the applied state, waits until
     /// a quorum acknowledged it and it was applied, and returns its index and
     /// output. `prepare` runs under the state lock: it should only check and
-    /// encode. A refusal by `prepare` appends nothing.
+    /// encode. A refusal by `prepare` appends nothing. The record it returns
+    /// is applied as it is, and the history and the state may keep it: make
+    /// it a buffer of its own, not a slice of a larger one.
     pub async fn write<E>(
         &self,
         prepare: impl FnOnce(&M) -> Result<Bytes, E>,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 
+use super::core::detached;
 use super::error::{Phase, Role, RuntimeError};
 use super::machine::{Checkpoint, StateMachine, check_restored};
 use super::schedule::{self, SinceSnapshot};
@@ -299,7 +300,7 @@ async fn replay<M: StateMachine>(
         .await
         .map_err(|e| log_error(Phase::Replay, e))?
     {
-        shared.apply(index, record);
+        shared.apply(index, detached(record));
         replayed += 1;
     }
     shared.info().replayed_records = replayed;
