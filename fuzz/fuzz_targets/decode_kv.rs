@@ -6,14 +6,18 @@
 //! bytes almost never carry a valid checksum, which would hide everything
 //! behind it). Decoding never panics, and whatever decodes re-encodes to
 //! exactly the same bytes (both encodings are canonical), except a snapshot
-//! of format 1, 2 or 3, which re-encodes in format 4 to the same state.
+//! of format 1, 2 or 3, which re-encodes in format 4 to the same state. A
+//! record decodes the same whether its bytes are copied out or shared.
 #![no_main]
 
+use bytes::Bytes;
 use chorus::kv::{Command, KvState, Record};
 use libfuzzer_sys::fuzz_target;
 
 fn check(command: bool, input: &[u8]) {
     if command {
+        let shared = Record::decode_shared(&Bytes::copy_from_slice(input));
+        assert_eq!(shared, Record::decode(input), "sharing changed the decoding");
         if let Ok(decoded) = Record::decode(input) {
             let encoded = decoded.encode().expect("a decoded record encodes");
             assert_eq!(&encoded[..], input, "re-encoding changed the bytes");

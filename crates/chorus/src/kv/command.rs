@@ -773,6 +773,7 @@ mod tests {
             let encoded = record.encode().unwrap();
             prop_assert_eq!(encoded[4], if record.stamp.is_some() { FORMAT_STAMPED } else { FORMAT_PLAIN });
             prop_assert_eq!(Record::decode(&encoded).unwrap(), record.clone());
+            prop_assert_eq!(Record::decode_shared(&encoded).unwrap(), record.clone());
             prop_assert!(Record::is_reserved(&encoded));
             // The digest is the request's, whatever the stamp.
             let unstamped = Record { stamp: None, body: record.body.clone() };
