@@ -410,6 +410,9 @@ pub async fn append_log(
         }
         return Ok(response);
     }
+    // The body is usually a slice of the connection's read buffer, which the
+    // runtime's history would keep alive with the record: a copy of its own.
+    let record = Bytes::copy_from_slice(&record);
     let written = app
         .runtime
         .write(|_: &KvState| Ok::<_, ApiError>(admitting(record)))

@@ -8,8 +8,11 @@ use super::command::CommandError;
 
 /// A decoder's cursor into one record. The bytes a decoded command keeps
 /// (keys, values) are slices of the record's own buffer when the decoder was
-/// given it, so applying a put copies no key or value; read from a borrowed
-/// slice, they are copied out.
+/// given it and they make up at least half of it, so applying a put copies
+/// no value; smaller ones (keys, one value of a batch, a transaction's
+/// compared values) are copied, so that what a state keeps of a record never
+/// keeps more than twice its own bytes alive. Read from a borrowed slice,
+/// they are copied.
 ///
 /// It dereferences to the remaining bytes (`&mut &[u8]`), so the decoders of
 /// fixed-size fields read it as they read any slice.
@@ -50,8 +53,8 @@ impl<'a> Input<'a> {
         let (taken, rest) = self.rest.split_at(length);
         self.rest = rest;
         Ok(match self.buffer {
-            Some(buffer) => buffer.slice_ref(taken),
-            None => Bytes::copy_from_slice(taken),
+            Some(buffer) if taken.len() * 2 >= buffer.len() => buffer.slice_ref(taken),
+            _ => Bytes::copy_from_slice(taken),
         })
     }
 }
@@ -87,19 +90,21 @@ mod tests {
     }
 
     #[test]
-    fn kept_bytes_share_the_buffer_or_are_copied_from_a_borrowed_slice() {
-        let record = strings(&[b"key", b"", b"value"]);
+    fn most_of_the_buffer_is_shared_and_the_rest_copied() {
+        let value = vec![b'v'; 64];
+        let record = strings(&[b"key", b"", &value]);
         let mut shared = Input::new(&record[..], Some(&record));
         let mut borrowed = Input::new(&record[..], None);
-        for expected in [&b"key"[..], b"", b"value"] {
+        let within = record.as_ptr_range();
+        for (expected, is_shared) in [(&b"key"[..], false), (b"", false), (&value, true)] {
             let (from_buffer, copied) =
                 (shared.take_bytes().unwrap(), borrowed.take_bytes().unwrap());
             assert_eq!((&from_buffer[..], &copied[..]), (expected, expected));
             if !expected.is_empty() {
-                let within = record.as_ptr_range();
-                assert!(
+                assert_eq!(
                     within.contains(&from_buffer.as_ptr()),
-                    "a slice of the record"
+                    is_shared,
+                    "{expected:?}"
                 );
                 assert!(!within.contains(&copied.as_ptr()), "a copy");
             }

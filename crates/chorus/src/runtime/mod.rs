@@ -231,8 +231,8 @@ impl<M: StateMachine> Runtime<M> {
     /// a quorum acknowledged it and it was applied, and returns its index and
     /// output. `prepare` runs under the state lock: it should only check and
     /// encode. A refusal by `prepare` appends nothing. The record it returns
-    /// is applied as it is, and the history and the state may keep it: make
-    /// it a buffer of its own, not a slice of a larger one.
+    /// is applied as it is, and the history and the state may keep it: a
+    /// slice of a larger buffer would keep all of that alive.
     pub async fn write<E>(
         &self,
         prepare: impl FnOnce(&M) -> Result<Bytes, E>,
