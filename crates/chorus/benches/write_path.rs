@@ -10,15 +10,16 @@
 //!
 //! One iteration fills one 16 MiB segment and waits until it is sealed and
 //! folded, so every record's whole cost, seal included, falls inside the
-//! iteration. Then the replicas forget the sealed object, as a remote
-//! store's bytes leave the writer's memory once written: kept, every
-//! segment's fragment buffers would stay allocated to the end of the
-//! sample, and each new segment would land on fresh pages for the kernel
-//! to clear, a cost of in-memory replicas and not of the write path. (With appends running on, sealing lags behind them and the
-//! seals of the last segments would fall outside the measurement.) Two
-//! clocks: the process's CPU time (user + system, every thread), which is
-//! the target's measure, and wall time, which here runs appends and seals
-//! one after the other and so understates pipelined throughput.
+//! iteration. (With appends running on, sealing lags behind them and the
+//! seals of the last segments would fall outside the measurement.) Then
+//! the replicas forget the sealed object, as a remote store's bytes leave
+//! the writer's memory once written: kept, every segment's fragment buffers
+//! would stay allocated to the end of the sample, and each new segment
+//! would land on fresh pages for the kernel to clear, a cost of in-memory
+//! replicas and not of the write path. Two clocks: the process's CPU time
+//! (user + system, every thread), which is the target's measure, and wall
+//! time, which here runs appends and seals one after the other and so
+//! understates pipelined throughput.
 //!
 //! `cargo bench -p chorus --bench write_path`; under `cargo test` each runs once.
 

@@ -11,7 +11,7 @@ use super::replica::{Replica, SealWriteError};
 use super::retry::retrying;
 use super::transitions::SealedEntry;
 use crate::blob::PutPayload;
-use crate::codec::{CodecError, FramedSegment, SEALED_HEADER_BYTES, SealedSegment};
+use crate::codec::{CodecError, FramedSegment, SealedSegment};
 use crate::ids::{RecordIndex, SegmentId};
 use crate::register::{DirectoryEntry, SealDigest, SealHasher};
 
@@ -44,7 +44,7 @@ impl PreparedSeal {
         }
         .encode_keyed()
         .map_err(|error| cannot_seal(segment, error))?;
-        let digest = SealDigest::of_frames(&bytes[SEALED_HEADER_BYTES..]);
+        let digest = SealDigest::of_sealed_object(&bytes);
         Ok(PreparedSeal::of(segment, base, vec![bytes], crc32c, digest))
     }
 

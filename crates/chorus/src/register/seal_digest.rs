@@ -25,6 +25,7 @@
 use std::fmt;
 
 use super::ManifestError;
+use crate::codec::SEALED_HEADER_BYTES;
 
 /// The register field this module encodes.
 pub(crate) const FIELD: &str = "chorus.seal_digest";
@@ -50,6 +51,15 @@ impl SealDigest {
         let mut hasher = SealHasher::new();
         hasher.update(frames);
         hasher.finish()
+    }
+
+    /// The digest this build records for the whole sealed object `object`:
+    /// [`of_frames`](Self::of_frames) of what follows its header.
+    ///
+    /// # Panics
+    /// If `object` is shorter than a sealed object's header.
+    pub fn of_sealed_object(object: &[u8]) -> SealDigest {
+        SealDigest::of_frames(&object[SEALED_HEADER_BYTES..])
     }
 
     /// The algorithm's name as the register spells it.
@@ -175,6 +185,13 @@ mod tests {
             "xxh3-128:99aa06d3014798d86001c324468d497f"
         );
         assert_ne!(SealDigest::of_frames(b"a"), SealDigest::of_frames(b"b"));
+        // A whole object's digest leaves its header out.
+        let mut object = vec![0xee; SEALED_HEADER_BYTES];
+        object.extend_from_slice(b"frames");
+        assert_eq!(
+            SealDigest::of_sealed_object(&object),
+            SealDigest::of_frames(b"frames")
+        );
     }
 
     proptest! {

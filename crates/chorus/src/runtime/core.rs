@@ -121,7 +121,8 @@ pub(super) fn batch_has_room(
 /// log is a slice of a whole fragment or sealed segment, and what is applied
 /// stays alive (in the history, and in the state where the machine keeps
 /// slices of it), so it must not keep those buffers alive with it. One copy
-/// of the record replaces the copies of its parts a machine would make.
+/// of the record replaces the copies of its larger parts (a put's value) a
+/// machine would otherwise make.
 pub(super) fn detached(record: Bytes) -> Bytes {
     Bytes::copy_from_slice(&record)
 }

@@ -16,9 +16,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 
 use crate::blob::{BlobError, DynBlobStore};
-use crate::codec::{
-    Fragment, SEALED_HEADER_BYTES, SealedSegment, object_crc32c, parse_sealed_key_name,
-};
+use crate::codec::{Fragment, SealedSegment, object_crc32c, parse_sealed_key_name};
 use crate::ids::{Epoch, OwnerId, RecordIndex, SegmentId};
 use crate::log::layout::{SEALED_PREFIX, SEGMENTS_PREFIX};
 use crate::register::{DirectoryEntry, Manifest, Seal, SealDigest};
@@ -272,7 +270,7 @@ fn sealed_evidence(evidence: &mut Evidence, key: &str, bytes: &Bytes) {
     let found = contents.entry(crc).or_insert_with(|| SealedFound {
         base: sealed.base,
         records: sealed.records.len() as u64,
-        digest: SealDigest::of_frames(&bytes[SEALED_HEADER_BYTES..]),
+        digest: SealDigest::of_sealed_object(bytes),
         copies: 0,
     });
     found.copies += 1;
