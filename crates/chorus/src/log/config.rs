@@ -52,7 +52,10 @@ pub struct LogConfig {
     /// still cuts at once. Without it, under sustained load the window's
     /// slots free together and are spent at once on one large and several
     /// tiny fragments, and records wait most of a round trip for the next
-    /// slot; with it, about 1/window of one. Default true.
+    /// slot; with it, about 1/window of one. When commit times vary, the
+    /// spacing is at least their smoothed deviation (at most half the round
+    /// trip): fewer fragments in flight means fewer chances that an earlier
+    /// one's late quorum holds a record back. Default true.
     pub pace_fragments: bool,
     /// Hedge fragment writes: one that has not answered after this
     /// percentage of the smoothed cut-to-commit time is sent again to the

@@ -5,7 +5,15 @@
 //! a round trip for the next slot. Cutting at most one fragment per
 //! (round trip / window) while fragments are in flight keeps the slots
 //! staggered, so a record waits about 1/window of a round trip instead.
-//! Pure: the pipeline feeds it the clock.
+//!
+//! When commit times vary (heavy-tailed stores), cuts are also spaced by at
+//! least the round trip's smoothed deviation. Acknowledgements are in order,
+//! so a record waits for the slowest quorum among the fragments cut before it
+//! that are still in flight: the more of them, the likelier one is late, and
+//! the tail grows with their number. Spacing cuts by the spread of commit
+//! times keeps that number down, at the cost of a record waiting up to one
+//! spacing for its cut; under steady latency the deviation is near zero and
+//! the window share decides alone. Pure: the pipeline feeds it the clock.
 
 use std::time::Duration;
 
@@ -16,6 +24,15 @@ use tokio::time::Instant;
 /// dozen fragments.
 const SAMPLE_WEIGHT_DIVISOR: u32 = 8;
 
+/// Weight of a new sample's distance from the smoothed round trip in the
+/// smoothed deviation (1/4, as TCP's RTTVAR).
+const DEVIATION_WEIGHT_DIVISOR: u32 = 4;
+
+/// The deviation spaces cuts by at most this share of the round trip, so
+/// that a record never waits for its cut longer than half a round trip,
+/// however wild the store.
+const MAX_DEVIATION_SPACING_DIVISOR: u32 = 2;
+
 /// When the next fragment may be cut.
 #[derive(Debug)]
 pub struct Pacer {
@@ -23,6 +40,8 @@ pub struct Pacer {
     window: u32,
     /// Smoothed time from cutting a fragment to its quorum commit.
     round_trip: Option<Duration>,
+    /// Smoothed mean distance of a sample from `round_trip`.
+    deviation: Duration,
     last_cut: Option<Instant>,
 }
 
@@ -34,6 +53,7 @@ impl Pacer {
             enabled,
             window: u32::try_from(window.max(1)).unwrap_or(u32::MAX),
             round_trip: None,
+            deviation: Duration::ZERO,
             last_cut: None,
         }
     }
@@ -49,6 +69,9 @@ impl Pacer {
         self.round_trip = Some(match self.round_trip {
             None => sample,
             Some(smoothed) => {
+                let distance = sample.abs_diff(smoothed);
+                self.deviation = self.deviation - self.deviation / DEVIATION_WEIGHT_DIVISOR
+                    + distance / DEVIATION_WEIGHT_DIVISOR;
                 smoothed - smoothed / SAMPLE_WEIGHT_DIVISOR + sample / SAMPLE_WEIGHT_DIVISOR
             }
         });
@@ -61,13 +84,19 @@ impl Pacer {
     }
 
     /// The earliest time the next fragment may be cut, or `None` for at once:
+    /// one spacing after the last cut, the spacing being the larger of the
+    /// window's share of the round trip and its deviation (at most half of it);
     /// always at once when nothing is in flight (an idle log adds no delay)
     /// or a full fragment is queued (waiting would not make it bigger).
     pub fn not_before(&self, in_flight: bool, full_fragment_queued: bool) -> Option<Instant> {
         if !self.enabled || !in_flight || full_fragment_queued {
             return None;
         }
-        let spacing = self.round_trip? / self.window;
+        let round_trip = self.round_trip?;
+        let spread = self
+            .deviation
+            .min(round_trip / MAX_DEVIATION_SPACING_DIVISOR);
+        let spacing = (round_trip / self.window).max(spread);
         Some(self.last_cut? + spacing)
     }
 }
@@ -133,6 +162,61 @@ mod tests {
             settled >= 8 * MS && settled < 8 * MS + MS / 10,
             "{settled:?}"
         );
+    }
+
+    /// A pacer that saw commits alternate between `low` and `high`, then cut at
+    /// the returned instant.
+    fn pacer_with_alternating_round_trips(
+        window: u64,
+        low: Duration,
+        high: Duration,
+    ) -> (Pacer, Instant) {
+        let mut pacer = Pacer::new(true, window);
+        let start = Instant::now();
+        for i in 0..200 {
+            let sample = if i % 2 == 0 { low } else { high };
+            pacer.committed(start, start + sample);
+        }
+        pacer.cut(start);
+        (pacer, start)
+    }
+
+    #[test]
+    fn steady_commits_have_no_deviation() {
+        let (mut pacer, now) = pacer_with_round_trip(10 * MS);
+        for _ in 0..50 {
+            pacer.committed(now, now + 10 * MS);
+        }
+        assert_eq!(pacer.deviation, Duration::ZERO);
+        pacer.cut(now);
+        assert_eq!(pacer.not_before(true, false), Some(now + 10 * MS / 4));
+    }
+
+    #[test]
+    fn varying_commits_space_cuts_by_their_deviation() {
+        // Samples 6 and 14 ms settle the round trip near 10 ms and the
+        // deviation near 4 ms, above the window's share (10 / 16).
+        let (pacer, now) = pacer_with_alternating_round_trips(16, 6 * MS, 14 * MS);
+        let spacing = pacer.not_before(true, false).unwrap() - now;
+        assert!(spacing > 3 * MS && spacing < 5 * MS, "{spacing:?}");
+        assert_eq!(spacing, pacer.deviation);
+    }
+
+    #[test]
+    fn a_deviation_below_the_window_share_changes_nothing() {
+        // 9.5 and 10.5 ms: deviation about 0.5 ms, window share 10 / 4 ms.
+        let (pacer, now) = pacer_with_alternating_round_trips(4, 19 * MS / 2, 21 * MS / 2);
+        let round_trip = pacer.round_trip.unwrap();
+        assert!(pacer.deviation < MS);
+        assert_eq!(pacer.not_before(true, false), Some(now + round_trip / 4));
+    }
+
+    #[test]
+    fn the_deviation_spaces_by_at_most_half_the_round_trip() {
+        let (pacer, now) = pacer_with_alternating_round_trips(16, MS, 100 * MS);
+        let round_trip = pacer.round_trip.unwrap();
+        assert!(pacer.deviation > round_trip / 2);
+        assert_eq!(pacer.not_before(true, false), Some(now + round_trip / 2));
     }
 
     #[test]
