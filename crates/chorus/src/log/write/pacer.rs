@@ -29,8 +29,8 @@ const SAMPLE_WEIGHT_DIVISOR: u32 = 8;
 const DEVIATION_WEIGHT_DIVISOR: u32 = 4;
 
 /// The deviation spaces cuts by at most this share of the round trip, so
-/// that a record never waits for its cut longer than half a round trip,
-/// however wild the store.
+/// that it never holds a cut back more than half a round trip, however wild
+/// the store.
 const MAX_DEVIATION_SPACING_DIVISOR: u32 = 2;
 
 /// When the next fragment may be cut.
@@ -67,8 +67,12 @@ impl Pacer {
     pub fn committed(&mut self, cut_at: Instant, now: Instant) {
         let sample = now.saturating_duration_since(cut_at);
         self.round_trip = Some(match self.round_trip {
+            // The deviation starts at zero, not at half the first sample as
+            // TCP's does: a new log should not start with wide spacing.
             None => sample,
             Some(smoothed) => {
+                // Against the old smoothed value, then update it (RFC 6298's
+                // order).
                 let distance = sample.abs_diff(smoothed);
                 self.deviation = self.deviation - self.deviation / DEVIATION_WEIGHT_DIVISOR
                     + distance / DEVIATION_WEIGHT_DIVISOR;
@@ -188,8 +192,16 @@ mod tests {
             pacer.committed(now, now + 10 * MS);
         }
         assert_eq!(pacer.deviation, Duration::ZERO);
-        pacer.cut(now);
-        assert_eq!(pacer.not_before(true, false), Some(now + 10 * MS / 4));
+    }
+
+    #[test]
+    fn the_deviation_is_measured_against_the_round_trip_before_the_sample() {
+        // 8 ms against a smoothed 16 ms: a distance of 8 ms, a quarter of it
+        // kept (against the updated 15 ms it would be 7 ms, 1.75 kept).
+        let (mut pacer, now) = pacer_with_round_trip(16 * MS);
+        pacer.committed(now, now + 8 * MS);
+        assert_eq!(pacer.deviation, 2 * MS);
+        assert_eq!(pacer.round_trip, Some(15 * MS));
     }
 
     #[test]
