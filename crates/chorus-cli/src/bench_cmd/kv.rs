@@ -171,6 +171,7 @@ async fn measure(url: &str, target: &str, args: &KvBenchArgs) -> Result<(), Comm
 /// [`measure`]'s rows, on the runtime it runs on.
 async fn measure_here(url: &str, target: &str, args: &KvBenchArgs) -> Result<(), CommandError> {
     let client = Client::new(url, args)?;
+    client.wait_until_ready(target, READY_TIMEOUT).await?;
     eprintln!("{target}: light puts …");
     let light = client.light(args).await?;
     print(target, "put, light", light, args)?;
@@ -288,6 +289,14 @@ struct Connection {
 /// The most header lines an answer may have.
 const MAX_HEADERS: usize = 32;
 
+/// How long a service may take to become ready before the benchmark gives
+/// up on it: a takeover waits out the previous holder's lease (10 s by
+/// default) and replays the log.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How often readiness is asked while waiting for it.
+const READY_POLL: Duration = Duration::from_millis(100);
+
 impl Client {
     fn new(url: &str, args: &KvBenchArgs) -> Result<Client, CommandError> {
         let parsed = Url::parse(url).map_err(|e| format!("invalid --url {url:?}: {e}"))?;
@@ -327,6 +336,47 @@ impl Client {
             received: BytesMut::with_capacity(8192),
             client: self.clone(),
         })
+    }
+
+    /// Waits until the service answers `GET /readyz` with success, so that
+    /// no row measures a service still booting (it refuses writes until it
+    /// holds the lease and has replayed the log). Connection failures count
+    /// as not ready: the service may not listen yet. A refused token fails
+    /// at once.
+    async fn wait_until_ready(&self, target: &str, timeout: Duration) -> Result<(), CommandError> {
+        let deadline = Instant::now() + timeout;
+        let mut announced = false;
+        loop {
+            let answer = match self.connect().await {
+                Ok(mut connection) => connection.exchange("GET", &["/readyz"], false).await,
+                Err(error) => Err(error),
+            };
+            let last = match answer {
+                Ok(status) if (200..300).contains(&status) => return Ok(()),
+                // Waiting would not change the token.
+                Ok(status @ (401 | 403)) => {
+                    return Err(format!(
+                        "{target} refused the benchmark's token (GET /readyz answered {status}); \
+                         pass the service's --token"
+                    )
+                    .into());
+                }
+                Ok(status) => format!("GET /readyz answered {status}"),
+                Err(error) => format!("asking GET /readyz failed: {error}"),
+            };
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{target} was not ready within {timeout:?} ({last}); a service that is \
+                     booting or a standby refuses writes"
+                )
+                .into());
+            }
+            if !announced {
+                eprintln!("{target}: waiting until it is ready (GET /readyz) …");
+                announced = true;
+            }
+            tokio::time::sleep(READY_POLL).await;
+        }
     }
 
     /// One client, one put at a time.
@@ -446,22 +496,38 @@ impl Client {
 }
 
 impl Connection {
-    /// One request; `Ok(true)` on a 2xx answer.
+    /// One key-value request; `Ok(true)` on a 2xx answer.
     async fn send(&mut self, operation: Operation, key: &str) -> Result<bool, CommandError> {
-        let client = &self.client;
-        let method = match operation {
-            Operation::Put => "PUT",
-            Operation::Get => "GET",
+        let status = match operation {
+            Operation::Put => self.exchange("PUT", &["/v1/kv/", key], true).await?,
+            Operation::Get => self.exchange("GET", &["/v1/kv/", key], false).await?,
         };
+        Ok((200..300).contains(&status))
+    }
+
+    /// One request for the path made of `path`'s pieces (below the URL's
+    /// path; pieces, so that no request allocates one) and its answer's
+    /// status; `with_value` sends the put's value as its body.
+    async fn exchange(
+        &mut self,
+        method: &str,
+        path: &[&str],
+        with_value: bool,
+    ) -> Result<u16, CommandError> {
+        let client = &self.client;
         let request = &mut self.request;
         request.clear();
-        for part in [method, " ", &client.base_path, "/v1/kv/", key] {
+        for part in [method, " ", &client.base_path]
+            .into_iter()
+            .chain(path.iter().copied())
+        {
             request.extend_from_slice(part.as_bytes());
         }
         request.extend_from_slice(&client.common_head);
-        match operation {
-            Operation::Put => request.extend_from_slice(&client.put_tail),
-            Operation::Get => request.extend_from_slice(b"\r\n"),
+        if with_value {
+            request.extend_from_slice(&client.put_tail);
+        } else {
+            request.extend_from_slice(b"\r\n");
         }
         self.stream.write_all(request).await?;
         let (status, length) = self.read_head().await?;
@@ -469,7 +535,7 @@ impl Connection {
             self.read_more().await?;
         }
         self.received.advance(length);
-        Ok((200..300).contains(&status))
+        Ok(status)
     }
 
     /// Reads and consumes an answer's head: its status and body length.
@@ -676,6 +742,25 @@ mod tests {
         }
     }
 
+    /// Arguments for a client of a test service: a bearer token, 3-byte values.
+    fn test_args() -> KvBenchArgs {
+        KvBenchArgs {
+            url: None,
+            token: Some("t0ken".into()),
+            server_pid: None,
+            replicas: 3,
+            latency_ms: 10,
+            value_bytes: 3,
+            clients: 1,
+            threads: 1,
+            seconds: 1,
+            light_puts: 1,
+            keys: 1,
+            target: Vec::new(),
+            json: false,
+        }
+    }
+
     /// Answers arrive in pieces and in the order asked; a 404 is `Ok(false)`;
     /// the service's close is an error.
     #[tokio::test]
@@ -707,22 +792,7 @@ mod tests {
             let _ = stream.read(&mut buffer).await.unwrap();
             requests
         });
-        let args = KvBenchArgs {
-            url: None,
-            token: Some("t0ken".into()),
-            server_pid: None,
-            replicas: 3,
-            latency_ms: 10,
-            value_bytes: 3,
-            clients: 1,
-            threads: 1,
-            seconds: 1,
-            light_puts: 1,
-            keys: 1,
-            target: Vec::new(),
-            json: false,
-        };
-        let client = Client::new(&url, &args).unwrap();
+        let client = Client::new(&url, &test_args()).unwrap();
         let mut connection = client.connect().await.unwrap();
         assert!(connection.send(Operation::Put, "a/b").await.unwrap());
         assert!(!connection.send(Operation::Get, "c").await.unwrap());
@@ -743,6 +813,64 @@ mod tests {
                     "GET /prefix/v1/kv/c HTTP/1.1\r\nhost: {authority}\r\nauthorization: Bearer t0ken\r\n\r\n"
                 ),
             ]
+        );
+    }
+
+    /// A service that is not ready yet (503, then a refused connection
+    /// after a close) is asked again until it is; one that never is fails
+    /// the benchmark with what it last answered.
+    #[tokio::test]
+    async fn the_benchmark_waits_until_the_service_is_ready() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/prefix", listener.local_addr().unwrap());
+        let service = tokio::spawn(async move {
+            let mut requests = Vec::new();
+            let mut buffer = [0u8; 4096];
+            for answer in [
+                &b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n"[..],
+                &b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"[..],
+            ] {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                let read = stream.read(&mut buffer).await.unwrap();
+                requests.push(String::from_utf8_lossy(&buffer[..read]).into_owned());
+                stream.write_all(answer).await.unwrap();
+            }
+            requests
+        });
+        let client = Client::new(&url, &test_args()).unwrap();
+        client
+            .wait_until_ready("test", Duration::from_secs(10))
+            .await
+            .unwrap();
+        let requests = service.await.unwrap();
+        assert_eq!(requests.len(), 2);
+        assert!(
+            requests
+                .iter()
+                .all(|r| r.starts_with("GET /prefix/readyz HTTP/1.1\r\n")),
+            "{requests:?}"
+        );
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let mut buffer = [0u8; 4096];
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                let _ = stream.read(&mut buffer).await.unwrap();
+                let answer = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n";
+                stream.write_all(answer).await.unwrap();
+            }
+        });
+        let client = Client::new(&url, &test_args()).unwrap();
+        let error = client
+            .wait_until_ready("the service", Duration::from_millis(300))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("not ready within 300ms (GET /readyz answered 503)"),
+            "{error}"
         );
     }
 }
