@@ -74,9 +74,8 @@ impl Pacer {
                 // Against the old smoothed value, then update it (RFC 6298's
                 // order).
                 let distance = sample.abs_diff(smoothed);
-                self.deviation = self.deviation - self.deviation / DEVIATION_WEIGHT_DIVISOR
-                    + distance / DEVIATION_WEIGHT_DIVISOR;
-                smoothed - smoothed / SAMPLE_WEIGHT_DIVISOR + sample / SAMPLE_WEIGHT_DIVISOR
+                self.deviation = moved_toward(self.deviation, distance, DEVIATION_WEIGHT_DIVISOR);
+                moved_toward(smoothed, sample, SAMPLE_WEIGHT_DIVISOR)
             }
         });
     }
@@ -103,6 +102,13 @@ impl Pacer {
         let spacing = (round_trip / self.window).max(spread);
         Some(self.last_cut? + spacing)
     }
+}
+
+/// `smoothed` moved 1/`divisor` of the way toward `sample` (an exponentially
+/// weighted moving average; never below zero, as `smoothed / divisor` is at
+/// most `smoothed`).
+fn moved_toward(smoothed: Duration, sample: Duration, divisor: u32) -> Duration {
+    smoothed - smoothed / divisor + sample / divisor
 }
 
 #[cfg(test)]
