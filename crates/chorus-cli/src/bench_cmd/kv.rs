@@ -498,10 +498,11 @@ impl Client {
 impl Connection {
     /// One key-value request; `Ok(true)` on a 2xx answer.
     async fn send(&mut self, operation: Operation, key: &str) -> Result<bool, CommandError> {
-        let status = match operation {
-            Operation::Put => self.exchange("PUT", &["/v1/kv/", key], true).await?,
-            Operation::Get => self.exchange("GET", &["/v1/kv/", key], false).await?,
+        let (method, with_value) = match operation {
+            Operation::Put => ("PUT", true),
+            Operation::Get => ("GET", false),
         };
+        let status = self.exchange(method, &["/v1/kv/", key], with_value).await?;
         Ok((200..300).contains(&status))
     }
 
@@ -816,9 +817,9 @@ mod tests {
         );
     }
 
-    /// A service that is not ready yet (503, then a refused connection
-    /// after a close) is asked again until it is; one that never is fails
-    /// the benchmark with what it last answered.
+    /// A service that is not ready yet (503) is asked again, on a new
+    /// connection, until it is; one that never is fails the benchmark with
+    /// what it last answered.
     #[tokio::test]
     async fn the_benchmark_waits_until_the_service_is_ready() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
