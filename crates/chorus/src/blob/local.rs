@@ -9,7 +9,7 @@
 //! <root>/<dirs>/.k.<name>/<seq, 20 digits>
 //!                                     the versions of key <dirs>/<name>; the
 //!                                     highest is current; each file is a 20-byte
-//!                                     header (magic `CHLB`, random 128-bit nonce)
+//!                                     header (magic `CHLB`, 128-bit nonce)
 //!                                     then the object's bytes, never modified
 //! <root>/.chorus-tmp/<random>         staging files and directories
 //! <root>/.chorus-trash/<random>       deleted keys' version directories
@@ -28,7 +28,10 @@
 //!   link *is* the compare-and-swap. A stale updater whose `n + 1` was
 //!   already superseded and cleaned finds a higher version after its link and
 //!   withdraws it (readers only ever take the highest version, so they never
-//!   see it). Superseded versions are removed by whoever updates next.
+//!   see it). An updater that finds a higher version built on its own (a
+//!   version's nonce starts with the second half of its predecessor's) knows
+//!   its update took effect. Superseded versions are removed by whoever
+//!   updates next.
 //!   Links go through a descriptor of the key directory opened when the
 //!   current version was read, so an update can never land in a newer
 //!   incarnation of a deleted and re-created key.
@@ -48,7 +51,8 @@
 //! even one another process created (it may have crashed before its fsync),
 //! and a create that finds the key taken fsyncs what is there before it
 //! answers `AlreadyExists`: callers settle unknown outcomes by reading back.
-//! Versions never recur: each carries a fresh random nonce.
+//! Versions never recur: each nonce carries 64 fresh random bits after the
+//! 64 its predecessor drew (a created key's first nonce is all random).
 //!
 //! `object_store`'s `LocalFileSystem` neither fsyncs nor offers CAS update, hence
 //! this backend. Unix only (it uses `linkat(2)` and `openat(2)`).
@@ -110,6 +114,9 @@ struct Hooks {
     /// After the current version was read and checked, before the new one
     /// is linked.
     inside_cas: Option<CasHook>,
+    /// After the new version was linked, before the update looks for newer
+    /// ones.
+    after_link: Option<CasHook>,
 }
 
 struct Inner {
@@ -348,6 +355,15 @@ impl KeyDir {
         .map(drop)
     }
 
+    /// Whether version `seq` exists and was built on the version with
+    /// nonce `predecessor`; `false` when that cannot be read.
+    fn is_built_on(&self, seq: u64, predecessor: &[u8; NONCE_BYTES]) -> bool {
+        self.open_version(seq)
+            .ok()
+            .and_then(|mut file| read_nonce(&mut file).ok())
+            .is_some_and(|nonce| is_successor(&nonce, predecessor))
+    }
+
     fn remove_version(&self, seq: u64) -> io::Result<()> {
         let name = CString::new(version_name(seq)).expect("digits have no NUL");
         // SAFETY: the pointer is valid for the call; the result is checked.
@@ -555,14 +571,14 @@ impl Inner {
         let Some((seq, mut file)) = dir.current().map_err(err)? else {
             return Err(conflict());
         };
-        let current = read_header(&mut file).map_err(|e| self.format_error(Op::Update, key, e))?;
-        if &current != expected {
+        let current = read_nonce(&mut file).map_err(|e| self.format_error(Op::Update, key, e))?;
+        if &nonce_version(&current) != expected {
             return Err(conflict());
         }
         if let Some(pause) = &self.hooks.inside_cas {
             pause(key);
         }
-        let nonce: [u8; NONCE_BYTES] = rand::random();
+        let nonce = successor_nonce(&current, rand::random());
         let staged = self.fresh_path(TMP_DIR);
         write_synced(self, &staged, &[bytes], Some(nonce)).map_err(|e| {
             let _ = fs::remove_file(&staged);
@@ -580,14 +596,23 @@ impl Inner {
             }
             Err(e) => return Err(err(e)),
         }
-        // A higher version already: either our `next` was free only because
-        // it had been superseded and removed (we were stale, and readers
-        // never took it), or another update built on ours while we paused
-        // here (it took effect). We cannot tell which, so withdraw it (a
-        // no-op in the second case) and report the outcome as unknown:
-        // callers settle that by reading back.
+        if let Some(pause) = &self.hooks.after_link {
+            pause(key);
+        }
+        // A higher version already: either another update built on ours
+        // while we paused here (ours took effect), or our `next` was free
+        // only because it had been superseded and removed (we were stale,
+        // and readers never took it). The version after ours tells the first
+        // case by its nonce; otherwise (it is gone too, or it was written
+        // before nonces named their predecessor) withdraw ours, a no-op if it
+        // did take effect, and report the outcome as unknown: callers settle
+        // that by reading back.
         let versions = dir.versions().map_err(err)?;
         if versions.last() != Some(&next) {
+            if dir.is_built_on(next + 1, &nonce) {
+                self.fsync(&dir.file, &dir.path).map_err(err)?;
+                return Ok(nonce_version(&nonce));
+            }
             let _ = dir.remove_version(next);
             return Err(BlobError::unavailable(
                 &self.name,
@@ -954,6 +979,11 @@ enum HeaderError {
 }
 
 fn read_header(file: &mut File) -> Result<Version, HeaderError> {
+    read_nonce(file).map(|nonce| nonce_version(&nonce))
+}
+
+/// Reads an object's header and returns its nonce.
+fn read_nonce(file: &mut File) -> Result<[u8; NONCE_BYTES], HeaderError> {
     let mut header = [0u8; HEADER_BYTES as usize];
     match file.read_exact(&mut header) {
         Ok(()) => {}
@@ -963,7 +993,31 @@ fn read_header(file: &mut File) -> Result<Version, HeaderError> {
     if &header[..MAGIC.len()] != MAGIC {
         return Err(HeaderError::NotAnObject);
     }
-    Ok(nonce_version(&header[MAGIC.len()..]))
+    let mut nonce = [0; NONCE_BYTES];
+    nonce.copy_from_slice(&header[MAGIC.len()..]);
+    Ok(nonce)
+}
+
+/// Half a nonce: the part that links a version to the one it replaced.
+const LINK_BYTES: usize = NONCE_BYTES / 2;
+
+/// The nonce of the version that replaces one with nonce `predecessor`:
+/// the predecessor's second half, then `fresh` random bytes. So a version
+/// names the one it was built on, and an update can tell that another built
+/// on its own (see `update`). Nonces stay unique: two are equal only if
+/// two independent 64-bit draws both repeat.
+fn successor_nonce(predecessor: &[u8; NONCE_BYTES], fresh: [u8; LINK_BYTES]) -> [u8; NONCE_BYTES] {
+    let mut nonce = [0; NONCE_BYTES];
+    nonce[..LINK_BYTES].copy_from_slice(&predecessor[LINK_BYTES..]);
+    nonce[LINK_BYTES..].copy_from_slice(&fresh);
+    nonce
+}
+
+/// Whether the version with nonce `successor` was built on the one with
+/// nonce `predecessor` (a fully random nonce, as versions written before
+/// nonces were linked carry, matches by chance with probability 2^-64).
+fn is_successor(successor: &[u8; NONCE_BYTES], predecessor: &[u8; NONCE_BYTES]) -> bool {
+    successor[..LINK_BYTES] == predecessor[LINK_BYTES..]
 }
 
 /// The version a listing gives an object whose header is damaged.
@@ -1074,7 +1128,7 @@ mod tests {
                     Ok(())
                 })
             }),
-            inside_cas: None,
+            ..Hooks::default()
         };
         let store = LocalDirStore::open_with(dir.path().join("store"), hooks).unwrap();
         Recorded {
@@ -1207,18 +1261,34 @@ mod tests {
 
     const KEY: &str = "db/lease.json";
 
-    async fn paused_update() -> PausedUpdate {
+    /// Where the paused update stops.
+    #[derive(Clone, Copy)]
+    enum PausedAt {
+        /// Before its link: the version it read may be superseded meanwhile.
+        InsideCas,
+        /// After its link: its own version may be superseded meanwhile.
+        AfterLink,
+    }
+
+    async fn paused_update(at: PausedAt) -> PausedUpdate {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("store");
         let (paused_tx, paused) = std::sync::mpsc::channel();
         let (resume, resume_rx) = std::sync::mpsc::channel::<()>();
         let (paused_tx, resume_rx) = (Mutex::new(paused_tx), Mutex::new(resume_rx));
-        let hooks = Hooks {
-            before_fsync: None,
-            inside_cas: Some(Box::new(move |_key: &str| {
-                paused_tx.lock().unwrap().send(()).unwrap();
-                resume_rx.lock().unwrap().recv().unwrap();
-            })),
+        let pause: CasHook = Box::new(move |_key: &str| {
+            paused_tx.lock().unwrap().send(()).unwrap();
+            resume_rx.lock().unwrap().recv().unwrap();
+        });
+        let hooks = match at {
+            PausedAt::InsideCas => Hooks {
+                inside_cas: Some(pause),
+                ..Hooks::default()
+            },
+            PausedAt::AfterLink => Hooks {
+                after_link: Some(pause),
+                ..Hooks::default()
+            },
         };
         let stopped = LocalDirStore::open_with(root.clone(), hooks).unwrap();
         let other = LocalDirStore::open(root).unwrap();
@@ -1257,7 +1327,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_update_paused_inside_its_cas_blocks_no_update_and_never_lands() {
-        let mut paused = paused_update().await;
+        let mut paused = paused_update(PausedAt::InsideCas).await;
         let other = paused.other.clone();
         let current = promptly(other.get(KEY)).await.unwrap().version;
         let second = promptly(other.update(KEY, &current, Bytes::from_static(b"v2")))
@@ -1269,9 +1339,10 @@ mod tests {
             .unwrap();
         let outcome = paused.resume().await;
         // Its version 2 had been superseded and cleaned, so its link found
-        // the name free and then a higher version: it withdraws and reports
-        // an unknown outcome (it cannot tell this from an update that built
-        // on its own), which callers settle by reading back.
+        // the name free and then a version 3 built on another's version 2:
+        // it withdraws and reports an unknown outcome (version 3 might have
+        // been written by a build whose nonces name no predecessor), which
+        // callers settle by reading back.
         assert!(
             matches!(&outcome, Err(error) if error.is_transient()),
             "{outcome:?}"
@@ -1283,9 +1354,48 @@ mod tests {
         );
     }
 
+    /// Regression: an update that found, right after its link, a newer
+    /// version built on its own reported an unknown outcome although it had
+    /// taken effect; a caller settling that by reading back saw another
+    /// writer's record and applied its change a second time (a register
+    /// transform claimed two epochs under contention).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_update_superseded_right_after_its_link_reports_success() {
+        let mut paused = paused_update(PausedAt::AfterLink).await;
+        let other = paused.other.clone();
+        let landed = promptly(other.get(KEY)).await.unwrap();
+        assert_eq!(landed.bytes, Bytes::from_static(b"stale"));
+        let third = promptly(other.update(KEY, &landed.version, Bytes::from_static(b"v3")))
+            .await
+            .unwrap();
+        let outcome = paused.resume().await;
+        assert_eq!(outcome.unwrap(), landed.version);
+        let read = other.get(KEY).await.unwrap();
+        assert_eq!(
+            (read.bytes, read.version),
+            (Bytes::from_static(b"v3"), third)
+        );
+    }
+
+    #[test]
+    fn a_successor_nonce_names_its_predecessor_and_nothing_else() {
+        let first: [u8; NONCE_BYTES] = rand::random();
+        let second = successor_nonce(&first, rand::random());
+        let third = successor_nonce(&second, rand::random());
+        assert!(is_successor(&second, &first));
+        assert!(is_successor(&third, &second));
+        assert!(!is_successor(&third, &first));
+        assert!(!is_successor(&first, &second));
+        // Two updates built on one version differ by their fresh halves.
+        let rival = successor_nonce(&first, rand::random());
+        assert_ne!(rival, second);
+        assert!(is_successor(&rival, &first));
+        assert!(!is_successor(&third, &rival));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_update_paused_inside_its_cas_blocks_no_delete_and_never_lands_in_a_recreated_key() {
-        let mut paused = paused_update().await;
+        let mut paused = paused_update(PausedAt::InsideCas).await;
         let other = paused.other.clone();
         promptly(other.delete(KEY)).await.unwrap();
         assert!(matches!(
