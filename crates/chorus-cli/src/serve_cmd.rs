@@ -105,11 +105,12 @@ pub struct ServeArgs {
             .range(etcd_watch::MIN_PROGRESS_NOTIFY_INTERVAL.as_millis() as u64..=MAX_PROGRESS_NOTIFY_INTERVAL_MS)
     )]
     etcd_watch_progress_notify_interval_ms: u64,
-    /// etcd's space quota in bytes, etcd's --quota-backend-bytes: an etcd
-    /// write that would take the state (keys, values and retained history)
-    /// to this size is refused with "etcdserver: mvcc: database space
-    /// exceeded" and raises the NOSPACE alarm, which refuses writes that add
-    /// data until `etcdctl alarm disarm`.
+    /// The state's space quota in bytes, etcd's --quota-backend-bytes, for
+    /// both APIs: a write that would take the state (keys, values and
+    /// retained history) to this size is refused (etcd: "etcdserver: mvcc:
+    /// database space exceeded", which also raises the NOSPACE alarm; HTTP:
+    /// 507), and while the alarm is raised every write that adds data is
+    /// refused, until `etcdctl alarm disarm`.
     #[arg(long, default_value_t = DEFAULT_QUOTA_BACKEND_BYTES as u64, value_parser = clap::value_parser!(u64).range(1..=1 << 40))]
     quota_backend_bytes: u64,
 
@@ -549,6 +550,7 @@ impl ServeArgs {
                 max_bytes: self.idempotency_max_bytes,
             },
             memory,
+            quota_bytes: to_usize(self.quota_backend_bytes),
         };
         let snapshots = SnapshotConfig {
             payload_call_timeout: Duration::from_secs(self.snapshot_payload_timeout_secs),

@@ -275,3 +275,78 @@ fn the_progress_notify_interval_flag_reaches_the_watch_service() {
     let exit = server.terminate(ROLE_TIMEOUT);
     assert!(exit.success(), "{exit:?}\n{}", server.stderr_tail());
 }
+
+/// One space quota for both APIs: `--quota-backend-bytes` refuses an HTTP
+/// write over it (`507`) as it refuses an etcd one, and the NOSPACE alarm
+/// an etcd write raises refuses HTTP writes that add data until it is
+/// disarmed.
+#[test]
+fn the_space_quota_and_its_alarm_hold_for_both_apis() {
+    let dir = TempDir::new().unwrap();
+    let server = Launch::new(dir.path())
+        .args([
+            "--etcd-listen",
+            "127.0.0.1:0",
+            "--quota-backend-bytes",
+            "3000",
+        ])
+        .start("etcd-quota");
+    server.wait_for_role("primary");
+    let address = etcd_address(&server);
+    let http = server.endpoint();
+    let big = "v".repeat(4000);
+
+    let refused = http.put("big", &big);
+    assert_eq!(refused.status, 507, "{}", refused.text());
+    let body = refused.json();
+    assert_eq!(body["quota_bytes"], 3000, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("space quota"),
+        "{body}"
+    );
+
+    let runtime = runtime();
+    let member = runtime.block_on(async {
+        let mut client = etcd_client::Client::connect([format!("http://{address}")], None)
+            .await
+            .unwrap();
+        let refused = client.put("big", big.as_str(), None).await;
+        match refused {
+            Err(etcd_client::Error::GRpcStatus(status)) => {
+                assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+                assert!(
+                    status.message().contains("database space exceeded"),
+                    "{status:?}"
+                );
+            }
+            other => panic!("an etcd put over the quota answered {other:?}"),
+        }
+        client.status().await.unwrap().header().unwrap().member_id()
+    });
+
+    // The alarm the etcd write raised refuses a small HTTP put.
+    let refused = http.put("small", "v");
+    assert_eq!(refused.status, 507, "{}", refused.text());
+    assert!(
+        refused.text().contains("NOSPACE alarm is raised"),
+        "{}",
+        refused.text()
+    );
+
+    runtime.block_on(async {
+        let mut client = etcd_client::Client::connect([format!("http://{address}")], None)
+            .await
+            .unwrap();
+        let mut disarm = etcd_client::AlarmOptions::new();
+        disarm.with_member(member);
+        client
+            .alarm(
+                etcd_client::AlarmAction::Deactivate,
+                etcd_client::AlarmType::Nospace,
+                Some(disarm),
+            )
+            .await
+            .unwrap();
+    });
+    http.put_ok("small", "v");
+}

@@ -8,7 +8,7 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 3 << 19;
 /// etcd's default `--max-txn-ops`: operations in one transaction branch.
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
 /// etcd's default `--quota-backend-bytes`: 2 GiB.
-pub const DEFAULT_QUOTA_BACKEND_BYTES: usize = 2 << 30;
+pub const DEFAULT_QUOTA_BACKEND_BYTES: usize = chorus::kv::quota::DEFAULT_QUOTA_BYTES;
 /// The default of [`EtcdConfig::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// What etcd's gRPC server accepts beyond `--max-request-bytes` before it

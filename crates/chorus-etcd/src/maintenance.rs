@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use chorus::kv::etcd::{AlarmAction, AlarmMember, AlarmRequest, AlarmType};
-use chorus::kv::{EtcdCommand, EtcdResponse, KvState};
+use chorus::kv::{EtcdCommand, EtcdResponse};
 use tonic::{Request, Response, Status};
 
 use crate::error;
@@ -50,12 +50,6 @@ impl MaintenanceService {
     pub(crate) fn new(shared: Arc<Shared>) -> MaintenanceService {
         MaintenanceService { shared }
     }
-}
-
-/// The bytes of the current keys and values plus the retained history: the
-/// state's size, as etcd's `db_size` is its database file's.
-pub(crate) fn state_size_bytes(state: &KvState) -> usize {
-    state.size_bytes().saturating_add(state.history_bytes())
 }
 
 /// etcd's text for a raised alarm in Status's errors.
@@ -89,7 +83,7 @@ impl pb::maintenance_server::Maintenance for MaintenanceService {
         let runtime = &self.shared.runtime;
         let ((revision, size, alarms), applied) = runtime.read_stale(|state| {
             let alarms: Vec<String> = state.alarms().iter().map(alarm_text).collect();
-            (state.revision(), state_size_bytes(state), alarms)
+            (state.revision(), state.space_bytes(), alarms)
         });
         let size = i64::try_from(size).unwrap_or(i64::MAX);
         let status = runtime.status();

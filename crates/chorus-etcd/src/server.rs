@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chorus::kv::etcd::{AlarmAction, AlarmMember, AlarmRequest, AlarmType};
+use chorus::kv::quota::NoSpace;
 use chorus::kv::{Applied, EtcdCommand, EtcdError, EtcdResponse, KvState};
 use chorus::runtime::{Runtime, Unavailable};
 use tokio::net::TcpListener;
@@ -25,7 +26,7 @@ use crate::identity::{Identity, raft_term};
 use crate::incoming::admitted;
 use crate::kv::KvService;
 use crate::lease::{LeaseClock, LeaseService, expire_leases};
-use crate::maintenance::{MaintenanceService, state_size_bytes};
+use crate::maintenance::MaintenanceService;
 use crate::proto::chorusfollowpb::follow_server::FollowServer;
 use crate::proto::etcdserverpb::{
     ResponseHeader, auth_server, cluster_server, kv_server, lease_server, maintenance_server,
@@ -81,12 +82,13 @@ impl Shared {
             .runtime
             .write(|state| {
                 command.validate(state, max_txn_ops)?;
-                let cost = command.quota_cost();
-                if cost > 0 && state_size_bytes(state).saturating_add(cost) >= quota {
-                    over_quota = !state.out_of_space();
-                    return Err(EtcdError::NoSpace);
+                match state.check_space(command.quota_cost(), quota) {
+                    Ok(()) => Ok(command.encode()),
+                    Err(refusal) => {
+                        over_quota = matches!(refusal, NoSpace::OverQuota { .. });
+                        Err(EtcdError::NoSpace)
+                    }
                 }
-                Ok(command.encode())
             })
             .await;
         if over_quota {

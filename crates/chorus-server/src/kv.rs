@@ -11,11 +11,12 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use chorus::ids::RecordIndex;
 use chorus::kv::idempotency::{Lookup, RequestDigest};
+use chorus::kv::quota::NoSpace;
 use chorus::kv::{
     Applied, Body, Command, Condition, Entry, IdempotencyKey, KvState, Operation, Outcome, Record,
     Revision, Stamp,
@@ -92,6 +93,8 @@ enum Refused {
         key: IdempotencyKey,
         original: RecordIndex,
     },
+    /// The write adds data the space quota has no room for.
+    NoSpace(NoSpace),
 }
 
 impl From<Refused> for ApiError {
@@ -99,8 +102,33 @@ impl From<Refused> for ApiError {
         match refused {
             Refused::Condition { key, current } => condition_failed(&key, current, None),
             Refused::KeyReused { key, original } => key_reused(&key, original.0),
+            Refused::NoSpace(refusal) => no_space(refusal),
             Refused::Replay { .. } => unreachable!("a replay is answered, not refused"),
         }
+    }
+}
+
+/// `507` for a write the space quota refuses, with how to make room.
+fn no_space(refusal: NoSpace) -> ApiError {
+    let status = StatusCode::INSUFFICIENT_STORAGE;
+    match refusal {
+        NoSpace::AlarmRaised => ApiError::new(
+            status,
+            "space quota: the NOSPACE alarm is raised, so writes that add data are refused \
+             until it is disarmed (`etcdctl alarm disarm`) once there is room (delete keys, \
+             compact the history)",
+        ),
+        NoSpace::OverQuota { used, cost, quota } => ApiError::new(
+            status,
+            format!(
+                "space quota: the state holds {used} bytes of keys, values and history, and \
+                 this write adds {cost} against a quota of {quota}; delete keys, compact the \
+                 history or raise --quota-backend-bytes"
+            ),
+        )
+        .with("used_bytes", used)
+        .with("cost_bytes", cost)
+        .with("quota_bytes", quota),
     }
 }
 
@@ -133,29 +161,42 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, Ap
 
 /// Whether to append a write, decided against the applied state. With a
 /// key, a remembered key answers (same request) or refuses (another
-/// request); a new keyed write is appended even if a condition fails, so its
-/// `412` is remembered too. Without a key, a failed condition appends nothing.
+/// request). A new write that adds data must fit the space quota (`quota`
+/// bytes). A new keyed write is then appended even if a condition fails, so
+/// its `412` is remembered too; without a key, a failed condition appends
+/// nothing.
 fn admit(
     state: &KvState,
     body: &Body,
     keyed: Option<(&IdempotencyKey, &RequestDigest)>,
+    quota: usize,
 ) -> Result<(), Refused> {
     if let Some((key, digest)) = keyed {
-        return match state.idempotency().lookup(key, digest) {
-            Lookup::New => Ok(()),
-            Lookup::Same(remembered) => Err(Refused::Replay {
-                original: remembered.index,
-                outcome: remembered.outcome.clone(),
-            }),
-            Lookup::Different(remembered) => Err(Refused::KeyReused {
-                key: key.clone(),
-                original: remembered.index,
-            }),
-        };
+        match state.idempotency().lookup(key, digest) {
+            Lookup::New => {}
+            Lookup::Same(remembered) => {
+                return Err(Refused::Replay {
+                    original: remembered.index,
+                    outcome: remembered.outcome.clone(),
+                });
+            }
+            Lookup::Different(remembered) => {
+                return Err(Refused::KeyReused {
+                    key: key.clone(),
+                    original: remembered.index,
+                });
+            }
+        }
     }
     let Body::Command(command) = body else {
         return Ok(());
     };
+    state
+        .check_space(command.quota_cost(), quota)
+        .map_err(Refused::NoSpace)?;
+    if keyed.is_some() {
+        return Ok(());
+    }
     match state.check(command) {
         Ok(()) => Ok(()),
         Err(Applied::ConditionFailed { key, current }) => Err(Refused::Condition { key, current }),
@@ -224,7 +265,9 @@ pub(crate) async fn submit(
     let keyed = key.zip(digest.as_ref());
     let written = app
         .runtime
-        .write(|state: &KvState| admit(state, &record.body, keyed).map(|()| admitting(encoded)))
+        .write(|state: &KvState| {
+            admit(state, &record.body, keyed, app.config.quota_bytes).map(|()| admitting(encoded))
+        })
         .await;
     let written = match written {
         Err(WriteError::Rejected(Refused::Replay { original, outcome })) => {
@@ -622,7 +665,7 @@ fn written(index: RecordIndex, revision: Revision) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::StatusCode;
+    use chorus::kv::quota::{DEFAULT_QUOTA_BYTES, put_cost};
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
@@ -746,7 +789,7 @@ mod tests {
         let other = IdempotencyKey::new("other").unwrap();
         // The same request with its key: answered, not appended.
         assert_eq!(
-            admit(&state, &first, Some((&key, &digest(&first)))),
+            admit(&state, &first, Some((&key, &digest(&first))), DEFAULT_QUOTA_BYTES),
             Err(Refused::Replay {
                 original: RecordIndex(0),
                 outcome: Outcome::Done { revision: 2 }
@@ -755,7 +798,7 @@ mod tests {
         // Another request with the key: refused.
         let create = put_body("a", Condition::Absent);
         assert_eq!(
-            admit(&state, &create, Some((&key, &digest(&create)))),
+            admit(&state, &create, Some((&key, &digest(&create))), DEFAULT_QUOTA_BYTES),
             Err(Refused::KeyReused {
                 key: key.clone(),
                 original: RecordIndex(0)
@@ -764,22 +807,57 @@ mod tests {
         // A failed condition: refused without a key, appended with a new one
         // (so that the 412 is remembered).
         assert_eq!(
-            admit(&state, &create, None),
+            admit(&state, &create, None, DEFAULT_QUOTA_BYTES),
             Err(Refused::Condition {
                 key: Bytes::from_static(b"a"),
                 current: Some(2)
             })
         );
         assert_eq!(
-            admit(&state, &create, Some((&other, &digest(&create)))),
+            admit(&state, &create, Some((&other, &digest(&create))), DEFAULT_QUOTA_BYTES),
             Ok(())
         );
         let raw = Body::Raw(Bytes::from_static(b"x"));
-        assert_eq!(admit(&state, &raw, None), Ok(()));
+        assert_eq!(admit(&state, &raw, None, DEFAULT_QUOTA_BYTES), Ok(()));
         assert!(matches!(
-            admit(&state, &raw, Some((&key, &digest(&raw)))),
+            admit(&state, &raw, Some((&key, &digest(&raw))), DEFAULT_QUOTA_BYTES),
             Err(Refused::KeyReused { .. })
         ));
+    }
+
+    #[test]
+    fn admission_refuses_what_the_quota_has_no_room_for_but_answers_replays() {
+        let mut state = KvState::default();
+        let first = put_body("a", Condition::None);
+        stamped(&mut state, 0, &first, "k");
+        let key = IdempotencyKey::new("k").unwrap();
+        let other = IdempotencyKey::new("other").unwrap();
+        let quota = state.space_bytes() + 1;
+        let refused = Err(Refused::NoSpace(NoSpace::OverQuota {
+            used: state.space_bytes(),
+            cost: put_cost(b"a", b"v"),
+            quota,
+        }));
+        // Checked before conditions, with or without a key.
+        let create = put_body("a", Condition::Absent);
+        assert_eq!(admit(&state, &create, None, quota), refused);
+        assert_eq!(
+            admit(&state, &create, Some((&other, &digest(&create))), quota),
+            refused
+        );
+        // A remembered request appends nothing: answered as before.
+        assert!(matches!(
+            admit(&state, &first, Some((&key, &digest(&first))), quota),
+            Err(Refused::Replay { .. })
+        ));
+        // What adds nothing fits.
+        let delete = Body::Command(Command::Single(Operation::Delete {
+            key: Bytes::from_static(b"a"),
+            condition: Condition::None,
+        }));
+        assert_eq!(admit(&state, &delete, None, quota), Ok(()));
+        let raw = Body::Raw(Bytes::from_static(b"x"));
+        assert_eq!(admit(&state, &raw, None, quota), Ok(()));
     }
 
     #[test]

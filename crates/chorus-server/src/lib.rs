@@ -66,6 +66,10 @@ pub struct ServiceConfig {
     /// How long idempotency keys are remembered, written into every keyed
     /// record (so replicas agree whatever their own settings).
     pub idempotency: chorus::kv::Retention,
+    /// The space quota of the state, shared with the etcd API: a write that
+    /// would take the state to it, or that adds data while the NOSPACE alarm
+    /// is raised, is refused (`507`).
+    pub quota_bytes: usize,
 }
 
 /// What every handler shares.

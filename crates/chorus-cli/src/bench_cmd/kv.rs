@@ -622,6 +622,7 @@ impl Service {
                 connections: ConnectionLimits::default(),
                 idempotency: chorus::kv::Retention::default(),
                 memory: MemoryLimits::default(),
+                quota_bytes: chorus::kv::quota::DEFAULT_QUOTA_BYTES,
             },
             None,
             shutdown.clone(),

@@ -20,22 +20,37 @@ use tower::ServiceExt;
 
 /// The service state over `runtime`: no auth, default limits, and the given
 /// request timeout and idempotency retention.
+#[allow(dead_code)] // not every test binary changes no setting
 pub fn app_state(
     runtime: &Arc<Runtime<KvState>>,
     request_timeout: Duration,
     idempotency: Retention,
 ) -> Arc<AppState> {
+    configured_app_state(runtime, |config| {
+        config.request_timeout = request_timeout;
+        config.idempotency = idempotency;
+    })
+}
+
+/// The service state over `runtime` with default settings as `configure`
+/// changes them.
+pub fn configured_app_state(
+    runtime: &Arc<Runtime<KvState>>,
+    configure: impl FnOnce(&mut ServiceConfig),
+) -> Arc<AppState> {
     let (_stop, shutdown) = tokio::sync::watch::channel(false);
-    let config = ServiceConfig {
+    let mut config = ServiceConfig {
         token: None,
         max_body_bytes: 1 << 20,
-        request_timeout,
+        request_timeout: Duration::from_secs(10),
         advertise_url: None,
         ready_as_standby: false,
         connections: ConnectionLimits::default(),
         memory: MemoryLimits::default(),
-        idempotency,
+        idempotency: Retention::default(),
+        quota_bytes: chorus::kv::quota::DEFAULT_QUOTA_BYTES,
     };
+    configure(&mut config);
     Arc::new(AppState::new(Arc::clone(runtime), config, None, shutdown))
 }
 

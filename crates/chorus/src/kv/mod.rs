@@ -31,6 +31,7 @@ mod input;
 pub mod lease;
 pub mod lessor;
 pub mod mvcc;
+pub mod quota;
 mod retained;
 mod snapshot;
 mod txn;

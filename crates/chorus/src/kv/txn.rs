@@ -23,6 +23,7 @@ use super::etcd::{
 };
 use super::lease::{MAX_LEASE_TTL_SECS, MAX_LEASES};
 use super::mvcc::{Change, key_range};
+use super::quota::{LEASE_OVERHEAD_BYTES, put_cost};
 use super::{Entry, KvState};
 use crate::ids::RecordIndex;
 
@@ -647,20 +648,14 @@ impl EtcdCommand {
     }
 }
 
-/// What etcd's quota charges a put beyond its key and value (`kvOverhead`).
-pub const PUT_OVERHEAD_BYTES: usize = 256;
-
-/// What etcd's quota charges a lease grant (`leaseOverhead`).
-pub const LEASE_OVERHEAD_BYTES: usize = 64;
-
 impl EtcdCommand {
     /// The bytes etcd's space quota charges this request: a put's key and
-    /// value plus `PUT_OVERHEAD_BYTES`; a transaction's larger branch by
-    /// its direct puts (nested transactions are not charged, as in etcd);
-    /// a grant `LEASE_OVERHEAD_BYTES`; anything else nothing. A request
+    /// value plus [`PUT_OVERHEAD_BYTES`](super::quota::PUT_OVERHEAD_BYTES);
+    /// a transaction's larger branch by its direct puts (nested transactions are not charged, as in etcd);
+    /// a grant [`LEASE_OVERHEAD_BYTES`]; anything else nothing. A request
     /// that costs something is refused while NOSPACE is raised.
     pub fn quota_cost(&self) -> usize {
-        let put = |put: &PutRequest| PUT_OVERHEAD_BYTES + put.key.len() + put.value.len();
+        let put = |put: &PutRequest| put_cost(&put.key, &put.value);
         let branch = |ops: &[RequestOp]| -> usize {
             let puts = ops.iter().filter_map(|op| match op {
                 RequestOp::Put(request) => Some(put(request)),
