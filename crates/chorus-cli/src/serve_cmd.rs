@@ -520,6 +520,7 @@ impl ServeArgs {
             .max_connections
             .map_or(listener::DEFAULT_MAX_CONNECTIONS, to_usize);
         let descriptors = listener::descriptor_limit();
+        let quota_bytes = to_usize(self.quota_backend_bytes);
         let connections = ConnectionLimits {
             max_connections: listener::connection_cap(requested, descriptors),
             header_read_timeout: Duration::from_secs(self.header_read_timeout_secs),
@@ -550,7 +551,7 @@ impl ServeArgs {
                 max_bytes: self.idempotency_max_bytes,
             },
             memory,
-            quota_bytes: to_usize(self.quota_backend_bytes),
+            quota_bytes,
         };
         let snapshots = SnapshotConfig {
             payload_call_timeout: Duration::from_secs(self.snapshot_payload_timeout_secs),
@@ -576,7 +577,7 @@ impl ServeArgs {
                     send_buffer_bytes: to_usize(self.etcd_watch_send_buffer_bytes),
                     stall_timeout: Duration::from_secs(self.etcd_watch_stall_timeout_secs),
                 },
-                quota_backend_bytes: to_usize(self.quota_backend_bytes),
+                quota_backend_bytes: quota_bytes,
                 // Half of what is left after the HTTP listener's share.
                 max_connections: listener::connection_cap(
                     requested,

@@ -84,6 +84,8 @@ impl Shared {
                 command.validate(state, max_txn_ops)?;
                 match state.check_space(command.quota_cost(), quota) {
                     Ok(()) => Ok(command.encode()),
+                    // `validate` refused already if the alarm is raised, so
+                    // a refusal here is the quota's: raise the alarm.
                     Err(refusal) => {
                         over_quota = matches!(refusal, NoSpace::OverQuota { .. });
                         Err(EtcdError::NoSpace)

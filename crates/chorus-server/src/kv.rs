@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use chorus::ids::RecordIndex;
 use chorus::kv::idempotency::{Lookup, RequestDigest};
+use chorus::kv::mvcc::HISTORY_BUDGET_BYTES;
 use chorus::kv::quota::NoSpace;
 use chorus::kv::{
     Applied, Body, Command, Condition, Entry, IdempotencyKey, KvState, Operation, Outcome, Record,
@@ -111,19 +112,25 @@ impl From<Refused> for ApiError {
 /// `507` for a write the space quota refuses, with how to make room.
 fn no_space(refusal: NoSpace) -> ApiError {
     let status = StatusCode::INSUFFICIENT_STORAGE;
+    let room = format!(
+        "delete keys, compact the history (through the etcd API; it also trims itself past \
+         {} MiB) or raise --quota-backend-bytes",
+        HISTORY_BUDGET_BYTES >> 20
+    );
     match refusal {
         NoSpace::AlarmRaised => ApiError::new(
             status,
-            "space quota: the NOSPACE alarm is raised, so writes that add data are refused \
-             until it is disarmed (`etcdctl alarm disarm`) once there is room (delete keys, \
-             compact the history)",
+            format!(
+                "space quota: the NOSPACE alarm is raised, so writes that add data are refused \
+                 until it is disarmed through the etcd API (`etcdctl alarm disarm`); to make \
+                 room, {room}"
+            ),
         ),
         NoSpace::OverQuota { used, cost, quota } => ApiError::new(
             status,
             format!(
                 "space quota: the state holds {used} bytes of keys, values and history, and \
-                 this write adds {cost} against a quota of {quota}; delete keys, compact the \
-                 history or raise --quota-backend-bytes"
+                 this write adds {cost} against a quota of {quota}; to make room, {room}"
             ),
         )
         .with("used_bytes", used)
@@ -789,7 +796,12 @@ mod tests {
         let other = IdempotencyKey::new("other").unwrap();
         // The same request with its key: answered, not appended.
         assert_eq!(
-            admit(&state, &first, Some((&key, &digest(&first))), DEFAULT_QUOTA_BYTES),
+            admit(
+                &state,
+                &first,
+                Some((&key, &digest(&first))),
+                DEFAULT_QUOTA_BYTES
+            ),
             Err(Refused::Replay {
                 original: RecordIndex(0),
                 outcome: Outcome::Done { revision: 2 }
@@ -798,7 +810,12 @@ mod tests {
         // Another request with the key: refused.
         let create = put_body("a", Condition::Absent);
         assert_eq!(
-            admit(&state, &create, Some((&key, &digest(&create))), DEFAULT_QUOTA_BYTES),
+            admit(
+                &state,
+                &create,
+                Some((&key, &digest(&create))),
+                DEFAULT_QUOTA_BYTES
+            ),
             Err(Refused::KeyReused {
                 key: key.clone(),
                 original: RecordIndex(0)
@@ -814,13 +831,23 @@ mod tests {
             })
         );
         assert_eq!(
-            admit(&state, &create, Some((&other, &digest(&create))), DEFAULT_QUOTA_BYTES),
+            admit(
+                &state,
+                &create,
+                Some((&other, &digest(&create))),
+                DEFAULT_QUOTA_BYTES
+            ),
             Ok(())
         );
         let raw = Body::Raw(Bytes::from_static(b"x"));
         assert_eq!(admit(&state, &raw, None, DEFAULT_QUOTA_BYTES), Ok(()));
         assert!(matches!(
-            admit(&state, &raw, Some((&key, &digest(&raw))), DEFAULT_QUOTA_BYTES),
+            admit(
+                &state,
+                &raw,
+                Some((&key, &digest(&raw))),
+                DEFAULT_QUOTA_BYTES
+            ),
             Err(Refused::KeyReused { .. })
         ));
     }

@@ -20,7 +20,7 @@ use tower::ServiceExt;
 
 /// The service state over `runtime`: no auth, default limits, and the given
 /// request timeout and idempotency retention.
-#[allow(dead_code)] // not every test binary changes no setting
+#[allow(dead_code)] // not every test binary uses these settings
 pub fn app_state(
     runtime: &Arc<Runtime<KvState>>,
     request_timeout: Duration,

@@ -25,13 +25,15 @@
 //! - **update** (CAS on the version token, the nonce): read the current
 //!   version `n` and check its nonce, then `link(2)` a staged file as version
 //!   `n + 1` into the key directory: link fails if that name exists, so the
-//!   link *is* the compare-and-swap. A stale updater whose `n + 1` was
-//!   already superseded and cleaned finds a higher version after its link and
-//!   withdraws it (readers only ever take the highest version, so they never
-//!   see it). An updater that finds a higher version built on its own (a
-//!   version's nonce starts with the second half of its predecessor's) knows
-//!   its update took effect. Superseded versions are removed by whoever
-//!   updates next.
+//!   link *is* the compare-and-swap. The 8 versions below the current one
+//!   are kept, so a stale updater finds its `n + 1` taken while it is among
+//!   them; one whose `n + 1` was already superseded and removed finds a
+//!   higher version after its link and withdraws it (readers only ever take
+//!   the highest version, so they never see it). An updater that finds a
+//!   higher version after its link, and the version after its own built on
+//!   it (a version's nonce starts with the second half of its
+//!   predecessor's), knows its update took effect, was superseded at once,
+//!   and succeeds. Older versions are removed by whoever updates next.
 //!   Links go through a descriptor of the key directory opened when the
 //!   current version was read, so an update can never land in a newer
 //!   incarnation of a deleted and re-created key.
@@ -89,6 +91,11 @@ const SEQ_DIGITS: usize = 20;
 /// Rounds a read retries when the version it picked is removed under it
 /// (each one means a newer version exists).
 const MAX_READ_ROUNDS: u32 = 64;
+/// Superseded versions kept below the current one. An updater paused
+/// between its read and its link finds its name taken while its version is
+/// among them (a plain conflict), and one paused right after its link still
+/// finds the version built on its own while that one is (see `update`).
+const KEPT_SUPERSEDED: u64 = 8;
 /// Staging entries older than this are a crashed process's leftovers.
 const STALE_STAGING: Duration = Duration::from_secs(3600);
 /// Directories remembered as durable at most; past it the set starts over.
@@ -603,10 +610,11 @@ impl Inner {
         // while we paused here (ours took effect), or our `next` was free
         // only because it had been superseded and removed (we were stale,
         // and readers never took it). The version after ours tells the first
-        // case by its nonce; otherwise (it is gone too, or it was written
-        // before nonces named their predecessor) withdraw ours, a no-op if it
-        // did take effect, and report the outcome as unknown: callers settle
-        // that by reading back.
+        // case by its nonce while it is kept. Otherwise (it names another
+        // predecessor, it is gone too, or it was written before nonces named
+        // their predecessor) withdraw ours, a no-op if it did take effect,
+        // and report the outcome as unknown: callers settle that by reading
+        // back.
         let versions = dir.versions().map_err(err)?;
         if versions.last() != Some(&next) {
             if dir.is_built_on(next + 1, &nonce) {
@@ -622,8 +630,10 @@ impl Inner {
             ));
         }
         self.fsync(&dir.file, &dir.path).map_err(err)?;
-        // Superseded versions go; a stale updater racing this finds `next`.
-        for old in versions.into_iter().filter(|old| *old < next) {
+        // Versions older than the kept ones go; a stale updater racing this
+        // finds `next`.
+        let oldest_kept = next.saturating_sub(KEPT_SUPERSEDED);
+        for old in versions.into_iter().filter(|old| *old < oldest_kept) {
             let _ = dir.remove_version(old);
         }
         Ok(nonce_version(&nonce))
@@ -1325,33 +1335,53 @@ mod tests {
             .expect("an operation waited on the paused update")
     }
 
+    /// `updates` updates by `other`, each on the last; returns the last
+    /// version and its bytes.
+    async fn update_times(other: &LocalDirStore, updates: u64) -> (Version, Bytes) {
+        let mut current = promptly(other.get(KEY)).await.unwrap().version;
+        let mut bytes = Bytes::new();
+        for n in 0..updates {
+            bytes = Bytes::from(format!("v{}", n + 2));
+            current = promptly(other.update(KEY, &current, bytes.clone()))
+                .await
+                .unwrap();
+        }
+        (current, bytes)
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_update_paused_inside_its_cas_blocks_no_update_and_never_lands() {
         let mut paused = paused_update(PausedAt::InsideCas).await;
         let other = paused.other.clone();
-        let current = promptly(other.get(KEY)).await.unwrap().version;
-        let second = promptly(other.update(KEY, &current, Bytes::from_static(b"v2")))
-            .await
-            .unwrap();
-        // The paused update's version 2 is taken, then cleaned away by the third.
-        let third = promptly(other.update(KEY, &second, Bytes::from_static(b"v3")))
-            .await
-            .unwrap();
+        // The paused update's version 2 is taken, and still kept.
+        let (last, bytes) = update_times(&other, 2).await;
         let outcome = paused.resume().await;
-        // Its version 2 had been superseded and cleaned, so its link found
-        // the name free and then a version 3 built on another's version 2:
-        // it withdraws and reports an unknown outcome (version 3 might have
-        // been written by a build whose nonces name no predecessor), which
-        // callers settle by reading back.
+        assert!(
+            matches!(outcome, Err(BlobError::Conflict { .. })),
+            "{outcome:?}"
+        );
+        let read = other.get(KEY).await.unwrap();
+        assert_eq!((read.bytes, read.version), (bytes, last));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_update_paused_until_its_version_was_removed_withdraws_its_link() {
+        let mut paused = paused_update(PausedAt::InsideCas).await;
+        let other = paused.other.clone();
+        // Version 2 is superseded past the kept ones and removed; 3 is kept.
+        let (last, bytes) = update_times(&other, KEPT_SUPERSEDED + 2).await;
+        let outcome = paused.resume().await;
+        // Its link found the name 2 free and then a version 3 built on
+        // another's version 2: it withdraws and reports an unknown outcome
+        // (the version after its own might have been written by a build
+        // whose nonces name no predecessor), which callers settle by reading
+        // back.
         assert!(
             matches!(&outcome, Err(error) if error.is_transient()),
             "{outcome:?}"
         );
         let read = other.get(KEY).await.unwrap();
-        assert_eq!(
-            (read.bytes, read.version),
-            (Bytes::from_static(b"v3"), third)
-        );
+        assert_eq!((read.bytes, read.version), (bytes, last));
     }
 
     /// Regression: an update that found, right after its link, a newer
@@ -1375,6 +1405,19 @@ mod tests {
             (read.bytes, read.version),
             (Bytes::from_static(b"v3"), third)
         );
+    }
+
+    /// Superseded twice before it looks: the version built on its own is
+    /// kept, so it still knows.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_update_superseded_several_times_right_after_its_link_reports_success() {
+        let mut paused = paused_update(PausedAt::AfterLink).await;
+        let other = paused.other.clone();
+        let landed = promptly(other.get(KEY)).await.unwrap().version;
+        let (last, bytes) = update_times(&other, KEPT_SUPERSEDED).await;
+        assert_eq!(paused.resume().await.unwrap(), landed);
+        let read = other.get(KEY).await.unwrap();
+        assert_eq!((read.bytes, read.version), (bytes, last));
     }
 
     #[test]

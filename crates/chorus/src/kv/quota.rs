@@ -1,7 +1,7 @@
 //! The space quota (etcd's `--quota-backend-bytes`), one for both APIs.
 //!
 //! A write is charged what etcd would charge it: a put its key and value
-//! plus [`PUT_OVERHEAD_BYTES`], a lease grant [`LEASE_OVERHEAD_BYTES`],
+//! plus [`PUT_OVERHEAD_BYTES`], a lease grant [`GRANT_OVERHEAD_BYTES`],
 //! anything else nothing. The state's size is its keys and values plus the
 //! retained history. A write that costs something is refused before it is
 //! appended while the NOSPACE alarm is raised, or when it would take the
@@ -19,7 +19,7 @@ pub const DEFAULT_QUOTA_BYTES: usize = 2 << 30;
 pub const PUT_OVERHEAD_BYTES: usize = 256;
 
 /// What the quota charges a lease grant (etcd's `leaseOverhead`).
-pub const LEASE_OVERHEAD_BYTES: usize = 64;
+pub const GRANT_OVERHEAD_BYTES: usize = 64;
 
 /// What the quota charges a put of `key` and `value`.
 pub fn put_cost(key: &[u8], value: &[u8]) -> usize {

@@ -23,7 +23,7 @@ use super::etcd::{
 };
 use super::lease::{MAX_LEASE_TTL_SECS, MAX_LEASES};
 use super::mvcc::{Change, key_range};
-use super::quota::{LEASE_OVERHEAD_BYTES, put_cost};
+use super::quota::{GRANT_OVERHEAD_BYTES, put_cost};
 use super::{Entry, KvState};
 use crate::ids::RecordIndex;
 
@@ -651,9 +651,10 @@ impl EtcdCommand {
 impl EtcdCommand {
     /// The bytes etcd's space quota charges this request: a put's key and
     /// value plus [`PUT_OVERHEAD_BYTES`](super::quota::PUT_OVERHEAD_BYTES);
-    /// a transaction's larger branch by its direct puts (nested transactions are not charged, as in etcd);
-    /// a grant [`LEASE_OVERHEAD_BYTES`]; anything else nothing. A request
-    /// that costs something is refused while NOSPACE is raised.
+    /// a transaction's larger branch by its direct puts (nested
+    /// transactions are not charged, as in etcd); a grant
+    /// [`GRANT_OVERHEAD_BYTES`]; anything else nothing. A request that costs
+    /// something is refused while NOSPACE is raised.
     pub fn quota_cost(&self) -> usize {
         let put = |put: &PutRequest| put_cost(&put.key, &put.value);
         let branch = |ops: &[RequestOp]| -> usize {
@@ -666,7 +667,7 @@ impl EtcdCommand {
         match self {
             EtcdCommand::Put(request) => put(request),
             EtcdCommand::Txn(txn) => branch(&txn.success).max(branch(&txn.failure)),
-            EtcdCommand::LeaseGrant(_) => LEASE_OVERHEAD_BYTES,
+            EtcdCommand::LeaseGrant(_) => GRANT_OVERHEAD_BYTES,
             EtcdCommand::DeleteRange(_)
             | EtcdCommand::Compact(_)
             | EtcdCommand::LeaseRevoke(_)
