@@ -27,9 +27,8 @@
 //! 255 bytes that each remember a failed condition on a 1,024-byte key took
 //! about 160 MB.
 
-use std::collections::{BTreeMap, VecDeque};
-
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use imbl::{OrdMap, Vector};
 
 use super::command::CommandError;
 use super::etcd::Revision;
@@ -246,12 +245,14 @@ pub enum Lookup<'a> {
     Different(&'a Remembered),
 }
 
-/// The remembered keys; see the module docs.
+/// The remembered keys; see the module docs. Persistent collections: a
+/// snapshot's checkpoint copies the table in constant time, whatever it
+/// remembers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct IdempotencyTable {
-    entries: BTreeMap<IdempotencyKey, Remembered>,
+    entries: OrdMap<IdempotencyKey, Remembered>,
     /// The keys in the order they were recorded (ascending index).
-    order: VecDeque<IdempotencyKey>,
+    order: Vector<IdempotencyKey>,
     /// The newest stamp's time applied so far.
     clock_ms: u64,
     /// The sum of [`entry_bytes`] over the entries.

@@ -8,9 +8,8 @@
 //! and the granted TTL; a key's lease is a field of its entry, and each
 //! lease's key set is rebuilt from the entries on restore.
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use bytes::Bytes;
+use imbl::{OrdMap, OrdSet};
 
 use crate::ids::RecordIndex;
 
@@ -44,14 +43,17 @@ pub const SERVER_LEASE_ID_BASE: LeaseId = 1 << 56;
 pub struct Lease {
     /// The granted TTL in seconds (at least [`MIN_LEASE_TTL_SECS`]).
     pub ttl_secs: i64,
-    /// The keys attached to it, in key order.
-    pub keys: BTreeSet<Bytes>,
+    /// The keys attached to it, in key order (a persistent set, shared by
+    /// a checkpoint's copy like the table).
+    pub keys: OrdSet<Bytes>,
 }
 
-/// Every lease the machine holds, by id.
+/// Every lease the machine holds, by id. A persistent map: a snapshot's
+/// checkpoint copies it in constant time, whatever the leases and their
+/// keys, and a write after it copies only the nodes on its path.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LeaseTable {
-    leases: BTreeMap<LeaseId, Lease>,
+    leases: OrdMap<LeaseId, Lease>,
 }
 
 impl LeaseTable {
@@ -88,7 +90,7 @@ impl LeaseTable {
     pub(super) fn grant(&mut self, id: LeaseId, ttl_secs: i64) -> &Lease {
         let lease = Lease {
             ttl_secs: granted_ttl(ttl_secs),
-            keys: BTreeSet::new(),
+            keys: OrdSet::new(),
         };
         self.leases.entry(id).or_insert(lease)
     }
