@@ -1407,8 +1407,8 @@ mod tests {
         );
     }
 
-    /// Superseded twice before it looks: the version built on its own is
-    /// kept, so it still knows.
+    /// Superseded as many times as versions are kept before it looks: the
+    /// version built on its own is still there, so it still knows.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_update_superseded_several_times_right_after_its_link_reports_success() {
         let mut paused = paused_update(PausedAt::AfterLink).await;

@@ -21,8 +21,8 @@
 //! its key, the key of a remembered failed condition, and
 //! [`ENTRY_OVERHEAD_BYTES`]).
 //!
-//! The byte budget bounds the table's memory, the copy a checkpoint takes
-//! of it under the state lock, and its share of every snapshot, whatever
+//! The byte budget bounds the table's memory and its share of every
+//! snapshot, whatever
 //! keys and failed conditions clients send: by count alone, 100,000 keys of
 //! 255 bytes that each remember a failed condition on a 1,024-byte key took
 //! about 160 MB.
