@@ -306,10 +306,13 @@ fn the_space_quota_and_its_alarm_hold_for_both_apis() {
     );
 
     let runtime = runtime();
+    let mut client = runtime
+        .block_on(etcd_client::Client::connect(
+            [format!("http://{address}")],
+            None,
+        ))
+        .unwrap();
     let member = runtime.block_on(async {
-        let mut client = etcd_client::Client::connect([format!("http://{address}")], None)
-            .await
-            .unwrap();
         let refused = client.put("big", big.as_str(), None).await;
         match refused {
             Err(etcd_client::Error::GRpcStatus(status)) => {
@@ -334,9 +337,6 @@ fn the_space_quota_and_its_alarm_hold_for_both_apis() {
     );
 
     runtime.block_on(async {
-        let mut client = etcd_client::Client::connect([format!("http://{address}")], None)
-            .await
-            .unwrap();
         let mut disarm = etcd_client::AlarmOptions::new();
         disarm.with_member(member);
         client

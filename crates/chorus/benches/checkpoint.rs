@@ -27,14 +27,12 @@ fn filled_state() -> KvState {
     let mut state = KvState::default();
     let value = Bytes::from(vec![b'v'; VALUE_BYTES]);
     for i in 0..scaled(PUTS) {
-        let record = Command::Single(Operation::Put {
+        let put = Command::Single(Operation::Put {
             key: Bytes::from(format!("key-{:06}", i % scaled(KEYS))),
             value: value.clone(),
             condition: Condition::None,
-        })
-        .encode()
-        .expect("a put encodes");
-        state.apply(RecordIndex(i), &record);
+        });
+        apply(&mut state, i, None, Body::Command(put));
     }
     state
 }

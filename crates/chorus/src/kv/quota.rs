@@ -82,32 +82,25 @@ impl Command {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
-
     use super::*;
-    use crate::ids::RecordIndex;
     use crate::kv::Condition;
-    use crate::kv::etcd::{AlarmAction, AlarmMember, AlarmRequest, AlarmType};
-    use crate::kv::{Body, EtcdCommand, Record};
+    use crate::kv::EtcdCommand;
+    use crate::kv::etcd::{AlarmAction, AlarmMember, AlarmRequest, AlarmType, PutRequest};
+    use crate::kv::etcd_test_support::{apply, b};
 
     fn put(key: &str, value: &str) -> Operation {
         Operation::Put {
-            key: Bytes::copy_from_slice(key.as_bytes()),
-            value: Bytes::copy_from_slice(value.as_bytes()),
+            key: b(key),
+            value: b(value),
             condition: Condition::None,
         }
     }
 
     fn delete(key: &str) -> Operation {
         Operation::Delete {
-            key: Bytes::copy_from_slice(key.as_bytes()),
+            key: b(key),
             condition: Condition::None,
         }
-    }
-
-    fn apply(state: &mut KvState, index: u64, body: Body) {
-        let record = Record { stamp: None, body }.encode().unwrap();
-        state.apply(RecordIndex(index), &record);
     }
 
     #[test]
@@ -121,11 +114,12 @@ mod tests {
     #[test]
     fn a_write_is_refused_when_it_would_reach_the_quota() {
         let mut state = KvState::default();
-        apply(
-            &mut state,
-            1,
-            Body::Command(Command::Single(put("k", "value"))),
-        );
+        let put = PutRequest {
+            key: b("k"),
+            value: b("value"),
+            ..PutRequest::default()
+        };
+        apply(&mut state, EtcdCommand::Put(put)).unwrap();
         let used = state.space_bytes();
         assert_eq!(used, state.size_bytes() + state.history_bytes());
         assert_eq!(state.size_bytes(), "k".len() + "value".len());
@@ -153,7 +147,7 @@ mod tests {
                 alarm: AlarmType::NoSpace,
             },
         });
-        apply(&mut state, 1, Body::Etcd(alarm));
+        apply(&mut state, alarm).unwrap();
         assert!(state.out_of_space());
         assert_eq!(
             state.check_space(put_cost(b"k", b""), usize::MAX),
