@@ -11,7 +11,23 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-section() { printf '\n==================== %s ====================\n' "$*"; }
+# section TITLE: prints a banner and starts timing the stage; the summary lists
+# every stage's wall time, so a slow CI run shows where its minutes went.
+stage_names=()
+stage_starts=()
+section() {
+  stage_names+=("$*")
+  stage_starts+=("$SECONDS")
+  printf '\n==================== %s ====================\n' "$*"
+}
+stage_times() {
+  local i end
+  for i in "${!stage_names[@]}"; do
+    end=${stage_starts[$((i + 1))]:-$SECONDS}
+    printf '  %5ds  %s\n' "$((end - stage_starts[i]))" "${stage_names[i]}"
+  done
+  printf '  %5ds  total\n' "$SECONDS"
+}
 
 # Run every stage even if an earlier one fails, then fail at the end, so one
 # CI run reports all problems.
@@ -97,6 +113,7 @@ section "cargo fmt --all -- --check"
 cargo fmt --all -- --check || failed+=("cargo fmt")
 
 section "summary"
+stage_times
 # Sum cargo's per-binary "test result:" lines into one closing line, since
 # clippy/fmt output comes after cargo test's own summary.
 passed=$(grep -oE 'test result: [A-Za-z]+\. [0-9]+ passed' "$test_log" | awk '{s+=$4} END {print s+0}')
