@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use chorus::log::HedgeAfter;
 use chorus::register::MAX_WINDOW;
 use chorus::timer::Timer;
 use rand::rngs::StdRng;
@@ -96,10 +97,11 @@ pub struct CompareArgs {
     /// off), to see what pacing costs or saves.
     #[arg(long)]
     pub no_pace: bool,
-    /// Hedge Chorus's fragment writes after this percentage of the smoothed
-    /// round trip (`LogConfig::hedge_after_percent`; default: never).
-    #[arg(long, value_name = "PERCENT")]
-    pub hedge_after_percent: Option<u32>,
+    /// Hedge Chorus's fragment writes after this percentile of each
+    /// replica's recent write latencies, or `off`
+    /// (`LogConfig::hedge_after_percentile`; default: the log's default).
+    #[arg(long, value_name = "N|off")]
+    pub hedge_after_percentile: Option<HedgeAfter>,
     /// Chorus's window (fragments in flight per replica) instead of the
     /// default of new logs.
     #[arg(long)]
@@ -208,12 +210,14 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
 }
 
 /// Chorus's settings: the defaults of a new log, changed by `--segment-mib`,
-/// `--no-pace`, `--hedge-after-percent` and `--window`.
+/// `--no-pace`, `--hedge-after-percentile` and `--window`.
 fn chorus_settings(args: &CompareArgs) -> Result<ChorusSettings, Error> {
     let mut settings = ChorusSettings::default();
     let config = &mut settings.config;
     config.pace_fragments = !args.no_pace;
-    config.hedge_after_percent = args.hedge_after_percent;
+    if let Some(HedgeAfter(percentile)) = args.hedge_after_percentile {
+        config.hedge_after_percentile = percentile;
+    }
     if let Some(mib) = args.segment_mib {
         config.max_segment_bytes = mib << 20;
         config.max_active_segment_bytes = config
@@ -248,7 +252,7 @@ fn config(args: &CompareArgs, chorus: &ChorusSettings) -> ConfigRow {
         chorus_window: chorus.window,
         chorus_max_segment_bytes: chorus.config.max_segment_bytes,
         chorus_pace_fragments: chorus.config.pace_fragments,
-        chorus_hedge_after_percent: chorus.config.hedge_after_percent,
+        chorus_hedge_after_percentile: chorus.config.hedge_after_percentile,
         max_outstanding: args.max_outstanding,
         warm_heap_mib: warm_heap_mib(args),
         peak_rss_per_cell: reset_peak_rss(),

@@ -119,8 +119,8 @@ pub struct ConfigRow {
     pub chorus_max_segment_bytes: u64,
     /// Whether Chorus paces its fragment cuts (`LogConfig::pace_fragments`).
     pub chorus_pace_fragments: bool,
-    /// When Chorus hedges fragment writes (`LogConfig::hedge_after_percent`).
-    pub chorus_hedge_after_percent: Option<u32>,
+    /// When Chorus hedges fragment writes (`LogConfig::hedge_after_percentile`).
+    pub chorus_hedge_after_percentile: Option<u8>,
     /// The driver's outstanding-record cap.
     pub max_outstanding: usize,
     /// MiB of heap touched before the first cell and kept for reuse.

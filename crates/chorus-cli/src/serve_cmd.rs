@@ -19,6 +19,7 @@ use chorus::blob::LatencyStore;
 use chorus::clock::SystemClock;
 use chorus::kv::{KvState, Retention, idempotency};
 use chorus::lease::{HolderId, LeaseConfig, LeaseStore};
+use chorus::log::{HedgeAfter, LogConfig};
 use chorus::runtime::{
     DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_RECORDS, Role, Runtime, RuntimeConfig, RuntimeStores,
 };
@@ -137,12 +138,14 @@ pub struct ServeArgs {
     replica_latency_ms: u64,
 
     /// Hedge log writes: a fragment write to a replica that has not
-    /// answered after this percentage of the smoothed write round trip is
-    /// sent again beside the first (at least 100). Trims heavy-tailed store
-    /// latency at the price of the extra requests; under steady latency
-    /// none is sent [default: never].
-    #[arg(long, env = "CHORUS_HEDGE_AFTER_PERCENT", value_parser = clap::value_parser!(u32).range(100..=100_000))]
-    hedge_after_percent: Option<u32>,
+    /// answered after this percentile of that replica's recent write
+    /// latencies (and at least 1.25 times their median) is sent again beside
+    /// the first. Trims heavy-tailed store latency for about (100 − N) %
+    /// more fragment writes under such tails; under steady latency, or to a
+    /// replica slow all the time, none is sent twice. 50 to 99, or off
+    /// [default: 70].
+    #[arg(long, env = "CHORUS_HEDGE_AFTER_PERCENTILE", value_name = "N|off")]
+    hedge_after_percentile: Option<HedgeAfter>,
 
     /// Lease time to live. Bounds the takeover time after a crash (about
     /// ttl + 1 s); shorter means more lease writes (one every ttl / 3).
@@ -399,7 +402,8 @@ struct Schedule {
     lease_check_interval: Duration,
     history_records: usize,
     history_bytes: usize,
-    hedge_after_percent: Option<u32>,
+    /// The log writer's `hedge_after_percentile`.
+    hedge_after_percentile: Option<u8>,
 }
 
 impl Resolved {
@@ -413,7 +417,7 @@ impl Resolved {
         runtime.lease_check_interval = self.schedule.lease_check_interval;
         runtime.history_records = self.schedule.history_records;
         runtime.history_bytes = self.schedule.history_bytes;
-        runtime.log.hedge_after_percent = self.schedule.hedge_after_percent;
+        runtime.log.hedge_after_percentile = self.schedule.hedge_after_percentile;
         runtime
     }
 
@@ -509,7 +513,10 @@ impl ServeArgs {
                 .clamp(Duration::from_millis(100), Duration::from_secs(1)),
             history_records: to_usize(self.history_records),
             history_bytes: to_usize(self.history_bytes),
-            hedge_after_percent: self.hedge_after_percent,
+            hedge_after_percentile: self.hedge_after_percentile.map_or(
+                LogConfig::default().hedge_after_percentile,
+                |HedgeAfter(percentile)| percentile,
+            ),
         };
         let token = match (&self.token, &self.token_file) {
             (Some(token), _) => Some(token.clone()),
@@ -747,7 +754,7 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
     // Beside the rest: one json! of every field exceeds its macro's
     // recursion limit.
     let watch = &resolved.etcd.watch;
-    config["hedge_after_percent"] = json!(schedule.hedge_after_percent);
+    config["hedge_after_percentile"] = json!(schedule.hedge_after_percentile);
     config["snapshot_min_log_percent"] = json!(schedule.min_log_percent);
     config["etcd_max_connections"] = json!(resolved.etcd.max_connections);
     config["etcd_watch_send_buffer_bytes"] = json!(watch.send_buffer_bytes);
@@ -1041,10 +1048,11 @@ async fn wait_for_signals(first: tokio::sync::oneshot::Sender<()>) {
 mod tests {
     use super::*;
 
-    /// `--hedge-after-percent` reaches the log writer's settings; without it
-    /// nothing is hedged, and below 100 it is refused naming the flag.
+    /// `--hedge-after-percentile` reaches the log writer's settings; without
+    /// it the log's default applies, `off` never hedges, and a value outside
+    /// 50..=99 is refused naming the flag.
     #[test]
-    fn hedge_after_percent_reaches_the_log_settings() {
+    fn hedge_after_percentile_reaches_the_log_settings() {
         let holder = HolderId::new("http://127.0.0.1:7070").unwrap();
         #[derive(clap::Parser)]
         struct Command {
@@ -1056,16 +1064,20 @@ mod tests {
             argv.extend_from_slice(args);
             <Command as clap::Parser>::try_parse_from(argv).map(|command| command.serve)
         };
-        let hedged = parse(&["--hedge-after-percent", "150"]).unwrap();
-        let runtime = hedged.resolve().unwrap().runtime(holder.clone());
-        assert_eq!(runtime.log.hedge_after_percent, Some(150));
-        let plain = parse(&[]).unwrap().resolve().unwrap().runtime(holder);
-        assert_eq!(plain.log.hedge_after_percent, None);
-        let error = parse(&["--hedge-after-percent", "99"]).unwrap_err();
-        assert!(
-            error.to_string().contains("--hedge-after-percent"),
-            "{error}"
-        );
+        let runtime = |args: &[&str]| {
+            let resolved = parse(args).unwrap().resolve().unwrap();
+            resolved.runtime(holder.clone()).log.hedge_after_percentile
+        };
+        assert_eq!(runtime(&["--hedge-after-percentile", "90"]), Some(90));
+        assert_eq!(runtime(&["--hedge-after-percentile", "off"]), None);
+        assert_eq!(runtime(&[]), LogConfig::default().hedge_after_percentile);
+        for bad in ["49", "100", "never"] {
+            let error = parse(&["--hedge-after-percentile", bad]).unwrap_err();
+            assert!(
+                error.to_string().contains("--hedge-after-percentile"),
+                "{error}"
+            );
+        }
     }
 
     #[test]

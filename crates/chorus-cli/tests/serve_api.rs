@@ -356,8 +356,8 @@ fn print_config_shows_the_merged_configuration_with_secrets_redacted() {
             "20",
             "--replica-latency-ms",
             "10",
-            "--hedge-after-percent",
-            "150",
+            "--hedge-after-percentile",
+            "90",
         ])
         .output()
         .unwrap();
@@ -377,7 +377,7 @@ fn print_config_shows_the_merged_configuration_with_secrets_redacted() {
     assert_eq!(config["holder"], "http://127.0.0.1:7171");
     assert_eq!(config["lease_ttl_secs"], 20);
     assert_eq!(config["replica_latency_ms"], 10);
-    assert_eq!(config["hedge_after_percent"], 150);
+    assert_eq!(config["hedge_after_percentile"], 90);
     // The etcd listener's cap leaves the HTTP listener's share of the
     // descriptors alone.
     let etcd_cap = config["etcd_max_connections"].as_u64().unwrap();

@@ -64,8 +64,8 @@ impl Params {
             // Hedged fragment writes in about half the runs, decided by
             // values already drawn, so the runs without them keep the
             // schedules their seeds had.
-            hedge_after_percent: (retry_backoff_min.as_millis() % 2 == 1)
-                .then_some(100 + (max_segment_bytes % 101) as u32),
+            hedge_after_percentile: (retry_backoff_min.as_millis() % 2 == 1)
+                .then_some(50 + (max_segment_bytes % 50) as u8),
             repair_interval: if rng.random_bool(0.5) {
                 None
             } else {
@@ -99,7 +99,7 @@ impl std::fmt::Display for Params {
             "replicas={} window={} max_fragment_bytes={} max_segment_bytes={} \
              max_active_segment_bytes={} max_inflight_bytes={} max_inflight_records={} \
              max_replica_lag_bytes={} lane_stall_timeout={:?} linger={:?} backoff={:?}..{:?} \
-             register_rounds={} hedge_after_percent={:?} max_payload_bytes={} fault_intensity={}",
+             register_rounds={} hedge_after_percentile={:?} max_payload_bytes={} fault_intensity={}",
             self.replicas,
             self.window,
             c.max_fragment_bytes,
@@ -113,7 +113,7 @@ impl std::fmt::Display for Params {
             c.retry_backoff_min,
             c.retry_backoff_max,
             c.register_rounds,
-            c.hedge_after_percent,
+            c.hedge_after_percentile,
             self.max_payload_bytes,
             self.fault_intensity,
         )

@@ -58,13 +58,14 @@ pub struct LogConfig {
     /// one's late quorum holds a record back. Default true.
     pub pace_fragments: bool,
     /// Hedge fragment writes: one that has not answered after this
-    /// percentage of the smoothed cut-to-commit time is sent again to the
-    /// same replica, beside the first, and the first answer counts. Under
-    /// heavy-tailed store latency it trims the slow requests that hold back
-    /// every record behind them, at the price of the extra requests (under
-    /// fixed latency none is sent: nothing outlasts the round trip). `None`
-    /// never hedges. At least 100. Default `None`.
-    pub hedge_after_percent: Option<u32>,
+    /// percentile of its replica's recent write latencies (and at least 1.25
+    /// times their median) is sent again to the same replica, beside the
+    /// first, and the first answer counts. Under heavy-tailed store latency
+    /// it trims the slow requests that hold back every record behind them,
+    /// for about (100 − percentile) % more fragment writes; under steady
+    /// latency, or from a replica that is slow all the time, none is sent
+    /// twice. `None` never hedges. 50 to 99. Default 70.
+    pub hedge_after_percentile: Option<u8>,
     /// First delay before retrying a failed store request; doubles per attempt.
     pub retry_backoff_min: Duration,
     /// Longest delay between retries of one store request.
@@ -92,11 +93,30 @@ impl Default for LogConfig {
             max_active_segment_bytes: 1024 * MIB,
             linger: Duration::ZERO,
             pace_fragments: true,
-            hedge_after_percent: None,
+            hedge_after_percentile: Some(70),
             retry_backoff_min: Duration::from_millis(10),
             retry_backoff_max: Duration::from_secs(1),
             register_rounds: crate::register::DEFAULT_MAX_ROUNDS,
             repair_interval: Some(Duration::from_secs(300)),
+        }
+    }
+}
+
+/// When fragment writes are hedged, as a command line gives it: a
+/// percentile from 50 to 99 (`LogConfig::hedge_after_percentile`), or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HedgeAfter(pub Option<u8>);
+
+impl std::str::FromStr for HedgeAfter {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<HedgeAfter, String> {
+        if text == "off" {
+            return Ok(HedgeAfter(None));
+        }
+        match text.parse::<u8>() {
+            Ok(percentile) if (50..=99).contains(&percentile) => Ok(HedgeAfter(Some(percentile))),
+            _ => Err(format!("{text:?}: give a percentile from 50 to 99, or off")),
         }
     }
 }
@@ -184,13 +204,13 @@ impl LogConfig {
             },
         )?;
         check(
-            self.hedge_after_percent
-                .is_none_or(|percent| percent >= 100),
-            "hedge_after_percent",
+            self.hedge_after_percentile
+                .is_none_or(|percentile| (50..=99).contains(&percentile)),
+            "hedge_after_percentile",
             || {
                 format!(
-                    "{:?} is below 100 (a hedge before a typical answer doubles every write)",
-                    self.hedge_after_percent
+                    "{:?} is outside 50..=99 (below the median most writes would be sent twice)",
+                    self.hedge_after_percentile
                 )
             },
         )?;
@@ -270,8 +290,20 @@ mod tests {
         assert_eq!(config.max_segment_bytes, 64 * 1024 * 1024);
         assert_eq!(config.max_active_segment_bytes, 1024 * 1024 * 1024);
         assert_eq!(config.linger, Duration::ZERO);
-        assert_eq!(config.hedge_after_percent, None);
+        assert_eq!(config.hedge_after_percentile, Some(70));
         assert_eq!(config.repair_interval, Some(Duration::from_secs(5 * 60)));
+    }
+
+    #[test]
+    fn hedging_is_a_percentile_or_off() {
+        assert_eq!("75".parse(), Ok(HedgeAfter(Some(75))));
+        assert_eq!("50".parse(), Ok(HedgeAfter(Some(50))));
+        assert_eq!("99".parse(), Ok(HedgeAfter(Some(99))));
+        assert_eq!("off".parse(), Ok(HedgeAfter(None)));
+        for bad in ["49", "100", "", "never", "75%"] {
+            let error = bad.parse::<HedgeAfter>().unwrap_err();
+            assert!(error.contains("50 to 99, or off"), "{error}");
+        }
     }
 
     #[test]
@@ -298,8 +330,8 @@ mod tests {
             ),
             ("max_segment_bytes", Box::new(|c| c.max_segment_bytes = 0)),
             (
-                "hedge_after_percent",
-                Box::new(|c| c.hedge_after_percent = Some(99)),
+                "hedge_after_percentile",
+                Box::new(|c| c.hedge_after_percentile = Some(49)),
             ),
             (
                 "max_active_segment_bytes",

@@ -38,7 +38,7 @@ mod write;
 use std::fmt;
 use std::sync::Arc;
 
-pub use config::{ConfigError, LogConfig};
+pub use config::{ConfigError, HedgeAfter, LogConfig};
 pub use error::{ErrorKind, LogError, StopReason};
 pub use reader::Reader;
 pub use recovery::Recovery;

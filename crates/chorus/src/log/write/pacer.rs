@@ -80,12 +80,6 @@ impl Pacer {
         });
     }
 
-    /// The smoothed time from cutting a fragment to its quorum commit, once
-    /// a fragment has committed.
-    pub fn round_trip(&self) -> Option<Duration> {
-        self.round_trip
-    }
-
     /// The earliest time the next fragment may be cut, or `None` for at once:
     /// one spacing after the last cut, the spacing being the larger of the
     /// window's share of the round trip and its deviation (at most half of it);

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::admission::{Admitted, framed_bytes};
-use super::hedge::hedged;
+use super::hedge::{WriteLatencies, hedged};
 use super::lane::Lane;
 use super::pacer::Pacer;
 use super::rotation::{Rotated, seal_and_fold};
@@ -116,6 +116,8 @@ struct LaneEvent {
     lane: usize,
     fragment: u64,
     outcome: Result<(), LaneFailure>,
+    /// How long the write that succeeded took, hedge included.
+    latency: Option<Duration>,
 }
 
 #[derive(Debug)]
@@ -146,6 +148,8 @@ pub(super) struct Pipeline {
     committed: u64,
     waiting: VecDeque<Waiter>,
     lanes: Vec<Lane>,
+    /// Each replica's recent write latencies, which set its hedge delay.
+    latencies: Vec<WriteLatencies>,
     pacer: Pacer,
     events: mpsc::UnboundedSender<LaneEvent>,
     rotated: Option<oneshot::Receiver<Result<Rotated, LogError>>>,
@@ -201,6 +205,7 @@ impl Pipeline {
                 .iter()
                 .map(|r| Lane::new(r.clone(), now))
                 .collect(),
+            latencies: vec![WriteLatencies::default(); start.replicas.len()],
             events,
             rotated: None,
             rotation_task: None,
@@ -510,15 +515,17 @@ impl Pipeline {
         let events = self.events.clone();
         let epoch = self.ownership.epoch;
         let (min, max) = (self.config.retry_backoff_min, self.config.retry_backoff_max);
-        let hedge_after = self.config.hedge_after_percent.and_then(|percent| {
-            let round_trip = self.pacer.round_trip()?;
-            Some(round_trip * percent / 100)
-        });
+        let hedge_after = self
+            .config
+            .hedge_after_percentile
+            .and_then(|percentile| self.latencies[lane].hedge_delay(percentile));
         let settles = |outcome: &Result<(), FragmentWriteError>| !matches!(outcome, Err(FragmentWriteError::Store(error)) if error.is_transient());
         let task = tokio::spawn(async move {
             let mut attempt = 0;
+            let mut latency = None;
             let outcome = loop {
                 attempt += 1;
+                let started = Instant::now();
                 let (outcome, hedged) = hedged(hedge_after, settles, || {
                     replica.write_fragment(segment, FragmentIndex(fragment), encoded.clone())
                 })
@@ -527,7 +534,10 @@ impl Pipeline {
                     metrics::lane_hedge(lane);
                 }
                 match outcome {
-                    Ok(()) => break Ok(()),
+                    Ok(()) => {
+                        latency = Some(started.elapsed());
+                        break Ok(());
+                    }
                     Err(FragmentWriteError::Fenced { by }) => {
                         break Err(LaneFailure::Fenced(Fenced {
                             ours: epoch,
@@ -554,12 +564,16 @@ impl Pipeline {
                 lane,
                 fragment,
                 outcome,
+                latency,
             });
         });
         task.abort_handle()
     }
 
     fn on_lane_event(&mut self, event: LaneEvent) {
+        if let Some(latency) = event.latency {
+            self.latencies[event.lane].record(latency);
+        }
         if event.segment != self.segment.id || self.lanes[event.lane].shed {
             return;
         }
