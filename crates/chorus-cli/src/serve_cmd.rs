@@ -140,7 +140,7 @@ pub struct ServeArgs {
     /// Hedge log writes: a fragment write to a replica that has not
     /// answered after this percentile of that replica's recent write
     /// latencies (and at least 1.25 times their median) is sent again beside
-    /// the first. Trims heavy-tailed store latency for about (100 − N) %
+    /// the first. Trims heavy-tailed store latency for at most about (100 − N) %
     /// more fragment writes under such tails; under steady latency, or to a
     /// replica slow all the time, none is sent twice. 50 to 99, or off
     /// [default: 70].

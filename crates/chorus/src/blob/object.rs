@@ -136,7 +136,27 @@ impl BlobStore for ObjectStoreBlobs {
     }
 
     async fn create_parts(&self, key: &str, parts: PutPayload) -> Result<Version, BlobError> {
-        self.put(Op::Create, key, parts, PutMode::Create).await
+        let refused = match self.put(Op::Create, key, parts, PutMode::Create).await {
+            Err(refused @ BlobError::AlreadyExists { .. }) => refused,
+            outcome => return outcome,
+        };
+        // S3 answers a conditional create with 409 while another create of
+        // the key is still uploading, which object_store reports as
+        // `AlreadyExists`, though nothing exists yet and the other upload
+        // may still fail. The contract's `AlreadyExists` says the key
+        // exists, so confirm it; if nothing is there, the create may simply
+        // be retried. (Concurrent creates of a key are routine: a hedged
+        // fragment write, a fence racing the writer it fences.)
+        match self.head(key).await {
+            Ok(_) => Err(refused),
+            Err(BlobError::NotFound { .. }) => Err(BlobError::unavailable(
+                &self.name,
+                Op::Create,
+                key,
+                "refused as existing, but nothing is there yet: another create of the key is in flight",
+            )),
+            Err(error) => Err(error),
+        }
     }
 
     async fn update(
@@ -231,7 +251,117 @@ impl BlobStore for ObjectStoreBlobs {
 
 #[cfg(test)]
 mod tests {
+    use std::fmt;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use futures::stream::BoxStream;
+    use object_store::memory::InMemory;
+    use object_store::{
+        CopyOptions, GetResult, ListResult, MultipartUpload, PutMultipartOptions, PutResult,
+    };
+
     use super::*;
+
+    /// In-memory, but the first `refusals` creates are answered as S3
+    /// answers one while another create of the key is uploading: a 409,
+    /// which object_store reports as `AlreadyExists`, with nothing stored.
+    #[derive(Debug)]
+    struct UploadInFlight {
+        inner: InMemory,
+        refusals: AtomicU32,
+    }
+
+    impl fmt::Display for UploadInFlight {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "UploadInFlight")
+        }
+    }
+
+    #[async_trait]
+    impl ObjectStore for UploadInFlight {
+        async fn put_opts(
+            &self,
+            location: &Path,
+            payload: PutPayload,
+            options: PutOptions,
+        ) -> object_store::Result<PutResult> {
+            let create = matches!(options.mode, PutMode::Create);
+            let refuse = || {
+                self.refusals
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+            };
+            if create && refuse() {
+                return Err(object_store::Error::AlreadyExists {
+                    path: location.to_string(),
+                    source: "409 ConditionalRequestConflict".into(),
+                });
+            }
+            self.inner.put_opts(location, payload, options).await
+        }
+        async fn put_multipart_opts(
+            &self,
+            location: &Path,
+            options: PutMultipartOptions,
+        ) -> object_store::Result<Box<dyn MultipartUpload>> {
+            self.inner.put_multipart_opts(location, options).await
+        }
+        async fn get_opts(
+            &self,
+            location: &Path,
+            options: GetOptions,
+        ) -> object_store::Result<GetResult> {
+            self.inner.get_opts(location, options).await
+        }
+        fn delete_stream(
+            &self,
+            locations: BoxStream<'static, object_store::Result<Path>>,
+        ) -> BoxStream<'static, object_store::Result<Path>> {
+            self.inner.delete_stream(locations)
+        }
+        fn list(
+            &self,
+            prefix: Option<&Path>,
+        ) -> BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+            self.inner.list(prefix)
+        }
+        async fn list_with_delimiter(
+            &self,
+            prefix: Option<&Path>,
+        ) -> object_store::Result<ListResult> {
+            self.inner.list_with_delimiter(prefix).await
+        }
+        async fn copy_opts(
+            &self,
+            from: &Path,
+            to: &Path,
+            options: CopyOptions,
+        ) -> object_store::Result<()> {
+            self.inner.copy_opts(from, to, options).await
+        }
+    }
+
+    /// A create refused as existing while nothing is there is transient
+    /// (the other upload may fail; retrying is safe), and once the key
+    /// exists a refusal is `AlreadyExists`, as the contract says.
+    #[tokio::test]
+    async fn a_create_refused_while_another_uploads_is_transient() {
+        let store = ObjectStoreBlobs::new(
+            Arc::new(UploadInFlight {
+                inner: InMemory::new(),
+                refusals: AtomicU32::new(1),
+            }),
+            "root",
+            "s3-like",
+        );
+        let bytes = Bytes::from_static(b"fragment");
+        let error = store.create("k", bytes.clone()).await.unwrap_err();
+        assert!(error.is_transient(), "{error}");
+        assert!(error.to_string().contains("in flight"), "{error}");
+        store.create("k", bytes.clone()).await.unwrap();
+        let error = store.create("k", bytes).await.unwrap_err();
+        assert!(matches!(error, BlobError::AlreadyExists { .. }), "{error}");
+    }
 
     #[test]
     fn etags_are_kept_quoted_whichever_call_reported_them() {

@@ -62,7 +62,7 @@ pub struct LogConfig {
     /// times their median) is sent again to the same replica, beside the
     /// first, and the first answer counts. Under heavy-tailed store latency
     /// it trims the slow requests that hold back every record behind them,
-    /// for about (100 − percentile) % more fragment writes; under steady
+    /// for at most about (100 − percentile) % more fragment writes; under steady
     /// latency, or from a replica that is slow all the time, none is sent
     /// twice. `None` never hedges. 50 to 99. Default 70.
     pub hedge_after_percentile: Option<u8>,

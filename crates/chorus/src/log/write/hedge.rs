@@ -76,9 +76,12 @@ const REFRESH_EVERY: usize = 8;
 /// a second request (memory, a local disk at rest).
 const MIN_DELAY: Duration = Duration::from_millis(1);
 
-/// The recent fragment-write latencies of one replica (from the first
-/// attempt's start to the answer that settled it), and the hedge delay they
-/// give. Kept across segments.
+/// The recent fragment-write latencies of one replica (each from the start
+/// of the attempt that succeeded, its hedge included, so earlier failed
+/// attempts and their backoff do not count), and the hedge delay they give.
+/// Kept across segments. A hedged write answers no sooner than its delay, so
+/// recording it leaves the latencies below the delay, and the percentile,
+/// as they were.
 #[derive(Debug, Clone, Default)]
 pub struct WriteLatencies {
     recent: VecDeque<Duration>,
