@@ -388,7 +388,6 @@ struct EtcdSettings {
     max_request_bytes: usize,
     max_txn_ops: usize,
     watch: WatchConfig,
-    quota_backend_bytes: usize,
     max_connections: usize,
 }
 
@@ -433,7 +432,8 @@ impl Resolved {
         config.max_request_bytes = self.etcd.max_request_bytes;
         config.max_txn_ops = self.etcd.max_txn_ops;
         config.watch = self.etcd.watch.clone();
-        config.quota_backend_bytes = self.etcd.quota_backend_bytes;
+        // One quota for both APIs: the service's.
+        config.quota_backend_bytes = self.service.quota_bytes;
         config.max_connections = self.etcd.max_connections;
         config.peer_tls = self.peer_tls();
         config.client_urls = bound
@@ -584,7 +584,6 @@ impl ServeArgs {
                     send_buffer_bytes: to_usize(self.etcd_watch_send_buffer_bytes),
                     stall_timeout: Duration::from_secs(self.etcd_watch_stall_timeout_secs),
                 },
-                quota_backend_bytes: quota_bytes,
                 // Half of what is left after the HTTP listener's share.
                 max_connections: listener::connection_cap(
                     requested,
@@ -713,7 +712,7 @@ fn print_config(resolved: &Resolved) -> Result<(), CommandError> {
         },
         "etcd_max_request_bytes": resolved.etcd.max_request_bytes,
         "etcd_max_txn_ops": resolved.etcd.max_txn_ops,
-        "quota_backend_bytes": resolved.etcd.quota_backend_bytes,
+        "quota_backend_bytes": service.quota_bytes,
         "advertise_url": advertise_url,
         "tls": resolved.tls.is_some(),
         "cert_file": resolved.tls.as_ref().map(|tls| tls.files().cert_file.display().to_string()),
