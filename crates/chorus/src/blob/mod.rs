@@ -168,7 +168,9 @@ pub trait BlobStore: Send + Sync + fmt::Debug + 'static {
     fn name(&self) -> &str;
 
     /// Creates `key` with `bytes` iff no object exists there.
-    /// Fails with [`BlobError::AlreadyExists`] otherwise.
+    /// Fails with [`BlobError::AlreadyExists`] otherwise, only when an object
+    /// is there: a refusal while another create of the key is still in
+    /// flight (S3's 409) is [`BlobError::Unavailable`], to be retried.
     async fn create(&self, key: &str, bytes: Bytes) -> Result<Version, BlobError> {
         self.create_parts(key, PutPayload::from(bytes)).await
     }
