@@ -102,6 +102,10 @@ impl Default for LogConfig {
     }
 }
 
+/// The percentiles `LogConfig::hedge_after_percentile` may name: below the
+/// median most writes would be sent twice, and the 100th never hedges.
+const HEDGE_PERCENTILES: std::ops::RangeInclusive<u8> = 50..=99;
+
 /// When fragment writes are hedged, as a command line gives it: a
 /// percentile from 50 to 99 (`LogConfig::hedge_after_percentile`), or `off`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,7 +119,9 @@ impl std::str::FromStr for HedgeAfter {
             return Ok(HedgeAfter(None));
         }
         match text.parse::<u8>() {
-            Ok(percentile) if (50..=99).contains(&percentile) => Ok(HedgeAfter(Some(percentile))),
+            Ok(percentile) if HEDGE_PERCENTILES.contains(&percentile) => {
+                Ok(HedgeAfter(Some(percentile)))
+            }
             _ => Err(format!("{text:?}: give a percentile from 50 to 99, or off")),
         }
     }
@@ -205,7 +211,7 @@ impl LogConfig {
         )?;
         check(
             self.hedge_after_percentile
-                .is_none_or(|percentile| (50..=99).contains(&percentile)),
+                .is_none_or(|percentile| HEDGE_PERCENTILES.contains(&percentile)),
             "hedge_after_percentile",
             || {
                 format!(
