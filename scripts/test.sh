@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The project's test command: bash scripts/test.sh
 #
-# First builds the workspace with no protoc anywhere (the product must build
-# on a machine without one), then starts the test services (3 moto S3 zones,
-# Azurite, PostgreSQL, etcd; see services.sh, which also installs protoc for a
-# dev-dependency's build script), runs cargo test, clippy and rustfmt with the
-# services' env, then stops the services again (also on failure). Set
-# CHORUS_KEEP_SERVICES=1 to leave them running afterwards.
+# Starts the test services in the background (3 moto S3 zones, Azurite,
+# PostgreSQL, etcd; see services.sh, which also installs protoc for a
+# dev-dependency's build script) while it builds the workspace with no protoc
+# anywhere (the product must build on a machine without one). Then runs the
+# tests (scripts/run_tests.py: two test binaries at once), the doc tests,
+# clippy and rustfmt with the services' env, and stops the services again
+# (also on failure). Set CHORUS_KEEP_SERVICES=1 to leave them running.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -33,29 +34,44 @@ stage_times() {
 # CI run reports all problems.
 failed=()
 
-# path_without_protoc SHADOW_DIR: $PATH with every `protoc` hidden. A PATH
-# directory holding one is replaced by a directory (under SHADOW_DIR) of links
-# to everything else in it: dropping the directory itself would drop the
-# linker and the rest of /usr/bin with it.
+# path_without_protoc SHADOW_DIR: $PATH with every `protoc` hidden. Each PATH
+# directory is replaced by a directory (under SHADOW_DIR) of links to
+# everything else in it as it is now: dropping a directory would drop the
+# linker and the rest of /usr/bin with it, and a protoc that services.sh
+# installs meanwhile must not appear.
 path_without_protoc() {
   local shadow_root="$1" dir entry shadow n=0 out=()
   local IFS=:
   for dir in $PATH; do
-    if [[ -n "$dir" && -e "$dir/protoc" ]]; then
-      n=$((n + 1)); shadow="$shadow_root/$n"
-      mkdir -p "$shadow"
-      for entry in "$dir"/*; do
-        [[ "${entry##*/}" == protoc ]] || ln -s "$entry" "$shadow/"
-      done
-      out+=("$shadow")
-    else
-      out+=("$dir")
-    fi
+    [[ -n "$dir" && -d "$dir" ]] || continue
+    n=$((n + 1)); shadow="$shadow_root/$n"
+    mkdir -p "$shadow"
+    for entry in "$dir"/*; do
+      [[ -e "$entry" && "${entry##*/}" != protoc ]] && ln -s "$entry" "$shadow/"
+    done
+    out+=("$shadow")
   done
   echo "${out[*]}"
 }
 
-# Before the services: services.sh installs protoc (the `etcd-client`
+cleanup() {
+  if [[ -n "${services_pid:-}" ]]; then wait "$services_pid" 2>/dev/null || true; fi
+  if [[ "${CHORUS_KEEP_SERVICES:-0}" != 1 ]]; then
+    section "stopping services"
+    bash scripts/services.sh stop || true
+  fi
+}
+trap cleanup EXIT
+
+# The services start (installing what they need: apt, pip and npm packages on
+# a fresh machine) while the workspace builds; the two barely compete, one
+# waits on the network and the other on the CPU.
+mkdir -p .ci/state
+services_log="$ROOT/.ci/state/services-start.log"
+bash scripts/services.sh start >"$services_log" 2>&1 &
+services_pid=$!
+
+# The PATH is taken before services.sh installs protoc (the `etcd-client`
 # dev-dependency's build script runs it), and the product must build without
 # it, as on the fresh machine of the README's first command. `cargo build`
 # builds libraries and binaries, not dev-dependencies. On a fresh clone (CI)
@@ -72,16 +88,15 @@ elif ! env -u PROTOC PATH="$no_protoc_path" cargo build --workspace; then
 fi
 rm -rf "$no_protoc_dir"
 
-cleanup() {
-  if [[ "${CHORUS_KEEP_SERVICES:-0}" != 1 ]]; then
-    section "stopping services"
-    bash scripts/services.sh stop || true
-  fi
-}
-trap cleanup EXIT
-
-section "starting services"
-bash scripts/services.sh start
+section "waiting for the services"
+services_status=0
+wait "$services_pid" || services_status=$?
+services_pid=""
+cat "$services_log"
+if ((services_status != 0)); then
+  echo "services.sh start failed (exit $services_status); see above"
+  exit 1
+fi
 set -a
 # shellcheck source=/dev/null
 source .ci/state/env
@@ -90,9 +105,17 @@ grep -E '^export ' .ci/state/env | sed 's/^export /  /'
 
 test_log="$ROOT/.ci/state/cargo-test.log"
 
-section "cargo test --workspace --all-targets --no-fail-fast"
-if ! cargo test --workspace --all-targets --no-fail-fast 2>&1 | tee "$test_log"; then
-  failed+=("cargo test")
+# Two test binaries at once (they mostly wait on leases, TTLs and child
+# processes), except those that must have the machine to themselves: chaos and
+# stopped_replica SIGSTOP the shared moto servers, and the others' timing
+# windows (lease expiries, TTLs, stop schedules) must not stretch under a
+# second binary's load. --first starts the longest ones first.
+section "tests: cargo test --workspace --all-targets, two binaries at once"
+if ! python3 scripts/run_tests.py --jobs 2 \
+  --alone chaos,stopped_replica,stopped_process,etcdctl_lease,runtime \
+  --first etcd_differential,etcd_faults,serve,seeds,serve_memory \
+  -- --workspace --all-targets --no-fail-fast 2>&1 | tee "$test_log"; then
+  failed+=("tests")
 fi
 
 section "cargo test --workspace --doc"
