@@ -75,40 +75,69 @@ def build(cargo_args):
     return proc.returncode == 0, binaries
 
 
-print_lock = threading.Lock()
-started_at = time.monotonic()
+class Runner:
+    """Runs binaries, prints their output whole, and kills them all on an interrupt."""
+
+    def __init__(self, timeout):
+        self.timeout = timeout
+        self.lock = threading.Lock()
+        self.started_at = time.monotonic()
+        self.running = set()
+        self.stopping = False
+
+    def stamp(self):
+        """Seconds since the tests started, for the progress lines."""
+        return f"{time.monotonic() - self.started_at:6.1f} s"
+
+    def say(self, text):
+        with self.lock:
+            print(text, flush=True)
+
+    def run(self, binary):
+        """Runs one binary to its end (or the timeout) and prints its output whole."""
+        env = dict(os.environ, CARGO_MANIFEST_DIR=binary.package_dir)
+        start = time.monotonic()
+        with tempfile.TemporaryFile(mode="w+") as out:
+            self.say(f"[tests] {self.stamp()}: started {binary.label()}")
+            # Its own session, so a timeout or an interrupt can kill whatever
+            # it spawned too.
+            with self.lock:
+                if self.stopping:
+                    return
+                proc = subprocess.Popen([binary.executable], cwd=binary.package_dir, env=env,
+                                        stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+                self.running.add(proc)
+            try:
+                code = proc.wait(timeout=self.timeout)
+                binary.outcome = "ok" if code == 0 else f"failed (exit {code})"
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                binary.outcome = f"killed after {self.timeout:.0f} s"
+            with self.lock:
+                self.running.discard(proc)
+            binary.seconds = time.monotonic() - start
+            out.seek(0)
+            text = out.read()
+        self.say(f"     Running {binary.label()} ({binary.executable})\n"
+                 + text + ("" if text.endswith("\n") else "\n")
+                 + f"[tests] {self.stamp()}: {binary.label()}: {binary.outcome}"
+                 + f" in {binary.seconds:.1f} s")
+
+    def kill_all(self):
+        """Kills every running binary's process group (on Ctrl-C or SIGTERM)."""
+        with self.lock:
+            self.stopping = True
+            for proc in self.running:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
-def stamp():
-    """Seconds since the tests started, for the progress lines."""
-    return f"{time.monotonic() - started_at:6.1f} s"
-
-
-def run(binary, timeout):
-    """Runs one binary to its end (or the timeout) and prints its output whole."""
-    env = dict(os.environ, CARGO_MANIFEST_DIR=binary.package_dir)
-    start = time.monotonic()
-    with tempfile.TemporaryFile(mode="w+") as out:
-        with print_lock:
-            print(f"[tests] {stamp()}: started {binary.label()}", flush=True)
-        # Its own session, so a timeout can kill whatever it spawned too.
-        proc = subprocess.Popen([binary.executable], cwd=binary.package_dir, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout)
-            binary.outcome = "ok" if code == 0 else f"failed (exit {code})"
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            binary.outcome = f"killed after {timeout} s"
-        binary.seconds = time.monotonic() - start
-        out.seek(0)
-        text = out.read()
-    with print_lock:
-        print(f"     Running {binary.label()} ({binary.executable})")
-        print(text, end="" if text.endswith("\n") else "\n")
-        print(f"[tests] {stamp()}: {binary.label()}: {binary.outcome} in {binary.seconds:.1f} s",
-              flush=True)
+def interrupted(signum, frame):
+    raise KeyboardInterrupt
 
 
 def main():
@@ -127,8 +156,6 @@ def main():
     first = [n for n in args.first.split(",") if n]
 
     built, binaries = build(cargo_args)
-    global started_at
-    started_at = time.monotonic()
     names = {b.name for b in binaries}
     for name in sorted((alone | set(first)) - names):
         print(f"[tests] no test binary named {name!r} (--alone/--first)", file=sys.stderr)
@@ -139,13 +166,24 @@ def main():
                     key=lambda b: (rank.get(b.name, len(rank)), b.label()))
     solo = sorted((b for b in binaries if b.name in alone), key=lambda b: b.label())
 
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        list(pool.map(lambda b: run(b, args.timeout), shared))
-    for binary in solo:
-        run(binary, args.timeout)
+    runner = Runner(args.timeout)
+    signal.signal(signal.SIGTERM, interrupted)
+    pool = ThreadPoolExecutor(max_workers=max(1, args.jobs))
+    try:
+        list(pool.map(runner.run, shared))
+        pool.shutdown()
+        for binary in solo:
+            runner.run(binary)
+    except KeyboardInterrupt:
+        # The binaries run in sessions of their own, out of reach of the
+        # terminal's Ctrl-C; without this they would outlive us.
+        runner.kill_all()
+        print("[tests] interrupted: killed the running test binaries", file=sys.stderr)
+        os._exit(130)
 
     ran = shared + solo
-    print(f"\n[tests] {len(ran)} binaries in {stamp().strip()}; wall time per binary, longest first:")
+    print(f"\n[tests] {len(ran)} binaries in {runner.stamp().strip()};"
+          " wall time per binary, longest first:")
     for b in sorted(ran, key=lambda b: -b.seconds):
         print(f"  {b.seconds:7.1f} s  {b.label():45} {b.package_dir.rsplit('/', 1)[-1]:15} {b.outcome}")
     failures = [b for b in ran if b.outcome != "ok"]
