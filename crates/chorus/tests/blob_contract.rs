@@ -122,7 +122,15 @@ mod cases {
                     let key = key.clone();
                     tokio::spawn(async move {
                         let mine = bytes(&format!("racer-{racer}"));
-                        (mine.clone(), store.create(&key, mine).await)
+                        // A transient refusal (S3's 409 while another create
+                        // is in flight) is settled as Chorus settles it.
+                        let outcome = match store.create(&key, mine.clone()).await {
+                            Err(e) if e.is_transient() => {
+                                create_resolving(store.as_ref(), &key, mine.clone()).await
+                            }
+                            outcome => outcome,
+                        };
+                        (mine, outcome)
                     })
                 })
                 .collect();
@@ -155,7 +163,15 @@ mod cases {
                     let base = base.clone();
                     tokio::spawn(async move {
                         let mine = bytes(&format!("racer-{racer}"));
-                        (mine.clone(), store.update(&key, &base, mine).await)
+                        let outcome = match store.update(&key, &base, mine.clone()).await {
+                            Err(e) if e.is_transient() => {
+                                let ours = |stored: &Bytes| *stored == mine;
+                                update_resolving(store.as_ref(), &key, &base, mine.clone(), ours)
+                                    .await
+                            }
+                            outcome => outcome,
+                        };
+                        (mine, outcome)
                     })
                 })
                 .collect();

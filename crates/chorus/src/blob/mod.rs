@@ -183,7 +183,9 @@ pub trait BlobStore: Send + Sync + fmt::Debug + 'static {
 
     /// Replaces `key` with `bytes` iff its current version is `expected`.
     /// Fails with [`BlobError::Conflict`] if the version differs or the object
-    /// does not exist (as S3 answers a conditional put on a missing key).
+    /// does not exist (as S3 answers a conditional put on a missing key). A
+    /// refusal while another conditional write of the key is in flight (S3's
+    /// 409) is [`BlobError::Unavailable`]: the version may not have moved.
     async fn update(
         &self,
         key: &str,

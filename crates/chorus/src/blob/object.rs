@@ -68,6 +68,15 @@ impl ObjectStoreBlobs {
         match error {
             E::NotFound { .. } if op == Op::Update => BlobError::conflict(&self.name, key),
             E::NotFound { .. } => BlobError::not_found(&self.name, key),
+            // S3's 409 to a conditional update: another conditional write of
+            // the key is in flight, and it may yet fail, so the version may
+            // not have moved; retrying the same update is safe.
+            E::AlreadyExists { .. } if op == Op::Update => BlobError::unavailable(
+                &self.name,
+                op,
+                key,
+                "refused while another conditional write of the key is in flight",
+            ),
             E::AlreadyExists { .. } => BlobError::already_exists(&self.name, key),
             E::Precondition { .. } if op == Op::Create => {
                 BlobError::already_exists(&self.name, key)
@@ -262,9 +271,10 @@ mod tests {
 
     use super::*;
 
-    /// In-memory, but the first `refusals` creates are answered as S3
-    /// answers one while another create of the key is uploading: a 409,
-    /// which object_store reports as `AlreadyExists`, with nothing stored.
+    /// In-memory, but the first `refusals` conditional writes (creates and
+    /// updates) are answered as S3 answers one while another conditional
+    /// write of the key is uploading: a 409, which object_store reports as
+    /// `AlreadyExists`, with nothing stored.
     #[derive(Debug)]
     struct UploadInFlight {
         inner: InMemory,
@@ -285,13 +295,13 @@ mod tests {
             payload: PutPayload,
             options: PutOptions,
         ) -> object_store::Result<PutResult> {
-            let create = matches!(options.mode, PutMode::Create);
+            let conditional = matches!(options.mode, PutMode::Create | PutMode::Update(_));
             let refuse = || {
                 self.refusals
                     .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                     .is_ok()
             };
-            if create && refuse() {
+            if conditional && refuse() {
                 return Err(object_store::Error::AlreadyExists {
                     path: location.to_string(),
                     source: "409 ConditionalRequestConflict".into(),
@@ -361,6 +371,26 @@ mod tests {
         store.create("k", bytes.clone()).await.unwrap();
         let error = store.create("k", bytes).await.unwrap_err();
         assert!(matches!(error, BlobError::AlreadyExists { .. }), "{error}");
+    }
+
+    /// An update refused while another conditional write uploads is
+    /// transient too, not a claim that the key exists: the version may not
+    /// have moved, and the same update then succeeds.
+    #[tokio::test]
+    async fn an_update_refused_while_another_uploads_is_transient() {
+        let refusing = Arc::new(UploadInFlight {
+            inner: InMemory::new(),
+            refusals: AtomicU32::new(0),
+        });
+        let store = ObjectStoreBlobs::new(refusing.clone(), "root", "s3-like");
+        let base = store.create("k", Bytes::from_static(b"v1")).await.unwrap();
+        refusing.refusals.store(1, Ordering::SeqCst);
+        let v2 = Bytes::from_static(b"v2");
+        let error = store.update("k", &base, v2.clone()).await.unwrap_err();
+        assert!(error.is_transient(), "{error}");
+        assert!(error.to_string().contains("in flight"), "{error}");
+        store.update("k", &base, v2.clone()).await.unwrap();
+        assert_eq!(store.get("k").await.unwrap().bytes, v2);
     }
 
     #[test]
