@@ -1,9 +1,9 @@
 //! `chorus serve` against hostile and broken clients, through the real
 //! binary and raw sockets: slow and silent connections, a stalled watch
-//! reader at shutdown, half-closed requests, invented methods, requests
-//! without `Host`, oversized bodies announced with `Expect: 100-continue`,
-//! timeouts, SIGHUP, and malformed keys, headers and queries. Each test is
-//! named after what it regresses.
+//! reader at shutdown, half-closed and pipelined requests, invented
+//! methods, requests without `Host`, oversized bodies announced with
+//! `Expect: 100-continue`, timeouts, SIGHUP, and malformed keys, headers and
+//! queries. Each test is named after what it regresses.
 
 mod support;
 
@@ -290,6 +290,86 @@ fn a_put_followed_by_a_half_close_is_answered() {
     stream.shutdown(Shutdown::Write).unwrap();
     let answer = read_until_closed(&mut stream);
     assert_eq!(status_of(&answer), 200, "batch: {answer:?}");
+}
+
+/// Requests pipelined on one connection (all written before any answer is
+/// read) are answered in the order sent, each seeing the writes before it.
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let dir = TempDir::new().unwrap();
+    let server = started(&launch(&dir));
+    let endpoint = server.endpoint();
+    let put = |value: &str| {
+        format!(
+            "PUT /v1/kv/piped HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{value}",
+            value.len()
+        )
+    };
+    let get = |key: &str| format!("GET /v1/kv/{key} HTTP/1.1\r\nHost: x\r\n\r\n");
+    let requests = [
+        put("first"),
+        get("piped"),
+        put("second"),
+        get("piped"),
+        get("never-written"),
+        "GET /v1/kv/piped HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_owned(),
+    ]
+    .concat();
+    let answers = exchange(&endpoint, &requests);
+    let statuses: Vec<u16> = answers
+        .split("HTTP/1.1 ")
+        .skip(1)
+        .map(|answer| answer[..3].parse().unwrap())
+        .collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 404, 200], "{answers}");
+    let bodies: Vec<&str> = answers
+        .split("HTTP/1.1 ")
+        .skip(1)
+        .map(|answer| answer.split_once("\r\n\r\n").unwrap().1)
+        .collect();
+    assert_eq!(
+        [bodies[1], bodies[3], bodies[5]],
+        ["first", "second", "second"],
+        "{answers}"
+    );
+}
+
+/// A watch followed on its connection by a pipelined request still streams
+/// its events: nothing is held back for the request waiting behind the
+/// stream (hyper's `pipeline_flush` would hold back every byte for as long
+/// as the stream lasts).
+#[test]
+fn a_watch_followed_by_a_pipelined_request_streams_its_events() {
+    let dir = TempDir::new().unwrap();
+    let server = started(&launch(&dir));
+    let endpoint = server.endpoint();
+    endpoint.put_ok("w/before", "1");
+    let mut stream = connect(&endpoint);
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    stream
+        .write_all(
+            b"GET /v1/kv/watch?prefix=w/&from=0 HTTP/1.1\r\nHost: x\r\n\r\n\
+              GET /v1/kv/w/before HTTP/1.1\r\nHost: x\r\n\r\n",
+        )
+        .unwrap();
+    let mut received = String::new();
+    let mut read_until = |needle: &str| {
+        let mut buffer = [0u8; 4096];
+        while !received.contains(needle) {
+            match stream.read(&mut buffer) {
+                Ok(read) if read > 0 => {
+                    received.push_str(&String::from_utf8_lossy(&buffer[..read]));
+                }
+                outcome => panic!("no {needle:?} in the stream ({outcome:?}): {received:?}"),
+            }
+        }
+    };
+    read_until("\"key\":\"w/before\"");
+    endpoint.put_ok("w/after", "2");
+    read_until("\"key\":\"w/after\"");
+    assert!(received.starts_with("HTTP/1.1 200"), "{received}");
 }
 
 // --------------------------------------------------------- shutdown ----

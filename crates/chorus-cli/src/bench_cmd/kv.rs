@@ -6,7 +6,8 @@
 //! request), and on the embedded default (local directories, fsync'd) in a
 //! temporary directory. Each target gets three rows: light puts (one client,
 //! one put at a time), peak puts (`--clients` concurrent clients) and gets
-//! (`--clients` concurrent clients over `--keys` preloaded keys). The load
+//! (`--clients` concurrent clients over `--keys` preloaded keys, each
+//! `--pipeline-gets` requests at a time on its connection). The load
 //! generator shares the machine with the service, but runs its clients on a
 //! runtime of its own (`--threads`, one by default). Each peak row reports
 //! this process's CPU per request, and with `--server-pid` (a service at
@@ -75,6 +76,12 @@ pub struct KvBenchArgs {
     /// Puts of the light row.
     #[arg(long, default_value_t = 300)]
     light_puts: usize,
+    /// Gets each client of the get row writes at once before reading their
+    /// answers (HTTP/1.1 pipelining, answered in order), so requests share
+    /// system calls as the streams of a gRPC connection do; each get's
+    /// latency counts from that write. 1 is one request at a time.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pipeline_gets: u16,
     /// Keys preloaded for the get row.
     #[arg(long, default_value_t = 10_000)]
     keys: usize,
@@ -182,7 +189,11 @@ async fn measure_here(url: &str, target: &str, args: &KvBenchArgs) -> Result<(),
     client.preload(args).await?;
     eprintln!("{target}: gets …");
     let gets = client.peak(args, Operation::Get).await?;
-    print(target, "get, peak", gets, args)
+    let scenario = match args.pipeline_gets {
+        1 => "get, peak".to_owned(),
+        depth => format!("get, piped {depth}"),
+    };
+    print(target, &scenario, gets, args)
 }
 
 fn print(
@@ -416,6 +427,10 @@ impl Client {
         for _ in 0..args.clients {
             connections.push(self.connect().await?);
         }
+        let depth = match operation {
+            Operation::Put => 1,
+            Operation::Get => usize::from(args.pipeline_gets),
+        };
         let cpu_before = Cpu::now(args.server_pid);
         let started = Instant::now();
         let deadline = started + Duration::from_secs(args.seconds);
@@ -423,31 +438,39 @@ impl Client {
             .into_iter()
             .enumerate()
             .map(|(client, mut connection)| {
-                let keys = args.keys.max(1);
+                let keys_loaded = args.keys.max(1);
                 tokio::spawn(async move {
                     let mut latencies = Vec::new();
                     let mut errors = 0u64;
                     let mut n = client;
+                    let mut keys = Vec::with_capacity(depth);
                     while Instant::now() < deadline {
-                        let key = match operation {
-                            Operation::Put => format!("bench/peak/{client}/{}", n % 100),
-                            Operation::Get => format!("bench/load/{}", n % keys),
-                        };
+                        keys.clear();
+                        for _ in 0..depth {
+                            keys.push(match operation {
+                                Operation::Put => format!("bench/peak/{client}/{}", n % 100),
+                                Operation::Get => format!("bench/load/{}", n % keys_loaded),
+                            });
+                            n += 7919;
+                        }
                         let sent = Instant::now();
-                        match connection.send(operation, &key).await {
-                            Ok(true) => latencies.push(sent.elapsed()),
-                            Ok(false) => errors += 1,
-                            Err(_) => {
-                                // The connection is gone: a new one, counted
-                                // as an error.
-                                errors += 1;
-                                match connection.client.connect().await {
-                                    Ok(fresh) => connection = fresh,
-                                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-                                }
+                        let answered = |ok| match ok {
+                            true => latencies.push(sent.elapsed()),
+                            false => errors += 1,
+                        };
+                        if connection
+                            .send_all(operation, &keys, answered)
+                            .await
+                            .is_err()
+                        {
+                            // The connection is gone: a new one, counted as
+                            // an error.
+                            errors += 1;
+                            match connection.client.connect().await {
+                                Ok(fresh) => connection = fresh,
+                                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
                             }
                         }
-                        n += 7919;
                     }
                     (latencies, errors)
                 })
@@ -498,12 +521,36 @@ impl Client {
 impl Connection {
     /// One key-value request; `Ok(true)` on a 2xx answer.
     async fn send(&mut self, operation: Operation, key: &str) -> Result<bool, CommandError> {
+        let mut succeeded = false;
+        self.send_all(operation, &[key], |ok| succeeded = ok)
+            .await?;
+        Ok(succeeded)
+    }
+
+    /// One key-value request per key, all written at once before any answer
+    /// is read (HTTP/1.1 pipelining; the service answers in order), then
+    /// `answered(true)` for each 2xx answer as it is read, `answered(false)`
+    /// for any other.
+    async fn send_all(
+        &mut self,
+        operation: Operation,
+        keys: &[impl AsRef<str>],
+        mut answered: impl FnMut(bool),
+    ) -> Result<(), CommandError> {
         let (method, with_value) = match operation {
             Operation::Put => ("PUT", true),
             Operation::Get => ("GET", false),
         };
-        let status = self.exchange(method, &["/v1/kv/", key], with_value).await?;
-        Ok((200..300).contains(&status))
+        self.request.clear();
+        for key in keys {
+            self.append_request(method, &["/v1/kv/", key.as_ref()], with_value);
+        }
+        self.stream.write_all(&self.request).await?;
+        for _ in keys {
+            let status = self.read_answer().await?;
+            answered((200..300).contains(&status));
+        }
+        Ok(())
     }
 
     /// One request for the path made of `path`'s pieces (below the URL's
@@ -515,9 +562,16 @@ impl Connection {
         path: &[&str],
         with_value: bool,
     ) -> Result<u16, CommandError> {
+        self.request.clear();
+        self.append_request(method, path, with_value);
+        self.stream.write_all(&self.request).await?;
+        self.read_answer().await
+    }
+
+    /// Appends a request to the buffer of those to write.
+    fn append_request(&mut self, method: &str, path: &[&str], with_value: bool) {
         let client = &self.client;
         let request = &mut self.request;
-        request.clear();
         for part in [method, " ", &client.base_path]
             .into_iter()
             .chain(path.iter().copied())
@@ -530,7 +584,10 @@ impl Connection {
         } else {
             request.extend_from_slice(b"\r\n");
         }
-        self.stream.write_all(request).await?;
+    }
+
+    /// Reads and consumes the next answer; its status.
+    async fn read_answer(&mut self) -> Result<u16, CommandError> {
         let (status, length) = self.read_head().await?;
         while self.received.len() < length {
             self.read_more().await?;
@@ -758,6 +815,7 @@ mod tests {
             seconds: 1,
             light_puts: 1,
             keys: 1,
+            pipeline_gets: 1,
             target: Vec::new(),
             json: false,
         }
@@ -815,6 +873,44 @@ mod tests {
                     "GET /prefix/v1/kv/c HTTP/1.1\r\nhost: {authority}\r\nauthorization: Bearer t0ken\r\n\r\n"
                 ),
             ]
+        );
+    }
+
+    /// Pipelined gets go out in one write, before any answer; the answers,
+    /// arriving together and split anywhere, are reported in order.
+    #[tokio::test]
+    async fn pipelined_gets_are_written_at_once_and_answered_in_order() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let service = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut received = Vec::new();
+            let mut buffer = [0u8; 4096];
+            while received.windows(4).filter(|w| w == b"\r\n\r\n").count() < 3 {
+                let read = stream.read(&mut buffer).await.unwrap();
+                received.extend_from_slice(&buffer[..read]);
+            }
+            let answers = b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\naHTTP/1.1 404 Not Found\r\ncontent-length: 2\r\n\r\n{}HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nc";
+            for piece in answers.chunks(7) {
+                stream.write_all(piece).await.unwrap();
+            }
+            String::from_utf8(received).unwrap()
+        });
+        let client = Client::new(&url, &test_args()).unwrap();
+        let mut connection = client.connect().await.unwrap();
+        let mut answers = Vec::new();
+        let sent = connection.send_all(Operation::Get, &["a", "b", "c"], |ok| answers.push(ok));
+        // The service answers only once it has all three requests.
+        tokio::time::timeout(Duration::from_secs(10), sent)
+            .await
+            .expect("all three gets written before any answer was awaited")
+            .unwrap();
+        assert_eq!(answers, [true, false, true]);
+        let authority = client.authority;
+        let head = format!(" HTTP/1.1\r\nhost: {authority}\r\nauthorization: Bearer t0ken\r\n\r\n");
+        assert_eq!(
+            service.await.unwrap(),
+            format!("GET /v1/kv/a{head}GET /v1/kv/b{head}GET /v1/kv/c{head}")
         );
     }
 
