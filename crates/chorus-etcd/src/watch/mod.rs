@@ -18,7 +18,10 @@
 //! Events come from the state machine's retained history
 //! ([`chorus::kv::mvcc::History::changes`]) through
 //! [`Runtime::read_stale`], woken by [`Runtime::applied`]: a standby serves
-//! watches from the records it applied, like the primary. The events of
+//! watches from the records it applied, like the primary. A watch that had
+//! every event when its stream last ran takes the revisions a compaction
+//! dropped since from the [`feed`](self::feed), as etcd's synced watchers
+//! have theirs pushed at apply. The events of
 //! one revision are never split across responses (unless the watch asked
 //! for fragments), and header revisions never go back within a stream.
 //!
@@ -29,15 +32,20 @@
 //! [`WatchConfig::send_buffer_bytes`]; see [`stream`](self) for what
 //! happens when a client stops reading.
 
+mod feed;
 mod outbox;
 mod stream;
 mod watcher;
 
+#[cfg(test)]
+#[path = "../../../chorus/tests/support/memory_runtime.rs"]
+mod memory_runtime;
+
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use chorus::kv::KvState;
@@ -120,6 +128,16 @@ pub(crate) struct WatchShared {
     pub(crate) pending_bytes: Arc<AtomicUsize>,
     /// Turns true when the node shuts down: every stream ends.
     pub(crate) closing: tokio::sync::watch::Sender<bool>,
+    /// The newest revisions' changes, taken as they apply.
+    feed: Arc<Mutex<feed::AppliedFeed>>,
+}
+
+impl WatchShared {
+    /// The feed; taken under the runtime's state lock, never the other
+    /// way round (the runtime takes it under its lock after each record).
+    pub(crate) fn feed(&self) -> MutexGuard<'_, feed::AppliedFeed> {
+        self.feed.lock().expect("watch feed lock poisoned")
+    }
 }
 
 /// etcd's Watch service; see the module docs.
@@ -141,6 +159,16 @@ impl WatchService {
         config: WatchConfig,
         max_message_bytes: usize,
     ) -> WatchService {
+        let feed = Arc::<Mutex<feed::AppliedFeed>>::default();
+        let taker = Arc::downgrade(&feed);
+        runtime.observe_applied(move |state| match taker.upgrade() {
+            Some(feed) => {
+                let mut feed = feed.lock().expect("watch feed lock poisoned");
+                feed.take(state.history());
+                true
+            }
+            None => false,
+        });
         WatchService {
             shared: Arc::new(WatchShared {
                 runtime,
@@ -149,6 +177,7 @@ impl WatchService {
                 max_message_bytes,
                 pending_bytes: Arc::default(),
                 closing: tokio::sync::watch::Sender::new(false),
+                feed,
             }),
         }
     }

@@ -9,6 +9,12 @@
 //! canceled with `compact_revision`, as etcd cancels a watcher that cannot
 //! catch up. A buffer that stays full, nothing taken, for the stall timeout
 //! closes the stream with `ResourceExhausted`.
+//!
+//! A watch that is synced (it had every revision when the stream last ran,
+//! and the buffer never stopped it since) is not canceled by a compaction
+//! that passed it before the stream ran again: those revisions come from
+//! the [`feed`](super::feed), as etcd pushes its synced watchers their
+//! events at apply.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -36,6 +42,9 @@ struct Read {
     current: Revision,
     /// The compaction revision.
     compacted: Revision,
+    /// The oldest revision a synced watch may be owed and still get: below
+    /// the compaction revision when the feed held what it dropped.
+    synced_floor: Revision,
     /// The retained changes read, by revision, in order.
     revisions: Vec<(Revision, Vec<Change>)>,
     /// The last revision the read covers: the store revision, or the
@@ -70,8 +79,15 @@ pub(crate) struct WatchStream {
     delivered: Revision,
 }
 
+impl Drop for WatchStream {
+    fn drop(&mut self) {
+        self.shared.feed().close_stream();
+    }
+}
+
 impl WatchStream {
     pub(crate) fn new(shared: Arc<WatchShared>, outbox: Outbox) -> WatchStream {
+        shared.feed().open_stream();
         let identity = shared.identity;
         let max_message_bytes = shared.max_message_bytes;
         WatchStream {
@@ -261,7 +277,15 @@ impl WatchStream {
                     continue;
                 }
                 watcher.next = revision + 1;
-                let events = watcher.events(*revision, changes, read.compacted);
+                // etcd sends a synced watcher a revision as it applies,
+                // reading the previous entries then: above the compaction
+                // of that time, whatever compacted since.
+                let compacted = if watcher.caught_up {
+                    read.compacted.min(revision - 1)
+                } else {
+                    read.compacted
+                };
+                let events = watcher.events(*revision, changes, compacted);
                 if events.is_empty() {
                     continue;
                 }
@@ -285,8 +309,12 @@ impl WatchStream {
                 self.responses.events(watcher, read.current, events);
             }
         }
+        // A synced watch stays synced through a read cut short by its
+        // bounds, but not once the buffer stopped it (etcd's watcher whose
+        // send queue filled).
+        let stopped = covered < read.covered;
         for watcher in self.watchers.values_mut() {
-            watcher.caught_up = !watcher.behind(read.current);
+            watcher.caught_up = !watcher.behind(read.current) || (watcher.caught_up && !stopped);
         }
         self.delivered = read.current;
         self.answer_progress_requests();
@@ -294,25 +322,32 @@ impl WatchStream {
     }
 
     /// The store and compaction revisions, and the changes from the
-    /// earliest revision a watch owes, up to the read bounds.
+    /// earliest revision a watch owes, up to the read bounds: those a
+    /// synced watch owes below the compaction revision from the feed.
     fn read_history(&self) -> Read {
-        let from = self
-            .watchers
-            .values()
-            .filter(|w| !w.compacted)
-            .map(|w| w.next)
-            .min();
+        let owing = self.watchers.values().filter(|w| !w.compacted);
+        let from = owing.clone().map(|w| w.next).min();
+        let synced_from = owing.filter(|w| w.caught_up).map(|w| w.next).min();
         self.shared
             .runtime
             .read_stale(|state| {
                 let history = state.history();
                 let current = history.revision();
                 let compacted = history.compact_revision();
+                let feed = self.shared.feed();
+                let fed = synced_from
+                    .filter(|&from| from < compacted)
+                    .and_then(|from| Some((from, feed.changes(from, compacted - 1)?)));
+                let (synced_floor, fed) = match fed {
+                    Some((from, changes)) => (from, Some(changes)),
+                    None => (compacted, None),
+                };
                 let mut revisions = Vec::new();
                 let mut bytes = 0;
                 let mut covered = current;
                 let from = from.unwrap_or(current + 1).max(compacted);
-                for (revision, changes) in history.changes(from, current) {
+                let retained = history.changes(from, current);
+                for (revision, changes) in fed.into_iter().flatten().chain(retained) {
                     if revisions.len() >= MAX_REVISIONS_PER_READ || bytes >= READ_BATCH_BYTES {
                         covered = revision - 1;
                         break;
@@ -323,6 +358,7 @@ impl WatchStream {
                 Read {
                     current,
                     compacted,
+                    synced_floor,
                     revisions,
                     covered,
                 }
@@ -331,10 +367,15 @@ impl WatchStream {
     }
 
     /// Cancels, with `compact_revision`, each watch whose next revision was
-    /// compacted away.
+    /// compacted away (and, for a synced watch, is not in the feed either).
     fn cancel_compacted(&mut self, read: &Read) {
         for watcher in self.watchers.values_mut() {
-            if watcher.compacted || watcher.next >= read.compacted {
+            let floor = if watcher.caught_up {
+                read.synced_floor
+            } else {
+                read.compacted
+            };
+            if watcher.compacted || watcher.next >= floor {
                 continue;
             }
             watcher.compacted = true;
@@ -476,9 +517,122 @@ fn fragments(response: pb::WatchResponse, max_bytes: usize) -> Vec<pb::WatchResp
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
+    use std::convert::Infallible;
 
+    use bytes::Bytes;
+    use chorus::kv::etcd::{CompactionRequest, PutRequest};
+    use chorus::kv::{EtcdCommand, KvState};
+    use chorus::runtime::Runtime;
+    use futures::FutureExt;
+    use tonic::codegen::tokio_stream::StreamExt;
+
+    use super::super::memory_runtime;
+    use super::super::outbox::ResponseStream;
+    use super::super::{WatchConfig, WatchService};
     use super::*;
+    use crate::identity::Identity;
+
+    async fn apply(runtime: &Runtime<KvState>, command: EtcdCommand) {
+        let record = command.encode();
+        runtime
+            .write(|_| Ok::<_, Infallible>(record))
+            .await
+            .expect("the record applies");
+    }
+
+    async fn put_to(runtime: &Runtime<KvState>, revision: Revision) {
+        while runtime.read_stale(|state| state.revision()).0 < revision {
+            let put = PutRequest {
+                key: Bytes::from_static(b"k"),
+                value: Bytes::from_static(b"v"),
+                ..PutRequest::default()
+            };
+            apply(runtime, EtcdCommand::Put(put)).await;
+        }
+    }
+
+    async fn compact(runtime: &Runtime<KvState>, revision: Revision) {
+        let request = CompactionRequest {
+            revision,
+            physical: false,
+        };
+        apply(runtime, EtcdCommand::Compact(request)).await;
+    }
+
+    fn create(watch_id: i64, start_revision: Revision) -> pb::WatchRequest {
+        pb::WatchRequest {
+            request_union: Some(RequestUnion::CreateRequest(pb::WatchCreateRequest {
+                key: Bytes::from_static(b"k"),
+                watch_id,
+                start_revision,
+                prev_kv: true,
+                ..Default::default()
+            })),
+        }
+    }
+
+    /// A response as (watch id, header revision, event revisions with
+    /// whether each has its previous entry, compact revision).
+    type Summary = (i64, Revision, Vec<(Revision, bool)>, Revision);
+
+    /// Every response queued so far.
+    fn queued(responses: &mut ResponseStream) -> Vec<Summary> {
+        let mut queued = Vec::new();
+        while let Some(Some(response)) = responses.next().now_or_never() {
+            let response = response.expect("a response");
+            let events = response.events.iter().map(|event| {
+                let kv = event.kv.as_ref().expect("an event's entry");
+                (kv.mod_revision, event.prev_kv.is_some())
+            });
+            queued.push((
+                response.watch_id,
+                response.header.expect("a header").revision,
+                events.collect(),
+                response.compact_revision,
+            ));
+        }
+        queued
+    }
+
+    /// The stream's task is not run here: the test delivers by hand, as the
+    /// task would when the scheduler finally runs it.
+    #[tokio::test]
+    async fn a_compaction_that_passed_a_synced_watch_before_its_stream_ran_cancels_it_only_past_the_feed()
+     {
+        let runtime = memory_runtime::primary("watch-feed", |store| store).await;
+        let identity = Identity::new("watch-feed", "http://test:1");
+        let service = WatchService::new(
+            Arc::clone(&runtime),
+            identity,
+            WatchConfig::default(),
+            usize::MAX,
+        );
+        let (outbox, mut responses) = Outbox::new(1 << 20, Arc::default());
+        let mut stream = WatchStream::new(Arc::clone(&service.shared), outbox);
+        put_to(&runtime, 2).await;
+        // Watch 1 is synced; watch 2 starts at revision 1 and has not run.
+        stream.handle(create(1, 0));
+        stream.handle(create(2, 1));
+        assert_eq!(queued(&mut responses).len(), 2, "two created");
+
+        put_to(&runtime, 6).await;
+        compact(&runtime, 5).await;
+        stream.deliver();
+        // One response per revision, with the previous entries as etcd read
+        // them when it sent each revision, before the compaction. (Headers
+        // never go back within a stream: the cancel went first, at 6.)
+        let one_per_revision = (3..=6).map(|revision| (1, 6, vec![(revision, true)], 0));
+        let mut expected = vec![(2, 6, vec![], 5)];
+        expected.extend(one_per_revision);
+        assert_eq!(queued(&mut responses), expected);
+
+        // Past the feed's bound, watch 1 falls behind as etcd's would.
+        put_to(&runtime, 7 + super::super::feed::FEED_REVISIONS as Revision).await;
+        compact(&runtime, 7 + super::super::feed::FEED_REVISIONS as Revision).await;
+        stream.deliver();
+        let current = 7 + super::super::feed::FEED_REVISIONS as Revision;
+        assert_eq!(queued(&mut responses), [(1, current, vec![], current)]);
+    }
 
     fn event(value_bytes: usize) -> mvccpb::Event {
         mvccpb::Event {

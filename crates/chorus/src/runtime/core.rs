@@ -51,9 +51,13 @@ pub(super) struct Divergence {
     pub(super) index: RecordIndex,
 }
 
+/// A caller's function run on the state after each applied record (and each
+/// restored snapshot); see [`Runtime::observe_applied`](super::Runtime::observe_applied).
+/// It answers whether to keep calling it.
+pub(super) type ApplyObserver<M> = Box<dyn FnMut(&M) -> bool + Send>;
+
 /// The machine and what it reflects. Guarded by one lock in the runtime; every
 /// method is quick and does no I/O.
-#[derive(Debug)]
 pub(super) struct Core<M: StateMachine> {
     pub(super) machine: M,
     /// The next index to apply: every record below it is reflected.
@@ -84,6 +88,8 @@ pub(super) struct Core<M: StateMachine> {
     /// Set when a handed-over record turned out to differ from the log's;
     /// the standby stops on it.
     diverged: Option<Divergence>,
+    /// Run after every change of the machine.
+    observers: Vec<ApplyObserver<M>>,
 }
 
 /// How much of the recent past the history keeps: it drops its oldest
@@ -144,6 +150,7 @@ impl<M: StateMachine> Core<M> {
             following: false,
             held: HeldRun::default(),
             diverged: None,
+            observers: Vec::new(),
         }
     }
 
@@ -175,6 +182,17 @@ impl<M: StateMachine> Core<M> {
         self.known = true;
         self.history.clear();
         self.history_bytes = 0;
+        self.notify_observers();
+    }
+
+    /// Runs `observer` after every change of the machine from now on.
+    pub(super) fn observe(&mut self, observer: ApplyObserver<M>) {
+        self.observers.push(observer);
+    }
+
+    fn notify_observers(&mut self) {
+        let machine = &self.machine;
+        self.observers.retain_mut(|observer| observer(machine));
     }
 
     /// Applies record `index`, which must be the next one. The history and
@@ -186,6 +204,7 @@ impl<M: StateMachine> Core<M> {
             "records are applied in index order, each once"
         );
         let output = self.machine.apply(index, &record);
+        self.notify_observers();
         self.applied_end = RecordIndex(index.0 + 1);
         self.applied_bytes += record.len() as u64;
         self.history_bytes += record.len();
@@ -420,6 +439,28 @@ mod tests {
         let from = |revision| core.changes_from_revision(revision, 10, usize::MAX);
         assert_eq!(from(9).unwrap_err().oldest, 10);
         assert!(from(10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn observers_see_the_state_after_each_record_and_each_restore_until_they_stop() {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut core = Core::<Sum>::new(records_only(3));
+        let all = std::sync::Arc::clone(&seen);
+        core.observe(Box::new(move |sum: &Sum| {
+            all.lock().unwrap().push(sum.0);
+            true
+        }));
+        let first_two = std::sync::Arc::clone(&seen);
+        core.observe(Box::new(move |sum: &Sum| {
+            first_two.lock().unwrap().push(100 + sum.0);
+            sum.0 < 3
+        }));
+        core.apply(RecordIndex(0), Bytes::from(vec![1]));
+        core.apply(RecordIndex(1), Bytes::from(vec![2]));
+        core.restore(Sum(7), RecordIndex(5));
+        core.apply(RecordIndex(5), Bytes::from(vec![1]));
+        // The second answered false after seeing 3, and was not run again.
+        assert_eq!(*seen.lock().unwrap(), [1, 101, 3, 103, 7, 8]);
     }
 
     fn records_only(max_records: usize) -> HistoryBudget {

@@ -330,6 +330,17 @@ impl<M: StateMachine> Runtime<M> {
             .changes_from_revision(from, max_records, max_bytes)
     }
 
+    /// Calls `observer` with the state after every record applied here from
+    /// now on, and after a snapshot replaced the state, until it answers
+    /// false. It runs under the state's lock, between one record and the
+    /// next: it must be quick and must not call the runtime. What a service
+    /// uses to take something of each record's effect before a later
+    /// record changes it (the etcd API's watch feed), where waiting for
+    /// [`applied`](Runtime::applied) could see several records at once.
+    pub fn observe_applied(&self, observer: impl FnMut(&M) -> bool + Send + 'static) {
+        self.shared.core().observe(Box::new(observer));
+    }
+
     /// The applied end, updated after every applied record.
     pub fn applied(&self) -> watch::Receiver<RecordIndex> {
         self.shared.applied.subscribe()
