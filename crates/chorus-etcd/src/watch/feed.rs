@@ -6,9 +6,10 @@
 //! runs. Between the two a compaction may drop revisions a synced watch is
 //! still owed, and without the feed that watch would be canceled where
 //! etcd's is not. The feed keeps the changes of the newest
-//! [`FEED_REVISIONS`] revisions (at most [`FEED_BYTES`] charged bytes); they
-//! share their keys and values with the history, so the feed costs little
-//! until a compaction makes it the last holder. A watch that fell further
+//! [`FEED_REVISIONS`] revisions (at most [`FEED_BYTES`] charged bytes; a
+//! revision charged more alone is never held); they share their keys and
+//! values with the history, so the feed costs little until a compaction
+//! makes it the last holder. A watch that fell further
 //! behind than the feed reaches is canceled, as etcd cancels a watcher
 //! whose send queue overflowed and that could not catch up before a
 //! compaction.
@@ -25,7 +26,7 @@ use chorus::kv::mvcc::{Change, History};
 /// Most revisions the feed holds.
 pub const FEED_REVISIONS: usize = if cfg!(test) { 8 } else { 10_000 };
 /// Most bytes the feed's changes are charged ([`Change::charged_bytes`]).
-pub const FEED_BYTES: usize = 64 << 20;
+pub const FEED_BYTES: usize = if cfg!(test) { 4 << 10 } else { 64 << 20 };
 
 /// See the module docs.
 #[derive(Debug, Default)]
@@ -56,15 +57,25 @@ impl AppliedFeed {
             return;
         }
         // A state from another past (a restored snapshot): start over from
-        // the history's oldest revision.
+        // the history's oldest revision, or the newest the feed may hold.
         let compacted = history.compact_revision();
         if current < self.to || self.to + 1 < compacted {
             self.revisions.clear();
             self.bytes = 0;
-            (self.from, self.to) = (compacted, compacted - 1);
+            let from = compacted.max(current - FEED_REVISIONS as Revision + 1);
+            (self.from, self.to) = (from, from - 1);
         }
         for (revision, changes) in history.changes(self.to + 1, current) {
-            self.bytes += changes.iter().map(Change::charged_bytes).sum::<usize>();
+            let bytes = changes.iter().map(Change::charged_bytes).sum::<usize>();
+            if bytes > FEED_BYTES {
+                // Never held (a delete of a whole large range): not copied
+                // under the lock only to be dropped.
+                self.revisions.clear();
+                self.bytes = 0;
+                self.from = revision + 1;
+                continue;
+            }
+            self.bytes += bytes;
             self.revisions.push_back((revision, changes.into()));
         }
         self.to = current;
@@ -192,7 +203,27 @@ mod tests {
     }
 
     #[test]
-    fn a_state_from_another_past_restarts_it_at_the_historys_oldest_revision() {
+    fn a_revision_larger_than_its_bound_is_never_held_nor_anything_before_it() {
+        let mut store = Store::default();
+        let mut feed = AppliedFeed::default();
+        feed.open_stream();
+        feed.take(store.put_to(3));
+        let large = PutRequest {
+            key: Bytes::from_static(b"k"),
+            value: Bytes::from(vec![b'v'; FEED_BYTES]),
+            ..PutRequest::default()
+        };
+        feed.take(store.apply(EtcdCommand::Put(large)));
+        feed.take(store.put_to(5));
+        // Revision 5's change is charged the large value it replaced.
+        assert_eq!(held(&feed, 4, 5), None);
+        feed.take(store.put_to(7));
+        assert_eq!(held(&feed, 6, 7), Some(vec![6, 7]));
+        assert_eq!(held(&feed, 5, 7), None);
+    }
+
+    #[test]
+    fn a_state_from_another_past_restarts_it_from_the_newest_revisions_it_may_hold() {
         let mut feed = AppliedFeed::default();
         feed.open_stream();
         let mut store = Store::default();
@@ -204,9 +235,11 @@ mod tests {
         feed.take(ahead.compact(8));
         assert_eq!(held(&feed, 3, 10), None);
         assert_eq!(held(&feed, 8, 10), Some(vec![8, 9, 10]));
-        // Then one behind what was taken, never compacted.
+        // Then one behind what was taken, never compacted: the feed takes
+        // only the newest revisions it may hold.
         let mut behind = Store::default();
         feed.take(behind.put_to(9));
-        assert_eq!(held(&feed, 0, 9), Some((2..=9).collect::<Vec<_>>()));
+        assert_eq!(held(&feed, 1, 9), None);
+        assert_eq!(held(&feed, 2, 9), Some((2..=9).collect::<Vec<_>>()));
     }
 }
