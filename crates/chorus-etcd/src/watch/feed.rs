@@ -31,8 +31,9 @@ pub const FEED_BYTES: usize = if cfg!(test) { 4 << 10 } else { 64 << 20 };
 /// See the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct AppliedFeed {
-    /// Each revision's changes, ascending.
-    revisions: VecDeque<(Revision, Arc<[Change]>)>,
+    /// Each revision, ascending, with its changes and what they are
+    /// charged.
+    revisions: VecDeque<(Revision, Arc<[Change]>, usize)>,
     /// The lowest revision from which every revision's changes are held
     /// (a revision with no changes has no entry).
     from: Revision,
@@ -76,12 +77,12 @@ impl AppliedFeed {
                 continue;
             }
             self.bytes += bytes;
-            self.revisions.push_back((revision, changes.into()));
+            self.revisions.push_back((revision, changes.into(), bytes));
         }
         self.to = current;
         while self.revisions.len() > FEED_REVISIONS || self.bytes > FEED_BYTES {
-            let (revision, changes) = self.revisions.pop_front().expect("over a bound");
-            self.bytes -= changes.iter().map(Change::charged_bytes).sum::<usize>();
+            let (revision, _, bytes) = self.revisions.pop_front().expect("over a bound");
+            self.bytes -= bytes;
             self.from = revision + 1;
         }
     }
@@ -93,11 +94,11 @@ impl AppliedFeed {
         to: Revision,
     ) -> Option<impl Iterator<Item = (Revision, &[Change])>> {
         (from >= self.from && to <= self.to).then(|| {
-            let first = self.revisions.partition_point(|(at, _)| *at < from);
+            let first = self.revisions.partition_point(|(at, ..)| *at < from);
             self.revisions
                 .range(first..)
-                .take_while(move |(at, _)| *at <= to)
-                .map(|(at, changes)| (*at, &changes[..]))
+                .take_while(move |(at, ..)| *at <= to)
+                .map(|(at, changes, _)| (*at, &changes[..]))
         })
     }
 

@@ -136,8 +136,12 @@ impl WatchShared {
     /// The feed; taken under the runtime's state lock, never the other
     /// way round (the runtime takes it under its lock after each record).
     pub(crate) fn feed(&self) -> MutexGuard<'_, feed::AppliedFeed> {
-        self.feed.lock().expect("watch feed lock poisoned")
+        lock(&self.feed)
     }
+}
+
+fn lock(feed: &Mutex<feed::AppliedFeed>) -> MutexGuard<'_, feed::AppliedFeed> {
+    feed.lock().expect("watch feed lock poisoned")
 }
 
 /// etcd's Watch service; see the module docs.
@@ -163,8 +167,7 @@ impl WatchService {
         let taker = Arc::downgrade(&feed);
         runtime.observe_applied(move |state| match taker.upgrade() {
             Some(feed) => {
-                let mut feed = feed.lock().expect("watch feed lock poisoned");
-                feed.take(state.history());
+                lock(&feed).take(state.history());
                 true
             }
             None => false,
