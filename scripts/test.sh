@@ -71,6 +71,11 @@ services_log="$ROOT/.ci/state/services-start.log"
 bash scripts/services.sh start >"$services_log" 2>&1 &
 services_pid=$!
 
+# Cheap, and first: a dependency whose features the dev-dependencies change
+# would compile twice below (once per build), with everything above it.
+section "one feature set for cargo build and cargo test"
+bash scripts/check_features.sh || failed+=("feature sets")
+
 # The PATH is taken before services.sh installs protoc (the `etcd-client`
 # dev-dependency's build script runs it), and the product must build without
 # it, as on the fresh machine of the README's first command. `cargo build`
