@@ -76,15 +76,6 @@ pid_alive() { [[ -n "${1:-}" ]] && kill -0 "$1" 2>/dev/null; }
 
 joined() { local IFS=,; echo "$*"; }
 
-# The moto servers' pid files, in endpoint order. Each holds the pid of the
-# moto server process itself (setsid execs it without forking), which the
-# chaos test (crates/chorus-cli/tests/chaos.rs) SIGSTOPs and SIGCONTs.
-pid_files() {
-  local out=() z
-  for z in "${ZONES[@]}"; do out+=("$STATE/moto-$z.pid"); done
-  joined "${out[@]}"
-}
-
 endpoints() {
   local out=() p
   for p in "${MOTO_PORTS[@]}"; do out+=("http://$MOTO_HOST:$p"); done
@@ -105,7 +96,6 @@ export AWS_ACCESS_KEY_ID="testing"
 export AWS_SECRET_ACCESS_KEY="testing"
 export AWS_DEFAULT_REGION="us-east-1"
 export CHORUS_TEST_POSTGRES_URL="postgresql://postgres@127.0.0.1:$PG_PORT/$PG_DB"
-export CHORUS_TEST_MOTO_PID_FILES="$(pid_files)"
 export AZURE_STORAGE_USE_EMULATOR="true"
 export CHORUS_TEST_AZURE_CONTAINER="$AZURE_CONTAINER"
 export CHORUS_TEST_ETCD_ENDPOINT="$(etcd_endpoint)"
@@ -163,8 +153,9 @@ start_moto() {
     zone="${ZONES[$i]}"; port="${MOTO_PORTS[$i]}"
     pidfile="$STATE/moto-$zone.pid"; logf="$STATE/moto-$zone.log"
     pid="$(cat "$pidfile" 2>/dev/null || true)"
-    # A chaos test killed mid-run may have left a server SIGSTOPped; a frozen
-    # server still accepts connections but never answers.
+    # Tests of older checkouts SIGSTOPped these servers, and one killed
+    # mid-run may have left a server frozen: it still accepts connections
+    # but never answers. (Tests now stop only moto servers of their own.)
     if pid_alive "$pid" && grep -q moto_server "/proc/$pid/cmdline" 2>/dev/null; then
       kill -CONT "$pid" 2>/dev/null || true
       # One started by an older version of this script, without serialized

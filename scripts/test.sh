@@ -111,14 +111,13 @@ grep -E '^export ' .ci/state/env | sed 's/^export /  /'
 test_log="$ROOT/.ci/state/cargo-test.log"
 
 # Two test binaries at once (they mostly wait on leases, TTLs and child
-# processes), except those that must have the machine to themselves: chaos and
-# stopped_replica SIGSTOP the shared moto servers, the others' timing
-# windows (lease expiries, TTLs, stop schedules) must not stretch under a
-# second binary's load. --first starts the longest ones first.
+# processes), except those that must have the machine to themselves: their
+# timing windows (lease expiries, TTLs, stop schedules) must not stretch under
+# a second binary's load. --first starts the longest ones first.
 section "tests: cargo test --workspace --all-targets, two binaries at once"
 if ! python3 scripts/run_tests.py --jobs 2 \
-  --alone chaos,stopped_replica,stopped_process,etcdctl_lease,runtime \
-  --first etcd_differential,etcd_faults,serve,seeds,serve_memory \
+  --alone stopped_process,etcdctl_lease,runtime \
+  --first etcd_differential,chaos,etcd_faults,serve,seeds,serve_memory \
   -- --workspace --all-targets --no-fail-fast 2>&1 | tee "$test_log"; then
   failed+=("tests")
 fi

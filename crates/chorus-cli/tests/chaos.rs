@@ -1,5 +1,5 @@
-//! Chaos on real processes (issue 4): three S3-compatible moto servers as
-//! replicas, a PostgreSQL register, and a `chorus log append` writer process
+//! Chaos on real processes (issue 4): three S3-compatible moto servers of
+//! the test's own as replicas, a PostgreSQL register, and a `chorus log append` writer process
 //! that the harness SIGKILLs and restarts over and over while it SIGSTOPs and
 //! SIGCONTs one replica server at a time.
 //!
@@ -24,9 +24,9 @@
 //!   sealed copies missing (a seal needs only Q replicas, so a frozen replica
 //!   misses some), which `chorus log repair` must heal: after it, verify exits 0.
 //!
-//! The moto servers are found and checked as in `support::moto`. A guard
-//! sends SIGCONT to every server on drop, so a panicking test leaves no
-//! server frozen.
+//! The moto servers are the test's own (`support::moto::PrivateMoto`), so
+//! freezing one stalls no other test. A guard sends SIGCONT to every server
+//! on drop, so a panicking test leaves no server frozen.
 //!
 //! `CHORUS_CHAOS_SEED` replays a schedule (the OS timing still varies), and
 //! `CHORUS_CHAOS_CYCLES` changes the number of kill cycles.
@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use chorus::log::LogConfig;
 use serde_json::Value;
-use support::moto::{Frozen, MotoServer, moto_servers, send_signal};
+use support::moto::{Frozen, MotoServer, PrivateMoto, send_signal};
 use support::schedule::{Rng, seed_from};
 use tempfile::TempDir;
 
@@ -88,8 +88,8 @@ struct ChaosLog {
 }
 
 impl ChaosLog {
-    fn on_services() -> Option<ChaosLog> {
-        let replicas = support::s3_urls("chaos")?.join(",");
+    fn on_services(moto: &PrivateMoto) -> Option<ChaosLog> {
+        let replicas = moto.s3_urls("chaos").join(",");
         let register = support::postgres_register_url("chaos")?;
         Some(ChaosLog {
             dir: TempDir::new().unwrap(),
@@ -727,10 +727,11 @@ fn check_final_log(log: &ChaosLog, runs: &[Run]) -> (usize, usize) {
 
 #[test]
 fn acked_records_survive_writer_kills_and_frozen_replicas() {
-    let Some(servers) = moto_servers() else {
+    let Some(moto) = PrivateMoto::start(3) else {
         return;
     };
-    let Some(log) = ChaosLog::on_services() else {
+    let servers = moto.servers().to_vec();
+    let Some(log) = ChaosLog::on_services(&moto) else {
         return;
     };
     let (seed, cycles) = (chaos_seed(), chaos_cycles());

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde_json::Value;
+use support::moto::PrivateMoto;
 use tempfile::TempDir;
 
 /// How long a test waits for one expected output line.
@@ -774,86 +775,16 @@ fn log_commands_take_their_location_from_the_environment_or_chorus_toml() {
     assert!(!dir.path().join("chorus-data").exists());
 }
 
-/// A moto server of the test's own, so it can be stopped without disturbing
-/// the shared ones. Killed on drop.
-struct PrivateS3 {
-    child: Child,
-    endpoint: String,
-}
-
-impl PrivateS3 {
-    fn start() -> Option<PrivateS3> {
-        // scripts/services.sh installs moto into this virtualenv; the
-        // launcher serializes requests so conditional PUTs are atomic.
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let python = root.join(".ci/state/venv/bin/python");
-        if !python.exists() {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "moto's virtualenv missing under CI: {python:?}"
-            );
-            eprintln!("skipping: {python:?} missing; run `bash scripts/services.sh start`");
-            return None;
-        }
-        // Port 0: the server binds a free port itself and prints it, so no
-        // other process can take the port between choosing and binding it.
-        let mut child = Command::new(python)
-            .arg(root.join("scripts/serialized_moto_server.py"))
-            .args(["-H", "127.0.0.1", "-p", "0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the moto server starts");
-        let mut first_line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut first_line)
-            .unwrap();
-        let port: u16 = first_line
-            .trim()
-            .strip_prefix("listening on ")
-            .and_then(|port| port.parse().ok())
-            .unwrap_or_else(|| panic!("unexpected first line {first_line:?}"));
-        let endpoint = format!("http://127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        // Create the bucket once the server answers (unsigned PUT works on moto).
-        loop {
-            let created = Command::new("curl")
-                .args(["-sf", "-X", "PUT", &format!("{endpoint}/private-zone")])
-                .status()
-                .is_ok_and(|status| status.success());
-            if created {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "private moto server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Some(PrivateS3 { child, endpoint })
-    }
-}
-
-impl Drop for PrivateS3 {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn append_continues_with_one_replica_unreachable() {
     let Some(shared) = support::s3_urls("one-down") else {
         return;
     };
-    let Some(private) = PrivateS3::start() else {
+    // A server of the test's own, so stopping it disturbs no other test.
+    let Some(private) = PrivateMoto::start(1) else {
         return;
     };
-    let prefix = support::unique("one-down");
-    let third = format!(
-        "s3://private-zone/{prefix}?endpoint={}&allow_http=true&region=us-east-1",
-        private.endpoint
-    );
+    let third = &private.s3_urls("one-down")[0];
     let replicas = format!("{},{},{third}", shared[0], shared[1]);
     let log = TestLog {
         dir: TempDir::new().unwrap(),

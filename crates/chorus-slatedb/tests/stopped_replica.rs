@@ -1,5 +1,6 @@
 //! One of three WAL replicas hangs: its S3-compatible server (a moto process
-//! of the test services) is stopped with SIGSTOP while SlateDB writes. The
+//! of the test's own, so no other test stalls) is stopped with SIGSTOP while
+//! SlateDB writes. The
 //! server keeps its socket open and answers nothing, as a hung machine does,
 //! so every request to it waits until the client gives up.
 //!
@@ -9,8 +10,8 @@
 //! must replay every durable put; and after the server resumes, nothing is
 //! lost. The register is on PostgreSQL; SlateDB's own bucket is in memory.
 //!
-//! Needs the test services (`bash scripts/services.sh start`); it skips
-//! without them, except under CI, where it fails.
+//! Needs moto and PostgreSQL from the test services (`bash scripts/services.sh
+//! start`); it skips without them, except under CI, where it fails.
 
 mod support;
 
@@ -23,7 +24,7 @@ use chorus_slatedb::{ChorusWal, ChorusWalOptions, WalLocation};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
 use slatedb::Db;
-use support::moto::{Frozen, moto_servers};
+use support::moto::{Frozen, PrivateMoto};
 use support::{DB_PATH, assert_exactly, key, quiet, value};
 
 /// Bounds one durable put, so a hang fails the test instead of stalling CI.
@@ -65,16 +66,14 @@ async fn put(db: &Db, i: u32) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durable_puts_go_on_while_one_replica_server_is_stopped() {
-    let Some(servers) = moto_servers() else {
+    let Some(moto) = PrivateMoto::start(3) else {
         return;
     };
-    let Some(replicas) = support::s3_urls("slatedb-stopped") else {
-        return;
-    };
+    let servers = moto.servers();
+    let replicas = moto.s3_urls("slatedb-stopped");
     let Some(register) = support::postgres_register_url("slatedb-stopped") else {
         return;
     };
-    assert_eq!(servers.len(), 3, "three moto servers, one per replica");
     let location = WalLocation::new(
         replicas
             .iter()

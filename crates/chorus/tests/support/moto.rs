@@ -1,16 +1,15 @@
-//! The S3-compatible moto servers of the test services as processes, for
-//! tests that stop one with SIGSTOP: a replica that accepts connections and
-//! then answers nothing, the way a hung machine does.
-//!
-//! The pids come from the pid files `scripts/services.sh` writes
-//! (`CHORUS_TEST_MOTO_PID_FILES`, else `.ci/state/moto-{a,b,c}.pid`); each pid
-//! is checked to be a moto server listening on its endpoint's port before it
-//! is ever signalled. Like every service, a missing one skips the test
-//! outside CI and fails it under CI.
+//! S3-compatible moto servers as processes of a test's own, for tests that
+//! stop one with SIGSTOP (a replica that accepts connections and then
+//! answers nothing, the way a hung machine does) or kill one. The shared
+//! servers of `scripts/services.sh` are never signalled: every other test
+//! binary uses them, and runs at the same time.
 
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// One moto server: its port and the pid of its process.
 #[derive(Debug, Clone, Copy)]
@@ -35,76 +34,123 @@ pub fn send_signal(pid: u32, signal: &str) -> Result<(), String> {
     }
 }
 
-/// A missing service: a panic under CI, a skip (`None`) otherwise.
-fn missing_service(why: &str) -> Option<Vec<MotoServer>> {
-    if std::env::var_os("CI").is_some() {
-        panic!("the moto test servers are missing under CI: {why}");
-    }
-    eprintln!("skipping: {why}; run `bash scripts/services.sh start` and source .ci/state/env");
-    None
+/// The bucket each [`PrivateMoto`] server holds.
+pub const PRIVATE_BUCKET: &str = "private-zone";
+
+/// moto servers of one test's own, each on a port it chose itself and with
+/// [`PRIVATE_BUCKET`]: a test that stops one (SIGSTOP) or kills one stalls
+/// no other test, so such tests run beside the others. Killed on drop.
+pub struct PrivateMoto {
+    children: Vec<Child>,
+    servers: Vec<MotoServer>,
 }
 
-/// The pid files of the moto servers, in endpoint order.
-fn moto_pid_files() -> Vec<String> {
-    match std::env::var("CHORUS_TEST_MOTO_PID_FILES") {
-        Ok(files) if !files.is_empty() => files.split(',').map(str::to_owned).collect(),
-        _ => {
-            let state = concat!(env!("CARGO_MANIFEST_DIR"), "/../../.ci/state");
-            ["a", "b", "c"]
-                .iter()
-                .map(|zone| format!("{state}/moto-{zone}.pid"))
-                .collect()
+impl PrivateMoto {
+    /// Starts `count` servers. Without moto's virtualenv (`scripts/services.sh
+    /// start` makes it) a skip (`None`) outside CI, a panic under CI.
+    pub fn start(count: usize) -> Option<PrivateMoto> {
+        // scripts/services.sh installs moto into this virtualenv; the
+        // launcher serializes requests so conditional PUTs are atomic.
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let python = root.join(".ci/state/venv/bin/python");
+        if !python.exists() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "moto's virtualenv is missing under CI: {python:?}"
+            );
+            eprintln!("skipping: {python:?} missing; run `bash scripts/services.sh start`");
+            return None;
         }
-    }
-}
-
-/// The pid in `file` if it is a live moto server listening on `port`.
-fn moto_pid(file: &str, port: u16) -> Result<u32, String> {
-    let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
-    let pid: u32 = text
-        .trim()
-        .parse()
-        .map_err(|_| format!("{file} holds no pid: {text:?}"))?;
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map_err(|e| format!("pid {pid} from {file} is not running: {e}"))?;
-    let arguments: Vec<String> = cmdline
-        .split(|&byte| byte == 0)
-        .map(|argument| String::from_utf8_lossy(argument).into_owned())
-        .collect();
-    // scripts/serialized_moto_server.py (or moto's own moto_server).
-    let is_moto = arguments.iter().any(|a| a.contains("moto_server"));
-    let on_port = arguments
-        .windows(2)
-        .any(|w| w[0] == "-p" && w[1] == port.to_string());
-    if is_moto && on_port {
-        Ok(pid)
-    } else {
-        Err(format!(
-            "pid {pid} from {file} is not a moto server on -p {port}: {arguments:?}"
-        ))
-    }
-}
-
-/// The moto servers behind `CHORUS_TEST_S3_ENDPOINTS`, in the order of
-/// [`s3_urls`](crate::support::s3_urls).
-pub fn moto_servers() -> Option<Vec<MotoServer>> {
-    let endpoints = crate::support::service_var("CHORUS_TEST_S3_ENDPOINTS")?;
-    let files = moto_pid_files();
-    let endpoints: Vec<&str> = endpoints.split(',').collect();
-    if endpoints.len() != files.len() {
-        return missing_service(&format!("{endpoints:?} and pid files {files:?} differ"));
-    }
-    let mut servers = Vec::new();
-    for (endpoint, file) in endpoints.iter().zip(&files) {
-        let Some(port) = endpoint.rsplit(':').next().and_then(|p| p.parse().ok()) else {
-            return missing_service(&format!("endpoint {endpoint} has no port"));
+        let mut moto = PrivateMoto {
+            children: Vec::new(),
+            servers: Vec::new(),
         };
-        match moto_pid(file, port) {
-            Ok(pid) => servers.push(MotoServer { port, pid }),
-            Err(why) => return missing_service(&why),
+        // All spawned first: the servers start up (about a second of
+        // Python imports each) side by side.
+        for _ in 0..count {
+            // Port 0: the server binds a free port itself and prints it, so
+            // no other process can take the port between choosing and
+            // binding it.
+            let child = Command::new(&python)
+                .arg(root.join("scripts/serialized_moto_server.py"))
+                .args(["-H", "127.0.0.1", "-p", "0"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("the moto server starts");
+            moto.children.push(child);
+        }
+        for child in &mut moto.children {
+            let mut first_line = String::new();
+            BufReader::new(child.stdout.take().expect("piped"))
+                .read_line(&mut first_line)
+                .expect("the moto server's first line");
+            let port = first_line
+                .trim()
+                .strip_prefix("listening on ")
+                .and_then(|port| port.parse().ok())
+                .unwrap_or_else(|| panic!("unexpected first line {first_line:?}"));
+            moto.servers.push(MotoServer {
+                port,
+                pid: child.id(),
+            });
+        }
+        for server in &moto.servers {
+            create_bucket(server.port);
+        }
+        Some(moto)
+    }
+
+    /// The servers, in start order.
+    pub fn servers(&self) -> &[MotoServer] {
+        &self.servers
+    }
+
+    /// One S3 store URL per server, in start order, under a fresh prefix.
+    pub fn s3_urls(&self, label: &str) -> Vec<String> {
+        let prefix = crate::support::unique(label);
+        self.servers
+            .iter()
+            .map(|server| {
+                format!(
+                    "s3://{PRIVATE_BUCKET}/{prefix}?endpoint=http://127.0.0.1:{}\
+                     &allow_http=true&region=us-east-1",
+                    server.port
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for PrivateMoto {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            // SIGKILL ends a stopped process too.
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
-    Some(servers)
+}
+
+/// Creates [`PRIVATE_BUCKET`] on the server at `port` once it answers
+/// (moto takes an unsigned PUT).
+fn create_bucket(port: u16) {
+    let url = format!("http://127.0.0.1:{port}/{PRIVATE_BUCKET}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let created = Command::new("curl")
+            .args(["-sf", "-X", "PUT", &url])
+            .status()
+            .is_ok_and(|status| status.success());
+        if created {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the moto server on port {port} did not answer in 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// A stopped server; SIGCONT on drop, so even a panic cannot leave it stopped.
