@@ -109,6 +109,15 @@ pub struct CompareArgs {
     /// Seed of the latency draws and the record bytes.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Run every cell on a paused clock (tokio's, on one thread): time moves
+    /// only when every task waits, so latencies are the protocol's alone,
+    /// with none of this machine's CPU or scheduling in them, and a run
+    /// repeats exactly for its seed. Only chorus-N and naive-N run (SlateDB
+    /// keeps threads and timers of its own). The clock moves in whole
+    /// milliseconds, so give --latency-ms 100 or more (and rates a tenth of
+    /// those at 10 ms) to keep that rounding to 1 %.
+    #[arg(long)]
+    pub virtual_time: bool,
     /// Print one JSON object per row instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -127,6 +136,8 @@ struct Context {
     length: CellLength,
     max_outstanding: usize,
     drain: Duration,
+    /// What injected delays and the driver's waits end by.
+    timer: Timer,
 }
 
 /// Runs the comparison.
@@ -141,12 +152,21 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
     {
         return Err("--rates must be positive numbers".into());
     }
-    let groups = plan::groups(&Request {
+    let mut groups = plan::groups(&Request {
         quick: args.quick,
         rates: args.rates.clone(),
         systems: args.systems.clone(),
         scenarios: args.scenarios.clone(),
     });
+    if args.virtual_time {
+        let before = groups.len();
+        groups.retain(|group| group.system.runs_on_virtual_time());
+        if groups.len() < before {
+            eprintln!(
+                "--virtual-time: SlateDB's systems left out (they keep their own threads and timers)"
+            );
+        }
+    }
     if groups.is_empty() {
         return Err("nothing to run: no system fits the chosen scenarios".into());
     }
@@ -162,6 +182,11 @@ pub async fn run(args: CompareArgs) -> Result<(), Error> {
         ),
         max_outstanding: args.max_outstanding,
         drain: Duration::from_millis(args.drain_ms),
+        timer: if args.virtual_time {
+            Timer::Tokio
+        } else {
+            Timer::Precise
+        },
     };
     let save = match &args.save {
         Some(path) => Some(
@@ -253,6 +278,7 @@ fn config(args: &CompareArgs, chorus: &ChorusSettings) -> ConfigRow {
         chorus_max_segment_bytes: chorus.config.max_segment_bytes,
         chorus_pace_fragments: chorus.config.pace_fragments,
         chorus_hedge_after_percentile: chorus.config.hedge_after_percentile,
+        virtual_time: args.virtual_time,
         max_outstanding: args.max_outstanding,
         warm_heap_mib: warm_heap_mib(args),
         peak_rss_per_cell: reset_peak_rss(),
@@ -334,7 +360,7 @@ async fn measure(group: &Group, rate: f64, context: &Context) -> Result<CellRow,
         warmup: warmup(records),
         max_outstanding: context.max_outstanding,
         drain: context.drain,
-        timer: Timer::Precise,
+        timer: context.timer,
     };
     let counters = Arc::new(Counters::default());
     let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
@@ -348,6 +374,7 @@ async fn measure(group: &Group, rate: f64, context: &Context) -> Result<CellRow,
             context.seed,
             &counters,
             &context.chorus,
+            context.timer,
         )
         .await
         .map_err(|error| format!("opening {}: {error}", group.system))?;

@@ -121,6 +121,8 @@ pub struct ConfigRow {
     pub chorus_pace_fragments: bool,
     /// When Chorus hedges fragment writes (`LogConfig::hedge_after_percentile`).
     pub chorus_hedge_after_percentile: Option<u8>,
+    /// Whether the cells ran on a paused clock (`--virtual-time`).
+    pub virtual_time: bool,
     /// The driver's outstanding-record cap.
     pub max_outstanding: usize,
     /// MiB of heap touched before the first cell and kept for reuse.

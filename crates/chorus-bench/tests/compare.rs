@@ -159,3 +159,70 @@ fn plots_are_drawn_from(saved: &Path, dir: &Path) {
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent.jsonl"));
 }
+
+/// `--virtual-time` runs chorus-N and naive-N on a paused clock, leaves
+/// SlateDB out with a note, says so in the config row, and a second run
+/// with the same seed prints the same latencies: 20 virtual seconds of
+/// cells in a fraction of that.
+#[test]
+fn on_virtual_time_a_run_leaves_slatedb_out_and_repeats_for_its_seed() {
+    let run = || {
+        let output = Command::new(env!("CARGO_BIN_EXE_chorus-bench"))
+            .arg("compare")
+            .args([
+                "--virtual-time",
+                "--json",
+                "--rates",
+                "500",
+                "--cell-ms",
+                "10000",
+                "--latency-ms",
+                "100",
+                "--scenarios",
+                "log-normal",
+                "--systems",
+                "chorus-3,naive-3,slatedb-10ms",
+                "--warm-heap-mib",
+                "0",
+            ])
+            .output()
+            .expect("chorus-bench runs");
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "{stderr}");
+        assert!(
+            stderr.contains("--virtual-time: SlateDB's systems left out"),
+            "{stderr}"
+        );
+        let rows: Vec<Value> = String::from_utf8(output.stdout)
+            .unwrap()
+            .lines()
+            .map(|line| serde_json::from_str(line).expect("each line is JSON"))
+            .collect();
+        assert_eq!(rows[0]["kind"], "config");
+        assert_eq!(rows[0]["virtual_time"], true);
+        let cells: Vec<(String, f64, f64, u64)> = rows
+            .iter()
+            .filter(|row| row["kind"] == "cell")
+            .map(|row| {
+                (
+                    row["system"].as_str().unwrap().to_owned(),
+                    row["p50_ms"].as_f64().unwrap(),
+                    row["p99_ms"].as_f64().unwrap(),
+                    row["acked"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let systems: Vec<&str> = cells.iter().map(|cell| cell.0.as_str()).collect();
+        assert_eq!(systems, ["chorus-3", "naive-3"]);
+        for (system, p50, p99, acked) in &cells {
+            assert_eq!(*acked, 5000, "{system}");
+            // A quorum of 100 ms median stores, in virtual milliseconds.
+            assert!(
+                *p50 >= 50.0 && *p99 > *p50,
+                "{system}: p50 {p50}, p99 {p99}"
+            );
+        }
+        cells
+    };
+    assert_eq!(run(), run(), "the same seed, the same latencies");
+}
