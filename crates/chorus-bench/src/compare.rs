@@ -140,6 +140,20 @@ struct Context {
     timer: Timer,
 }
 
+/// The runtime a comparison runs on: tokio's default, or with
+/// `--virtual-time` one thread on a paused clock, which jumps to the next
+/// timer whenever every task waits.
+pub fn runtime(virtual_time: bool) -> tokio::runtime::Runtime {
+    let mut builder = if virtual_time {
+        let mut builder = tokio::runtime::Builder::new_current_thread();
+        builder.start_paused(true);
+        builder
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    builder.enable_all().build().expect("the runtime starts")
+}
+
 /// Runs the comparison.
 pub async fn run(args: CompareArgs) -> Result<(), Error> {
     if args.latency_ms == 0 || args.record_bytes == 0 || args.max_outstanding == 0 {

@@ -37,20 +37,6 @@ enum Command {
     PlotEtcd(EtcdPlotArgs),
 }
 
-/// The runtime a comparison runs on: tokio's default, or with
-/// `--virtual-time` one thread on a paused clock, which jumps to the next
-/// timer whenever every task waits.
-fn runtime(virtual_time: bool) -> tokio::runtime::Runtime {
-    let mut builder = if virtual_time {
-        let mut builder = tokio::runtime::Builder::new_current_thread();
-        builder.start_paused(true);
-        builder
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-    };
-    builder.enable_all().build().expect("the runtime starts")
-}
-
 /// Names each chart written, on stderr.
 fn report_written(written: Vec<std::path::PathBuf>) {
     for path in written {
@@ -61,7 +47,7 @@ fn report_written(written: Vec<std::path::PathBuf>) {
 fn main() -> ExitCode {
     let Cli { command } = Cli::parse();
     let outcome = match command {
-        Command::Compare(args) => runtime(args.virtual_time).block_on(compare::run(args)),
+        Command::Compare(args) => compare::runtime(args.virtual_time).block_on(compare::run(args)),
         Command::Plot(args) => plot::run(args).map(report_written),
         Command::PlotEtcd(args) => etcd_plot::run(args).map(report_written),
     };

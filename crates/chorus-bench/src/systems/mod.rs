@@ -239,12 +239,7 @@ mod tests {
     #[test]
     fn on_a_paused_clock_a_cell_repeats_exactly() {
         let cell = |kind: SystemKind| {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .start_paused(true)
-                .build()
-                .unwrap();
-            runtime.block_on(async {
+            crate::compare::runtime(true).block_on(async {
                 let counters = Arc::new(Counters::default());
                 let base = Duration::from_millis(100);
                 let system = kind

@@ -82,10 +82,7 @@ impl TestS3 {
 
     /// `s3://bucket/<path>` on this server.
     pub fn url(&self, path: &str) -> String {
-        format!(
-            "s3://bucket/{path}?endpoint={}&allow_http=true&region=us-east-1",
-            self.endpoint
-        )
+        super::s3_url("bucket", path, &self.endpoint)
     }
 }
 

@@ -40,6 +40,12 @@ pub fn unique(label: &str) -> String {
     format!("{label}-{nanos:x}-{:x}-{count}", std::process::id())
 }
 
+/// The URL of an S3 store: `prefix` in `bucket` of the server at
+/// `endpoint` (`http://host:port`), as the test servers take it.
+pub fn s3_url(bucket: &str, prefix: &str, endpoint: &str) -> String {
+    format!("s3://{bucket}/{prefix}?endpoint={endpoint}&allow_http=true&region=us-east-1")
+}
+
 /// URLs of S3 stores under a fresh prefix, one per zone (three zones).
 pub fn s3_urls(label: &str) -> Option<Vec<String>> {
     let endpoints = service_var("CHORUS_TEST_S3_ENDPOINTS")?;
@@ -48,9 +54,7 @@ pub fn s3_urls(label: &str) -> Option<Vec<String>> {
     let urls = endpoints
         .split(',')
         .zip(buckets.split(','))
-        .map(|(endpoint, bucket)| {
-            format!("s3://{bucket}/{prefix}?endpoint={endpoint}&allow_http=true&region=us-east-1")
-        })
+        .map(|(endpoint, bucket)| s3_url(bucket, &prefix, endpoint))
         .collect();
     Some(urls)
 }

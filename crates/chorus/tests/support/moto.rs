@@ -112,11 +112,8 @@ impl PrivateMoto {
         self.servers
             .iter()
             .map(|server| {
-                format!(
-                    "s3://{PRIVATE_BUCKET}/{prefix}?endpoint=http://127.0.0.1:{}\
-                     &allow_http=true&region=us-east-1",
-                    server.port
-                )
+                let endpoint = format!("http://127.0.0.1:{}", server.port);
+                crate::support::s3_url(PRIVATE_BUCKET, &prefix, &endpoint)
             })
             .collect()
     }
